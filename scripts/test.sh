@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install corral with its test tools into .venv and run every check:
+# ruff, mypy --strict, then the test suite. This is the README's test command.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-/usr/bin/python3}
+if ! "$PY" -m venv --help >/dev/null 2>&1 || ! "$PY" -c 'import ensurepip' 2>/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  fi
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/ruff check src tests benchmarks
+.venv/bin/mypy
+.venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,350 @@
+"""The closed set of corral errors.
+
+Every error corral raises on purpose is a :class:`CorralError`; each subclass
+carries one stable kebab-case :class:`ErrorCode` (the same strings as seed 01's
+``SandboxErrorCode``), an exit status for the CLI and an HTTP status for a
+service. The set is closed: no provider adds codes; anything else is
+``provider-error`` with the foreign error chained as ``__cause__``.
+
+::
+
+    CorralError
+    ├── LevelNotSupportedError      level-not-supported
+    ├── LimitsExceededError         limits-exceeded
+    ├── SandboxTimeoutError         timeout          (also builtins.TimeoutError)
+    ├── SandboxCancelledError       cancelled
+    ├── CreateCancelledError        create-cancelled
+    ├── UnhandledWorkerError        unhandled-worker
+    ├── ConfigInvalidError          config-invalid   (also ValueError)
+    ├── OrphanedError               orphaned
+    ├── SnapshotNotSupportedError   snapshot-not-supported
+    ├── RestoreNotSupportedError    restore-not-supported
+    ├── PauseNotSupportedError      pause-not-supported
+    ├── InvalidSnapshotHandleError  invalid-snapshot-handle
+    └── ProviderError               provider-error
+
+Bugs and asyncio cancellation are deliberately outside this tree.
+
+This module is pure: no I/O imports.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, final
+
+__all__ = [
+    "ConfigInvalidError",
+    "CorralError",
+    "CreateCancelledError",
+    "ERROR_CLASSES",
+    "ErrorCode",
+    "InvalidSnapshotHandleError",
+    "LevelNotSupportedError",
+    "LimitKind",
+    "LimitsExceededError",
+    "OrphanedError",
+    "PauseNotSupportedError",
+    "ProviderError",
+    "RestoreNotSupportedError",
+    "SandboxCancelledError",
+    "SandboxTimeoutError",
+    "SnapshotNotSupportedError",
+    "UnhandledWorkerError",
+    "error_from_code",
+]
+
+
+class ErrorCode(enum.StrEnum):
+    """Stable error codes, spelled as on the wire and in the docs."""
+
+    LEVEL_NOT_SUPPORTED = "level-not-supported"
+    LIMITS_EXCEEDED = "limits-exceeded"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    CREATE_CANCELLED = "create-cancelled"
+    UNHANDLED_WORKER = "unhandled-worker"
+    CONFIG_INVALID = "config-invalid"
+    ORPHANED = "orphaned"
+    SNAPSHOT_NOT_SUPPORTED = "snapshot-not-supported"
+    RESTORE_NOT_SUPPORTED = "restore-not-supported"
+    PAUSE_NOT_SUPPORTED = "pause-not-supported"
+    INVALID_SNAPSHOT_HANDLE = "invalid-snapshot-handle"
+    PROVIDER_ERROR = "provider-error"
+
+
+LimitKind = Literal["memory", "cpu", "disk", "processes", "output"]
+
+
+class CorralError(Exception):
+    """Root of every error corral raises on purpose.
+
+    Attributes:
+        code: the stable kebab-case code of the class.
+        exit_status: what ``corral`` exits with when this error ends a command.
+        http_status: the status a service maps this error to.
+        message: the human message (also ``str(err)``).
+    """
+
+    code: ClassVar[ErrorCode]
+    exit_status: ClassVar[int]
+    http_status: ClassVar[int]
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe description: code, message and the class's own facts."""
+        out: dict[str, Any] = {"code": str(self.code), "message": self.message}
+        out.update(self._facts())
+        return out
+
+    def _facts(self) -> Mapping[str, Any]:
+        return {}
+
+
+@final
+class LevelNotSupportedError(CorralError):
+    """The provider cannot give the requested isolation level on this host.
+
+    ``missing`` names the primitive that is absent (a namespace, seccomp, a
+    cgroup controller ...), so the user knows what to change.
+    """
+
+    code = ErrorCode.LEVEL_NOT_SUPPORTED
+    exit_status = 69
+    http_status = 501
+
+    def __init__(
+        self,
+        requested: str,
+        supported: tuple[str, ...] | list[str] | frozenset[str] = (),
+        detail: str = "",
+        *,
+        missing: str = "",
+    ) -> None:
+        self.requested = requested
+        self.supported = tuple(sorted(supported))
+        self.detail = detail
+        self.missing = missing
+        supported_s = ", ".join(self.supported) or "none"
+        msg = f"level {requested!r} not supported (supported: {supported_s})"
+        if missing:
+            msg += f"; missing: {missing}"
+        if detail:
+            msg += f"; {detail}"
+        super().__init__(msg)
+
+    def _facts(self) -> Mapping[str, Any]:
+        return {"requested": self.requested, "supported": list(self.supported),
+                "missing": self.missing, "detail": self.detail}
+
+
+@final
+class LimitsExceededError(CorralError):
+    """A run hit one of its limits and was stopped.
+
+    ``limit`` says which (memory, cpu, disk, processes, output); ``limit_value``
+    is the configured cap and ``observed`` what was measured (0 when the kernel
+    only told us the cap was hit), both in the limit's unit (MiB, ms, count,
+    bytes). ``unit`` spells that unit.
+    """
+
+    code = ErrorCode.LIMITS_EXCEEDED
+    exit_status = 137
+    http_status = 422
+
+    _UNITS: ClassVar[dict[str, str]] = {
+        "memory": "MiB", "cpu": "ms", "disk": "MiB", "processes": "processes", "output": "bytes",
+    }
+
+    def __init__(self, limit: LimitKind, limit_value: int, observed: int = 0,
+                 detail: str = "") -> None:
+        self.limit = limit
+        self.limit_value = limit_value
+        self.observed = observed
+        self.unit = self._UNITS[limit]
+        self.detail = detail
+        msg = f"{limit} limit exceeded (limit {limit_value} {self.unit}"
+        msg += f", observed {observed} {self.unit})" if observed else ")"
+        if detail:
+            msg += f": {detail}"
+        super().__init__(msg)
+
+    def _facts(self) -> Mapping[str, Any]:
+        return {"limit": self.limit, "limit_value": self.limit_value,
+                "observed": self.observed, "unit": self.unit}
+
+
+@final
+class SandboxTimeoutError(CorralError, TimeoutError):
+    """A run went past its wall-clock deadline and was killed.
+
+    ``stdout`` / ``stderr`` hold whatever output was captured before the kill.
+    """
+
+    code = ErrorCode.TIMEOUT
+    exit_status = 124
+    http_status = 504
+
+    def __init__(self, message: str, *, timeout_ms: int = 0,
+                 stdout: bytes = b"", stderr: bytes = b"") -> None:
+        super().__init__(message)
+        self.timeout_ms = timeout_ms
+        self.stdout = stdout
+        self.stderr = stderr
+
+    def _facts(self) -> Mapping[str, Any]:
+        return {"timeout_ms": self.timeout_ms}
+
+
+@final
+class SandboxCancelledError(CorralError):
+    """The caller cancelled a run (a cancel token, or a cancelled request)."""
+
+    code = ErrorCode.CANCELLED
+    exit_status = 130
+    http_status = 499
+
+
+@final
+class CreateCancelledError(CorralError):
+    """A sandbox's creation was cancelled; everything it had built was rolled back."""
+
+    code = ErrorCode.CREATE_CANCELLED
+    exit_status = 130
+    http_status = 499
+
+
+@final
+class UnhandledWorkerError(CorralError):
+    """A worker or handler died without producing a result.
+
+    ``exit_code`` is its exit status (negative: killed by that signal) and
+    ``stderr_tail`` the last bytes it wrote to stderr, decoded.
+    """
+
+    code = ErrorCode.UNHANDLED_WORKER
+    exit_status = 70
+    http_status = 502
+
+    def __init__(self, message: str, *, exit_code: int | None = None,
+                 stderr_tail: str = "") -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.stderr_tail = stderr_tail
+
+    def _facts(self) -> Mapping[str, Any]:
+        return {"exit_code": self.exit_code, "stderr_tail": self.stderr_tail}
+
+
+@final
+class ConfigInvalidError(CorralError, ValueError):
+    """A spec, option or argument is invalid. ``field`` names it."""
+
+    code = ErrorCode.CONFIG_INVALID
+    exit_status = 64
+    http_status = 400
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+    def _facts(self) -> Mapping[str, Any]:
+        return {"field": self.field, "reason": self.reason}
+
+
+@final
+class OrphanedError(CorralError):
+    """A sandbox was left behind by a host process that died, and was reaped."""
+
+    code = ErrorCode.ORPHANED
+    exit_status = 75
+    http_status = 410
+
+
+@final
+class SnapshotNotSupportedError(CorralError):
+    """This sandbox cannot take snapshots."""
+
+    code = ErrorCode.SNAPSHOT_NOT_SUPPORTED
+    exit_status = 69
+    http_status = 501
+
+
+@final
+class RestoreNotSupportedError(CorralError):
+    """This sandbox cannot restore snapshots."""
+
+    code = ErrorCode.RESTORE_NOT_SUPPORTED
+    exit_status = 69
+    http_status = 501
+
+
+@final
+class PauseNotSupportedError(CorralError):
+    """This sandbox cannot be paused or resumed."""
+
+    code = ErrorCode.PAUSE_NOT_SUPPORTED
+    exit_status = 69
+    http_status = 501
+
+
+@final
+class InvalidSnapshotHandleError(CorralError):
+    """A snapshot handle is malformed, tampered with, stale or from another provider."""
+
+    code = ErrorCode.INVALID_SNAPSHOT_HANDLE
+    exit_status = 65
+    http_status = 400
+
+
+@final
+class ProviderError(CorralError):
+    """Catch-all for provider failures; the underlying error is ``__cause__``."""
+
+    code = ErrorCode.PROVIDER_ERROR
+    exit_status = 70
+    http_status = 500
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        if cause is not None:
+            self.__cause__ = cause
+
+
+ERROR_CLASSES: Mapping[ErrorCode, type[CorralError]] = {
+    cls.code: cls
+    for cls in (
+        LevelNotSupportedError, LimitsExceededError, SandboxTimeoutError,
+        SandboxCancelledError, CreateCancelledError, UnhandledWorkerError,
+        ConfigInvalidError, OrphanedError, SnapshotNotSupportedError,
+        RestoreNotSupportedError, PauseNotSupportedError,
+        InvalidSnapshotHandleError, ProviderError,
+    )
+}
+
+
+def error_from_code(code: str, message: str) -> CorralError:
+    """Rebuild an error from a code and message (e.g. one read off the wire).
+
+    The class's own facts take neutral values (``exit_code=None``, ...);
+    unknown codes give :class:`ProviderError`, never a new class.
+    """
+    try:
+        ecode = ErrorCode(code)
+    except ValueError:
+        return ProviderError(f"unknown error code {code!r}: {message}")
+    cls = ERROR_CLASSES[ecode]
+    if cls is LevelNotSupportedError:
+        return LevelNotSupportedError("unknown", (), message)
+    if cls is LimitsExceededError:
+        err = LimitsExceededError("output", 0)
+        CorralError.__init__(err, message)
+        return err
+    if cls is ConfigInvalidError:
+        return ConfigInvalidError("(remote)", message)
+    return cls(message)
