@@ -1,0 +1,254 @@
+"""Raw Linux syscalls for the strict provider: the ONLY module that imports ctypes.
+
+Every function raises ``OSError(errno)`` on failure and takes an optional
+``libc`` handle (as pyroute2's ``netns`` functions do), so a test can inject a
+fake. Syscall numbers are kept here for x86_64 and aarch64 only; on other
+architectures the functions that need a raw number raise ``OSError(ENOSYS)``.
+Nothing here allocates a Python object the caller must free, so the functions
+are safe to call in a forked child.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import socket
+import struct
+from typing import Any, Final
+
+__all__ = [
+    "CLONE_NEWCGROUP",
+    "CLONE_NEWIPC",
+    "CLONE_NEWNET",
+    "CLONE_NEWNS",
+    "CLONE_NEWPID",
+    "CLONE_NEWUSER",
+    "CLONE_NEWUTS",
+    "MNT_DETACH",
+    "MS_BIND",
+    "MS_NODEV",
+    "MS_NOEXEC",
+    "MS_NOSUID",
+    "MS_PRIVATE",
+    "MS_RDONLY",
+    "MS_REC",
+    "MS_REMOUNT",
+    "MS_SLAVE",
+    "drop_capabilities",
+    "landlock_abi_version",
+    "loopback_up",
+    "machine_arch",
+    "mount",
+    "pivot_root",
+    "seccomp_install",
+    "set_child_subreaper",
+    "set_dumpable",
+    "set_no_new_privs",
+    "set_pdeathsig",
+    "sethostname",
+    "umount2",
+    "unshare",
+]
+
+CLONE_NEWNS: Final = 0x00020000
+CLONE_NEWCGROUP: Final = 0x02000000
+CLONE_NEWUTS: Final = 0x04000000
+CLONE_NEWIPC: Final = 0x08000000
+CLONE_NEWUSER: Final = 0x10000000
+CLONE_NEWPID: Final = 0x20000000
+CLONE_NEWNET: Final = 0x40000000
+
+MS_RDONLY: Final = 1
+MS_NOSUID: Final = 2
+MS_NODEV: Final = 4
+MS_NOEXEC: Final = 8
+MS_REMOUNT: Final = 32
+MS_BIND: Final = 4096
+MS_REC: Final = 16384
+MS_PRIVATE: Final = 1 << 18
+MS_SLAVE: Final = 1 << 19
+MNT_DETACH: Final = 2
+
+_PR_SET_PDEATHSIG: Final = 1
+_PR_SET_DUMPABLE: Final = 4
+_PR_SET_SECCOMP: Final = 22
+_PR_CAPBSET_DROP: Final = 24
+_PR_SET_SECUREBITS: Final = 28
+_PR_SET_CHILD_SUBREAPER: Final = 36
+_PR_SET_NO_NEW_PRIVS: Final = 38
+_PR_CAP_AMBIENT: Final = 47
+_PR_CAP_AMBIENT_CLEAR_ALL: Final = 4
+_SECCOMP_MODE_FILTER: Final = 2
+_LINUX_CAPABILITY_VERSION_3: Final = 0x20080522
+# SECBIT_NOROOT | _LOCKED, SECBIT_NO_SETUID_FIXUP | _LOCKED, SECBIT_KEEP_CAPS_LOCKED,
+# SECBIT_NO_CAP_AMBIENT_RAISE | _LOCKED: uid 0 never regains capabilities by execve.
+_SECUREBITS_LOCKDOWN: Final = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+_LANDLOCK_CREATE_RULESET_VERSION: Final = 1
+_SIOCGIFFLAGS: Final = 0x8913
+_SIOCSIFFLAGS: Final = 0x8914
+_IFF_UP: Final = 0x1
+
+#: raw syscall numbers, per architecture (only those glibc has no wrapper for)
+_SYSCALLS: Final[dict[str, dict[str, int]]] = {
+    "x86_64": {"pivot_root": 155, "landlock_create_ruleset": 444},
+    "aarch64": {"pivot_root": 41, "landlock_create_ruleset": 444},
+}
+
+_default_libc: Any = None
+
+
+def _libc(libc: Any) -> Any:
+    global _default_libc
+    if libc is not None:
+        return libc
+    if _default_libc is None:
+        _default_libc = ctypes.CDLL(None, use_errno=True)
+    return _default_libc
+
+
+def _check(ret: int, what: str) -> None:
+    if ret < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+
+
+def _b(s: str | None) -> bytes | None:
+    return None if s is None else os.fsencode(s)
+
+
+def machine_arch() -> str:
+    """The CPU architecture, normalised: "x86_64", "aarch64" or the raw uname name."""
+    m = os.uname().machine
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def _nr(name: str) -> int:
+    nrs = _SYSCALLS.get(machine_arch())
+    if nrs is None:
+        raise OSError(errno.ENOSYS, f"{name}: no syscall number for {machine_arch()}")
+    return nrs[name]
+
+
+def unshare(flags: int, *, libc: Any = None) -> None:
+    """unshare(2) the namespaces in ``flags``."""
+    _check(_libc(libc).unshare(ctypes.c_int(flags)), "unshare")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int,
+          data: str | None, *, libc: Any = None) -> None:
+    """mount(2)."""
+    _check(_libc(libc).mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags),
+                             _b(data)), f"mount {target}")
+
+
+def umount2(target: str, flags: int, *, libc: Any = None) -> None:
+    """umount2(2)."""
+    _check(_libc(libc).umount2(_b(target), ctypes.c_int(flags)), f"umount {target}")
+
+
+def pivot_root(new_root: str, put_old: str, *, libc: Any = None) -> None:
+    """pivot_root(2) (raw syscall: glibc has no wrapper)."""
+    lc = _libc(libc)
+    lc.syscall.restype = ctypes.c_long
+    _check(lc.syscall(ctypes.c_long(_nr("pivot_root")), _b(new_root), _b(put_old)),
+           "pivot_root")
+
+
+def sethostname(name: str, *, libc: Any = None) -> None:
+    """sethostname(2) in the current UTS namespace."""
+    raw = name.encode()
+    _check(_libc(libc).sethostname(raw, ctypes.c_size_t(len(raw))), "sethostname")
+
+
+def _prctl(option: int, arg2: int, what: str, libc: Any,
+           arg3: int = 0, arg4: int = 0, arg5: int = 0) -> None:
+    _check(_libc(libc).prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(arg3),
+                             ctypes.c_ulong(arg4), ctypes.c_ulong(arg5)), what)
+
+
+def set_no_new_privs(*, libc: Any = None) -> None:
+    """PR_SET_NO_NEW_PRIVS: execve can never grant privileges again."""
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1, "prctl(NO_NEW_PRIVS)", libc)
+
+
+def set_pdeathsig(sig: int, *, libc: Any = None) -> None:
+    """PR_SET_PDEATHSIG: get ``sig`` when the parent thread dies."""
+    _prctl(_PR_SET_PDEATHSIG, sig, "prctl(PDEATHSIG)", libc)
+
+
+def set_dumpable(flag: bool, *, libc: Any = None) -> None:
+    """PR_SET_DUMPABLE (also governs who may ptrace or read /proc/PID of this process)."""
+    _prctl(_PR_SET_DUMPABLE, 1 if flag else 0, "prctl(DUMPABLE)", libc)
+
+
+def set_child_subreaper(*, libc: Any = None) -> None:
+    """PR_SET_CHILD_SUBREAPER: orphaned descendants are reparented to this process."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1, "prctl(CHILD_SUBREAPER)", libc)
+
+
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 63
+
+
+def drop_capabilities(*, libc: Any = None) -> None:
+    """Drop every capability for good.
+
+    Locks the securebits (uid 0 gains nothing from execve), clears the
+    bounding and ambient sets, then sets effective, permitted and inheritable
+    to empty with capset(2). Raises OSError if any step fails.
+    """
+    lc = _libc(libc)
+    _prctl(_PR_SET_SECUREBITS, _SECUREBITS_LOCKDOWN, "prctl(SET_SECUREBITS)", lc)
+    for cap in range(_last_cap() + 1):
+        _prctl(_PR_CAPBSET_DROP, cap, f"prctl(CAPBSET_DROP {cap})", lc)
+    _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, "prctl(CAP_AMBIENT_CLEAR_ALL)", lc)
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # two struct __user_cap_data_struct, all zero
+    _check(lc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+
+
+def seccomp_install(prog: bytes, *, libc: Any = None) -> None:
+    """Install a seccomp BPF filter (``prog``: struct sock_filter items, 8 bytes each).
+
+    Needs no_new_privs first (or CAP_SYS_ADMIN).
+    """
+    if not prog or len(prog) % 8:
+        raise OSError(errno.EINVAL, "seccomp program must be a non-empty multiple of 8 bytes")
+    buf = ctypes.create_string_buffer(prog, len(prog))
+
+    class _SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = _SockFprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    lc = _libc(libc)
+    _check(lc.prctl(ctypes.c_int(_PR_SET_SECCOMP), ctypes.c_ulong(_SECCOMP_MODE_FILTER),
+                    ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)),
+           "prctl(SET_SECCOMP)")
+
+
+def landlock_abi_version(*, libc: Any = None) -> int:
+    """The Landlock ABI version the kernel offers; 0 when unavailable."""
+    try:
+        nr = _nr("landlock_create_ruleset")
+    except OSError:
+        return 0
+    lc = _libc(libc)
+    lc.syscall.restype = ctypes.c_long
+    ret = lc.syscall(ctypes.c_long(nr), None, ctypes.c_size_t(0),
+                     ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
+    return int(ret) if ret > 0 else 0
+
+
+def loopback_up() -> None:
+    """Bring ``lo`` up in the current network namespace (SIOCSIFFLAGS)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sH14x", b"lo", 0)
+        res = fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req)
+        flags = struct.unpack("16sH14x", res)[1]
+        fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
