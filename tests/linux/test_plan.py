@@ -1,0 +1,175 @@
+"""plan.build_plan: pure spec -> plan, and one specific refusal per impossible combination."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from corral.errors import ConfigInvalidError, LevelNotSupportedError
+from corral.providers.linux import _sys_unsafe as su
+from corral.providers.linux.plan import (
+    DEFAULT_LIMITS,
+    ENV_BASE,
+    HostLayout,
+    LinuxOptions,
+    MountStep,
+    SandboxPlan,
+    build_plan,
+)
+from corral.spec import InvocationMode, NetworkPolicy, SandboxLimits, SandboxSpec
+
+ROOT_HOST = HostLayout(
+    euid=0, egid=0, system_dirs=("/usr",),
+    system_links=(("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64")),
+    etc_files=("/etc/ld.so.cache",),
+    prefixes=("/opt/venv", "/usr", "/usr/bin"),
+    package_root="/srv/corral/src",
+)
+USER_HOST = HostLayout(euid=1000, egid=1000, prefixes=("/home/u/venv",))
+
+
+def spec(**kw: object) -> SandboxSpec:
+    return SandboxSpec(tenant_id="t", run_id="r", **kw)  # type: ignore[arg-type]
+
+
+def plan(s: SandboxSpec | None = None, host: HostLayout = ROOT_HOST, **opts: object) -> SandboxPlan:
+    return build_plan(s or spec(), options=LinuxOptions(**opts),  # type: ignore[arg-type]
+                      host=host)
+
+
+def targets(p: SandboxPlan, kind: str) -> list[str]:
+    return [m.target for m in p.mounts if m.kind == kind]
+
+
+def test_default_plan_has_every_namespace_and_the_boundary_mounts() -> None:
+    p = plan()
+    for flag in (su.CLONE_NEWUSER, su.CLONE_NEWNS, su.CLONE_NEWPID, su.CLONE_NEWNET,
+                 su.CLONE_NEWIPC, su.CLONE_NEWUTS, su.CLONE_NEWCGROUP):
+        assert p.namespaces & flag
+    assert p.hostname == "sandbox"
+    assert p.work_dir == "/work"
+    assert "/usr" in targets(p, "bind")
+    assert ("/bin", "usr/bin") in [(m.target, m.source) for m in p.mounts if m.kind == "symlink"]
+    assert targets(p, "proc") == ["/proc"]
+    assert targets(p, "area_bind") == ["/work", "/tmp"]
+    assert "/dev/null" in targets(p, "bind")
+    # nothing from the host home or /tmp
+    assert not any(m.source.startswith(("/home", "/tmp", "/root")) for m in p.mounts
+                   if m.kind == "bind")
+
+
+def test_every_host_bind_is_read_only_except_device_nodes() -> None:
+    for m in plan().mounts:
+        if m.kind == "bind" and not m.target.startswith("/dev/"):
+            assert m.readonly, m
+
+
+def test_root_maps_inside_root_to_nobody_by_default() -> None:
+    p = plan()
+    assert p.uid_map == (0, 65534, 1)
+    assert p.gid_map == (0, 65534, 1)
+    assert plan(outside_uid=1234, outside_gid=1235).uid_map == (0, 1234, 1)
+
+
+def test_unprivileged_maps_inside_root_to_itself() -> None:
+    p = plan(host=USER_HOST)
+    assert p.uid_map == (0, 1000, 1)
+    assert p.gid_map == (0, 1000, 1)
+    with pytest.raises(ConfigInvalidError, match="outside_uid"):
+        plan(host=USER_HOST, outside_uid=0)
+
+
+def test_prefixes_under_system_dirs_are_not_bound_twice() -> None:
+    binds = targets(plan(), "bind")
+    assert "/opt/venv" in binds
+    assert binds.count("/usr") == 1
+    assert "/usr/bin" not in binds
+
+
+def test_prefix_under_work_is_bound_after_the_work_dir() -> None:
+    host = HostLayout(euid=0, egid=0, prefixes=("/work/main/.venv",))
+    names = [(m.kind, m.target) for m in plan(host=host).mounts]
+    assert names.index(("bind", "/work/main/.venv")) > names.index(("area_bind", "/work"))
+
+
+def test_prefix_that_would_hide_a_sandbox_dir_is_refused() -> None:
+    for bad in ("/work", "/proc/x", "/"):
+        host = HostLayout(euid=0, egid=0, prefixes=(bad,))
+        with pytest.raises(ConfigInvalidError, match="ro_binds"):
+            plan(host=host)
+
+
+def test_package_root_only_for_handler_runs() -> None:
+    assert "/srv/corral/src" not in targets(plan(), "bind")
+    p = plan(spec(mode=InvocationMode.IN_CONTEXT))
+    assert "/srv/corral/src" in targets(p, "bind")
+
+
+def test_defaults_fill_unset_limits_and_disk_sizes_the_rw_area() -> None:
+    p = plan(spec(limits=SandboxLimits(mem_mb=64)))
+    assert p.limits.mem_mb == 64
+    assert p.limits.max_processes == DEFAULT_LIMITS.max_processes
+    assert p.limits.disk_mb == DEFAULT_LIMITS.disk_mb
+    area = [m for m in p.mounts if m.kind == "area"]
+    assert area[0].size_bytes == 256 * 1024 * 1024
+    p2 = plan(spec(limits=SandboxLimits(disk_mb=8)))
+    assert next(m for m in p2.mounts if m.kind == "area").size_bytes == 8 * 1024 * 1024
+    assert ("RLIMIT_FSIZE", 8 << 20, 8 << 20) in p2.rlimits
+    assert ("RLIMIT_CORE", 0, 0) in p2.rlimits
+
+
+def test_cpu_rlimit_is_a_backstop_above_the_cap() -> None:
+    assert plan().cpu_rlimit_s is None
+    assert plan(spec(limits=SandboxLimits(cpu_ms=1500))).cpu_rlimit_s == 3
+
+
+def test_level_below_strict_is_refused() -> None:
+    for level in ("none", "context-isolated"):
+        with pytest.raises(LevelNotSupportedError) as ei:
+            plan(spec(level=level))
+        assert ei.value.supported == ("strict",)
+
+
+@pytest.mark.parametrize("policy", [NetworkPolicy.allowlist("example.org"),
+                                    NetworkPolicy.unrestricted()])
+def test_network_other_than_none_is_refused_naming_it(policy: NetworkPolicy) -> None:
+    with pytest.raises(LevelNotSupportedError) as ei:
+        plan(spec(network=policy))
+    assert policy.kind in ei.value.missing
+
+
+def test_image_is_refused() -> None:
+    with pytest.raises(LevelNotSupportedError, match="image"):
+        plan(spec(image="python:3.11"))
+
+
+def test_too_small_limits_are_config_invalid() -> None:
+    with pytest.raises(ConfigInvalidError, match=r"limits\.mem_mb"):
+        plan(spec(limits=SandboxLimits(mem_mb=4)))
+    with pytest.raises(ConfigInvalidError, match=r"limits\.max_processes"):
+        plan(spec(limits=SandboxLimits(max_processes=1)))
+
+
+def test_bad_options_are_config_invalid() -> None:
+    with pytest.raises(ConfigInvalidError, match="hostname"):
+        LinuxOptions(hostname="bad host")
+    with pytest.raises(ConfigInvalidError, match="outside_uid"):
+        LinuxOptions(outside_uid=-1)
+
+
+def test_env_base_is_the_minimal_allowlist() -> None:
+    assert dict(plan().env_base) == {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work",
+                                     "TMPDIR": "/tmp"} == dict(ENV_BASE)
+
+
+def test_plan_is_frozen_and_wire_safe() -> None:
+    p = plan()
+    with pytest.raises(AttributeError):
+        p.hostname = "x"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        p.mounts[0].target = "/x"  # type: ignore[misc]
+    wire = json.loads(json.dumps(p.to_wire()))
+    assert wire["uid_map"] == [0, 65534, 1]
+    assert len(wire["mounts"]) == len(p.mounts)
+    assert isinstance(p.mounts[0], MountStep)
