@@ -16,6 +16,7 @@ __all__ = ["PROVIDERS", "get_provider_class", "provider_names"]
 
 #: provider name -> module path (relative to this package)
 PROVIDERS: dict[str, str] = {
+    "inprocess": ".inprocess",
     "linux": ".linux",
 }
 

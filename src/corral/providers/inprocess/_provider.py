@@ -1,0 +1,260 @@
+"""The in-process provider (level ``none``): trusted code only, no boundary at all."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import shutil
+import stat
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar, final
+
+from ..._cancel import CancelToken
+from ..._paths import read_file_under, split_relative, write_file_under
+from ...errors import (
+    ConfigInvalidError,
+    CreateCancelledError,
+    LevelNotSupportedError,
+    ProviderError,
+    SandboxTimeoutError,
+)
+from ...provider import ProcessHandle, Sandbox, SandboxProvider
+from ...spec import (
+    Capability,
+    ExecOpts,
+    ExecResult,
+    InvocationMode,
+    Level,
+    ProcessOpts,
+    SandboxSpec,
+)
+from ._proc import Child, InProcessHandle, spawn
+
+__all__ = ["InProcessProvider", "InProcessSandbox"]
+
+T = TypeVar("T")
+
+_NAME: Final = "inprocess"
+#: variables copied from the host environment when the caller does not set them
+_BOOTSTRAP_FROM_HOST: Final = ("PATH",)
+
+
+def _rmtree(path: str) -> None:
+    """Remove ``path`` even if the code in it made directories unwritable."""
+
+    def fix(func: Callable[..., Any], p: str, _exc: object) -> None:
+        parent = os.path.dirname(p)
+        with contextlib.suppress(OSError):
+            os.chmod(parent, stat.S_IRWXU)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, stat.S_IRWXU)
+        func(p)
+
+    if os.path.lexists(path):
+        shutil.rmtree(path, onerror=fix)
+
+
+@final
+class InProcessSandbox(Sandbox):
+    """A sandbox that is only a private temp dir and child processes of the caller.
+
+    Files live in ``<tmp>/work`` (the commands' cwd and ``HOME``); ``TMPDIR``
+    is ``<tmp>/tmp``. Every command runs in its own process group, killed as
+    a whole on timeout, kill and destroy; what an ``exec`` leaves running in
+    its group is killed when it returns.
+    """
+
+    def __init__(self, spec: SandboxSpec, base: str) -> None:
+        self.id = f"{_NAME}-{uuid.uuid4().hex}"
+        self.spec = spec
+        self.base = base
+        self.work_dir = os.path.join(base, "work")
+        self.tmp_dir = os.path.join(base, "tmp")
+        self._children: set[Child] = set()
+        self._destroyed = False
+
+    # -- helpers -------------------------------------------------------------
+    def _alive(self, what: str) -> None:
+        if self._destroyed:
+            raise ProviderError(f"{what}: sandbox {self.id} was destroyed")
+
+    def _env(self, env: Any) -> dict[str, str]:
+        out = {k: os.environ[k] for k in _BOOTSTRAP_FROM_HOST if k in os.environ}
+        out.update(HOME=self.work_dir, TMPDIR=self.tmp_dir, LANG="C.UTF-8")
+        if env is not None:
+            out.update(env)
+        return out
+
+    def _cwd(self, cwd: str | None) -> str:
+        if cwd is None:
+            return self.work_dir
+        try:
+            parts = split_relative(cwd, root_alias=self.work_dir)
+        except ConfigInvalidError as e:
+            raise ConfigInvalidError("cwd", e.reason) from None
+        path = os.path.join(self.work_dir, *parts)
+        real = os.path.realpath(path)
+        if not real.startswith(os.path.realpath(self.work_dir) + os.sep) or not os.path.isdir(real):
+            raise ConfigInvalidError("cwd", f"not a directory inside the sandbox: {cwd!r}")
+        return real
+
+    async def _spawn(self, argv: Sequence[str], *, cwd: str | None, env: Any, stdin: bool,
+                     keep: bool) -> Child:
+        child = await spawn(argv, cwd=self._cwd(cwd), env=self._env(env), stdin=stdin,
+                            keep=keep)
+        if self._destroyed:  # destroy ran while we were starting it
+            child.kill_group()
+            await child.wait()
+            raise ProviderError(f"sandbox {self.id} was destroyed")
+        self._children.add(child)
+        return child
+
+    # -- the contract --------------------------------------------------------
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
+        self._alive("exec")
+        opts = opts or ExecOpts()
+        child = await self._spawn(argv, cwd=opts.cwd, env=opts.env,
+                                  stdin=opts.stdin is not None, keep=True)
+        try:
+            feeder = None
+            if opts.stdin is not None:
+                feeder = asyncio.ensure_future(_feed(child, bytes(opts.stdin)))
+            timeout = opts.timeout_ms / 1000 if opts.timeout_ms is not None else None
+            try:
+                code = await asyncio.wait_for(child.wait(), timeout)
+            except TimeoutError:
+                child.kill_group()
+                await child.wait()
+                await child.finish_pipes()
+                raise SandboxTimeoutError(
+                    f"command ran past its timeout of {opts.timeout_ms} ms and was killed",
+                    timeout_ms=opts.timeout_ms or 0, stdout=bytes(child.out.buf),
+                    stderr=bytes(child.err.buf)) from None
+            await child.finish_pipes()
+            if feeder is not None:
+                await feeder
+            if self._destroyed:
+                raise ProviderError(f"exec: sandbox {self.id} was destroyed while it ran")
+            return ExecResult(stdout=bytes(child.out.buf), stderr=bytes(child.err.buf),
+                              exit_code=code, usage=child.usage())
+        finally:
+            child.kill_group()  # also on asyncio cancellation of exec
+            if child.proc.returncode is not None:
+                self._children.discard(child)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        self._alive("write_file")
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        await asyncio.to_thread(write_file_under, self.work_dir, path, raw,
+                                root_alias=self.work_dir)
+
+    async def read_file(self, path: str) -> bytes:
+        self._alive("read_file")
+        return await asyncio.to_thread(read_file_under, self.work_dir, path,
+                                       root_alias=self.work_dir)
+
+    async def start_process(self, argv: Sequence[str],
+                            opts: ProcessOpts | None = None) -> ProcessHandle:
+        self._alive("start_process")
+        opts = opts or ProcessOpts()
+        child = await self._spawn(argv, cwd=opts.cwd, env=opts.env, stdin=opts.stdin,
+                                  keep=False)
+        return InProcessHandle(child, opts.timeout_ms)
+
+    async def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Call an in-context handler in the caller's process (awaiting it if async).
+
+        Level ``none``: the handler shares the caller's memory, files and
+        privileges. Only for trusted code.
+        """
+        self._alive("call")
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        children, self._children = list(self._children), set()
+        for child in children:
+            child.kill_group()
+        for child in children:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(child.wait(), 10.0)
+            with contextlib.suppress(Exception):
+                await child.finish_pipes(2.0)
+        await asyncio.to_thread(_rmtree, self.base)
+
+
+async def _feed(child: Child, data: bytes) -> None:
+    w = child.proc.stdin
+    assert w is not None
+    try:
+        w.write(data)
+        await w.drain()
+        w.close()
+        await w.wait_closed()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+@final
+class InProcessProvider(SandboxProvider):
+    """Level ``none``: commands run as plain child processes of the caller.
+
+    NOT a security boundary: code runs with the caller's user, network and
+    host filesystem. It enforces no limits and no network policy, so a spec
+    that sets a limit, or asks for a network policy other than
+    ``unrestricted``, is refused with :class:`ConfigInvalidError`.
+
+    Args:
+        temp_dir: where sandbox directories are made (default: the system's).
+    """
+
+    name = _NAME
+    levels = frozenset({Level.NONE})
+    capabilities = frozenset({Capability.STREAMING.value})
+
+    def __init__(self, *, temp_dir: str | None = None) -> None:
+        self.temp_dir = temp_dir
+
+    def _validate(self, spec: SandboxSpec) -> None:
+        if spec.level != Level.NONE:
+            raise LevelNotSupportedError(
+                spec.level.value, [Level.NONE.value],
+                "the inprocess provider runs code as the caller; use 'subproc' or 'linux'")
+        for field, value in spec.limits.asked().items():
+            raise ConfigInvalidError(
+                f"limits.{field}",
+                f"provider 'inprocess' (level none) cannot enforce limits (asked {value}); "
+                "unset it or use a provider that enforces it")
+        if spec.network.kind != "unrestricted":
+            raise ConfigInvalidError(
+                "network", f"provider 'inprocess' (level none) cannot enforce network "
+                f"{spec.network.kind!r}; pass NetworkPolicy.unrestricted()")
+        if spec.image is not None:
+            raise ConfigInvalidError("image", "provider 'inprocess' cannot run images")
+        if spec.mode not in (None, InvocationMode.IN_CONTEXT):
+            raise ConfigInvalidError(
+                "mode", f"provider 'inprocess' supports mode 'in-context' only, not {spec.mode!r}")
+
+    async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
+        self._validate(spec)
+        if cancel is not None and cancel.cancelled:
+            raise CreateCancelledError(f"create cancelled: {cancel.reason}")
+        base = tempfile.mkdtemp(prefix="corral-inprocess-", dir=self.temp_dir)  # mode 0700
+        try:
+            os.mkdir(os.path.join(base, "work"), 0o700)
+            os.mkdir(os.path.join(base, "tmp"), 0o700)
+            if cancel is not None and cancel.cancelled:
+                raise CreateCancelledError(f"create cancelled: {cancel.reason}")
+        except BaseException:
+            _rmtree(base)
+            raise
+        return InProcessSandbox(spec, base)

@@ -1,0 +1,293 @@
+"""Conformance checks: exec, files, path escapes, isolation, streaming, kill, timeout, destroy."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from ..errors import ConfigInvalidError, ProviderError, SandboxTimeoutError
+from ..spec import ExecOpts, ExecResult, ProcessOpts
+from ._checks_life import check_cancel, check_level, check_lifecycle, check_limits
+from ._kit import Kit, drain, expect, read_until, within
+
+__all__ = ["CHECK_FUNCS"]
+
+# A child that forks a grandchild holding stdout/stderr, then prints ``up`` and sleeps:
+# a provider that kills only the direct child never sees EOF on the pipes.
+_SLEEPER_TREE = (
+    "import os, sys, time\n"
+    "if os.fork() == 0:\n"
+    "    time.sleep(30); os._exit(0)\n"
+    "sys.stdout.write('up\\n'); sys.stdout.flush()\n"
+    "time.sleep(30)\n"
+)
+
+
+def _brief(r: ExecResult) -> str:
+    return f"exit {r.exit_code}, stdout {r.stdout[:200]!r}, stderr {r.stderr[-300:]!r}"
+
+
+async def check_exec(k: Kit) -> None:
+    spec = k.spec()
+    async with k.sandbox(spec) as sb:
+        expect(isinstance(sb.id, str) and sb.id, f"sandbox.id must be a non-empty str: {sb.id!r}")
+        expect(sb.spec == spec, "sandbox.spec must be the spec it was created from")
+        r = await k.run(sb, "import sys; sys.stdout.buffer.write(b'out\\x00\\xff\\n'); "
+                            "sys.stderr.buffer.write(b'err\\x01')")
+        expect(isinstance(r, ExecResult), f"exec must return ExecResult, got {type(r).__name__}")
+        expect((r.stdout, r.stderr, r.exit_code) == (b"out\x00\xff\n", b"err\x01", 0),
+               f"exec output not byte-exact: {_brief(r)}")
+        r = await k.run(sb, "import sys; sys.exit(3)")
+        expect(r.exit_code == 3, f"sys.exit(3) must give exit_code 3: {_brief(r)}")
+        r = await k.run(sb, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+        expect(r.exit_code == -9,
+               f"a command killed by SIGKILL must give exit_code -9: {_brief(r)}")
+        r = await k.run(sb, "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read()[::-1])",
+                        ExecOpts(stdin=b"abc\x00def"))
+        expect(r.stdout == b"fed\x00cba", f"ExecOpts.stdin not delivered: {_brief(r)}")
+        r = await k.run(sb, "import os; print(os.environ.get('CORRAL_KIT_VAR'))",
+                        ExecOpts(env={"CORRAL_KIT_VAR": "v-1"}))
+        expect(r.stdout.strip() == b"v-1", f"ExecOpts.env not delivered: {_brief(r)}")
+
+
+async def check_files(k: Kit) -> None:
+    async with k.sandbox() as sb:
+        small = bytes(range(256))
+        await sb.write_file("bin/all.bin", small)
+        got = await sb.read_file("bin/all.bin")
+        expect(got == small, f"256-byte round trip differs: got {len(got)} bytes")
+        big = random.Random(1234).randbytes(8 << 20)
+        await within(sb.write_file("big.bin", big), 30.0, "write_file of 8 MiB")
+        got = await within(sb.read_file("big.bin"), 30.0, "read_file of 8 MiB")
+        if got != big:
+            at = next((i for i, (a, b) in enumerate(zip(got, big, strict=False)) if a != b),
+                      min(len(got), len(big)))
+            raise AssertionError(f"8 MiB round trip differs: {len(got)} bytes, first diff at {at}")
+        await sb.write_file("over.txt", b"a long first content")
+        await sb.write_file("over.txt", b"short")
+        got = await sb.read_file("over.txt")
+        expect(got == b"short", f"write_file must replace the file: got {got!r}")
+        await sb.write_file("text.txt", "h\u00e9llo")
+        got = await sb.read_file("text.txt")
+        expect(got == "h\u00e9llo".encode(), f"str data must be written as UTF-8: got {got!r}")
+        if not k.processes:
+            return
+        r = await k.run(sb, "import hashlib; print(hashlib.sha256(open('big.bin','rb').read())"
+                            ".hexdigest(), open('bin/all.bin','rb').read() == bytes(range(256)))")
+        want = f"{hashlib.sha256(big).hexdigest()} True".encode()
+        expect(r.stdout.strip() == want, f"a written file must be visible to exec: {_brief(r)}")
+        r = await k.run(sb, "import os; os.makedirs('out', exist_ok=True); "
+                            "open('out/x.bin','wb').write(bytes(range(256))[::-1])")
+        expect(r.exit_code == 0, f"exec writing a file failed: {_brief(r)}")
+        got = await sb.read_file("out/x.bin")
+        expect(got == small[::-1], f"a file written by exec must be readable: got {got[:32]!r}")
+        r = await k.run(sb, "print(len(open('all.bin','rb').read()))", ExecOpts(cwd="bin"))
+        expect(r.stdout.strip() == b"256", f"ExecOpts.cwd='bin' not honoured: {_brief(r)}")
+
+
+async def _refused(what: str, aw: Awaitable[object]) -> None:
+    try:
+        await within(aw, 10.0, what)
+    except ConfigInvalidError:
+        return
+    except AssertionError:
+        raise
+    except Exception as e:
+        raise AssertionError(f"{what}: expected ConfigInvalidError, got "
+                             f"{type(e).__name__}: {e}") from None
+    raise AssertionError(f"{what}: was allowed (expected ConfigInvalidError)")
+
+
+def _host_state(root: str) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = fh.read()
+    return out
+
+
+async def check_path_escape(k: Kit) -> None:
+    secret = os.path.join(k.host_dir, "secret")
+    with open(secret, "wb") as fh:
+        fh.write(b"host secret")
+    before = _host_state(k.host_dir)
+    u = uuid.uuid4().hex[:8]
+    async with k.sandbox() as sb:
+        await sb.write_file("real/known.txt", b"known")
+        reads = ["../x", f"../corral-kit-{u}", "a/../../x", "/etc/passwd", secret, "/", ""]
+        writes = [f"../corral-kit-{u}", f"a/../../corral-kit-{u}",
+                  os.path.join(k.host_dir, "abs-write"), k.host_dir + "/", ""]
+        for p in reads:
+            await _refused(f"read_file({p!r})", sb.read_file(p))
+        for p in writes:  # never a system path: a broken provider would overwrite it
+            await _refused(f"write_file({p!r})", sb.write_file(p, b"escaped"))
+        if k.processes:
+            code = ("import os\n"
+                    f"os.symlink({k.host_dir!r}, 'hostdir'); os.symlink({secret!r}, 'hostfile')\n"
+                    "os.symlink('/etc/passwd', 'passwd'); os.symlink('..', 'up')\n"
+                    "os.symlink('/', 'root')\n"
+                    "print(os.path.basename(os.getcwd()))\n")
+            r = await k.run(sb, code)
+            expect(r.exit_code == 0, f"exec creating symlinks failed: {_brief(r)}")
+            here = r.stdout.decode(errors="replace").strip()
+            for p in ["hostfile", "passwd", "hostdir/secret", "root/etc/passwd",
+                      *([f"up/{here}/real/known.txt"] if here else [])]:
+                await _refused(f"read_file({p!r}) through a symlink made in the sandbox",
+                               sb.read_file(p))
+            for p in ["hostfile", "hostdir/new.txt", *([f"up/{here}/real/up.txt"] if here else [])]:
+                await _refused(f"write_file({p!r}) through a symlink made in the sandbox",
+                               sb.write_file(p, b"escaped"))
+    after = _host_state(k.host_dir)
+    expect(after == before, f"files outside the sandbox changed: {sorted(after)} "
+                            f"(was {sorted(before)})")
+
+
+async def check_isolation(k: Kit) -> None:
+    name = f"iso-{uuid.uuid4().hex[:8]}.txt"
+    async with k.sandbox() as a, k.sandbox() as b:
+        expect(a.id != b.id, f"two sandboxes share the id {a.id!r}")
+        await a.write_file(name, b"from a")
+        try:
+            got = await b.read_file(name)
+        except Exception:
+            pass
+        else:
+            raise AssertionError(f"sandbox b read a file written in sandbox a: {got!r}")
+        await b.write_file(name, b"from b")
+        got = await a.read_file(name)
+        expect(got == b"from a", f"sandbox b's write changed sandbox a's file: {got!r}")
+
+
+async def check_streaming(k: Kit) -> None:
+    code = ("import sys\n"
+            "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
+            "line = sys.stdin.readline()\n"
+            "sys.stdout.write('echo:' + line); sys.stdout.flush()\n"
+            "sys.stderr.write('done\\n'); sys.exit(7)\n")
+    async with k.sandbox() as sb:
+        p = await within(sb.start_process(k.py(code), ProcessOpts(stdin=True)), 20.0,
+                         "start_process")
+        first = b""
+        if "streaming" in k.provider.capabilities:
+            first = await read_until(p.stdout, b"ready\n", 20.0,
+                                     "first stdout chunk before any stdin was written")
+        await within(p.stdin.write(b"hello\n"), 10.0, "stdin.write")
+        await within(p.stdin.close(), 10.0, "stdin.close")
+        await within(p.stdin.close(), 10.0, "second stdin.close (must be idempotent)")
+        out, err = await within(asyncio.gather(drain(p.stdout), drain(p.stderr)), 20.0,
+                                "reading stdout/stderr to EOF")
+        st = await within(p.wait(), 10.0, "wait()")
+        expect(first + out == b"ready\necho:hello\n", f"stdout was {first + out!r}")
+        expect(err == b"done\n", f"stderr was {err!r}")
+        expect(st.exit_code == 7, f"wait() gave exit_code {st.exit_code}, expected 7")
+
+
+async def check_kill(k: Kit) -> None:
+    async with k.sandbox() as sb:
+        p = await within(sb.start_process(k.py(_SLEEPER_TREE), ProcessOpts(stdin=False)),
+                         20.0, "start_process")
+        await read_until(p.stdout, b"up\n", 20.0, "process start")
+        await within(p.kill(), 10.0, "kill()")
+        st = await within(p.wait(), 5.0, "wait() after kill()")
+        expect(st.exit_code != 0, f"a killed process must not report exit_code 0 ({st})")
+        await within(p.kill(), 10.0, "second kill() (must be idempotent)")
+        await within(asyncio.gather(drain(p.stdout), drain(p.stderr)), 5.0,
+                     "stdout/stderr EOF after kill() (a grandchild still holds them: "
+                     "kill must end what the process started)")
+        r = await k.run(sb, "print('alive')")
+        expect(r.stdout == b"alive\n", f"the sandbox must stay usable after kill(): {_brief(r)}")
+
+
+async def check_timeout(k: Kit) -> None:
+    code = ("import os, sys, time\n"
+            "sys.stdout.write('partial-out\\n'); sys.stdout.flush()\n"
+            "sys.stderr.write('partial-err\\n'); sys.stderr.flush()\n"
+            "if os.fork() == 0:\n    time.sleep(30); os._exit(0)\n"
+            "time.sleep(30)\n")
+    async with k.sandbox() as sb:
+        t0 = time.monotonic()
+        try:
+            r = await within(sb.exec(k.py(code), ExecOpts(timeout_ms=300)), 8.0,
+                             "exec with timeout_ms=300 of a 30 s sleeper (with a grandchild)")
+        except SandboxTimeoutError as e:
+            elapsed = time.monotonic() - t0
+            expect(elapsed < 8.0, f"SandboxTimeoutError came after {elapsed:.1f} s")
+            expect(e.timeout_ms == 300, f"SandboxTimeoutError.timeout_ms is {e.timeout_ms}")
+            expect(b"partial-out" in e.stdout,
+                   f"partial stdout missing from SandboxTimeoutError: {e.stdout!r}")
+            expect(b"partial-err" in e.stderr,
+                   f"partial stderr missing from SandboxTimeoutError: {e.stderr!r}")
+        else:
+            raise AssertionError(f"exec past timeout_ms returned instead of raising "
+                                 f"SandboxTimeoutError: {_brief(r)}")
+        r = await k.run(sb, "print('alive')")
+        expect(r.stdout == b"alive\n", f"the sandbox must stay usable after a timeout: {_brief(r)}")
+        p = await within(sb.start_process(k.py("import time; time.sleep(30)"),
+                                          ProcessOpts(stdin=False, timeout_ms=300)),
+                         20.0, "start_process")
+        st = await within(p.wait(), 8.0, "wait() of a process started with timeout_ms=300")
+        expect(st.exit_code != 0, f"a process killed by its timeout_ms reported {st}")
+
+
+async def _provider_error(what: str, aw: Awaitable[object]) -> None:
+    try:
+        await within(aw, 10.0, what)
+    except ProviderError:
+        return
+    except AssertionError:
+        raise
+    except Exception as e:
+        raise AssertionError(f"{what} after destroy(): expected ProviderError, got "
+                             f"{type(e).__name__}: {e}") from None
+    raise AssertionError(f"{what} after destroy() succeeded (expected ProviderError)")
+
+
+async def check_destroy(k: Kit) -> None:
+    sb = await k.create()
+    try:
+        await sb.write_file("f.txt", b"x")
+        p = None
+        if k.processes:
+            p = await within(sb.start_process(k.py(_SLEEPER_TREE), ProcessOpts(stdin=True)),
+                             20.0, "start_process")
+            await read_until(p.stdout, b"up\n", 20.0, "process start")
+    finally:
+        await within(sb.destroy(), 20.0, "destroy()")
+    await within(sb.destroy(), 20.0, "second destroy() (must be idempotent)")
+    if p is not None:
+        st = await within(p.wait(), 5.0, "wait() of a process started before destroy()")
+        expect(st.exit_code != 0, f"a process ended by destroy() reported {st}")
+        await within(asyncio.gather(drain(p.stdout), drain(p.stderr)), 5.0,
+                     "stdout/stderr EOF after destroy() (the process tree must be dead)")
+    await _provider_error("read_file", sb.read_file("f.txt"))
+    await _provider_error("write_file", sb.write_file("g.txt", b"x"))
+    if k.processes:
+        await _provider_error("exec", sb.exec(k.py("pass")))
+        await _provider_error("start_process", sb.start_process(k.py("pass")))
+    async with await k.create() as sb2:
+        await sb2.write_file("f.txt", b"x")
+    await _provider_error("read_file (after `async with`)", sb2.read_file("f.txt"))
+    await k.check_leaks("destroy")
+
+
+CHECK_FUNCS: dict[str, Callable[[Kit], Awaitable[None]]] = {
+    "exec": check_exec,
+    "files": check_files,
+    "path-escape": check_path_escape,
+    "isolation": check_isolation,
+    "streaming": check_streaming,
+    "kill": check_kill,
+    "timeout": check_timeout,
+    "destroy": check_destroy,
+    "level": check_level,
+    "limits": check_limits,
+    "cancel": check_cancel,
+    "lifecycle": check_lifecycle,
+}
