@@ -1,0 +1,393 @@
+"""Sandbox cgroups on the real kernel (v1 here), plus v2 file handling on a fake tree.
+
+The real tests make cgroups under the caller's own cgroup with the test prefix
+``corraltest`` (so a provider's reaper never sees them) and remove them in
+``finally``. Bombs (memory, fork) run only inside a cgroup whose limit is set,
+and stop by themselves after a bounded amount of work.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.errors import LevelNotSupportedError
+from corral.providers.linux.cgroups import CgroupManager, SandboxCgroup, detect
+from corral.spec import SandboxLimits
+
+pytestmark = pytest.mark.linux
+PREFIX = "corraltest"
+MIB = 1024 * 1024
+NEEDED = {"memory", "memsw", "pids", "cpu", "freezer"}
+
+_support = detect(prefix=PREFIX)
+real = pytest.mark.skipif(
+    not _support.available >= NEEDED,
+    reason=f"needs writable cgroup memory+swap, pids, cpu, freezer: {_support.describe()}")
+
+# The child's first act: put itself into the cgroup; if that fails it dies before the bomb.
+_JOIN = ("import os,sys,time\n"
+         "for f in sys.argv[1:]:\n"
+         "    open(f, 'w').write(str(os.getpid()))\n")
+
+
+def spawn(cg: SandboxCgroup, body: str, pipes: bool = True) -> subprocess.Popen[bytes]:
+    out = subprocess.PIPE if pipes else subprocess.DEVNULL
+    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _JOIN + body, *cg.procs_files],
+                            stdout=out, stderr=out)
+
+
+@pytest.fixture
+def mgr() -> Iterator[CgroupManager]:
+    m = CgroupManager(prefix=PREFIX)
+    yield m
+    for name, dirs in m.list_cgroups().items():  # anything a failed test left
+        if f"-{os.getpid()}-" in name:
+            SandboxCgroup(name, m.support.version, dirs).remove()
+    m.remove_parents()
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def test_detect_says_which_path_it_took() -> None:
+    s = detect()
+    assert s.version in ("v1", "v2", "none")
+    assert s.describe().startswith(f"cgroup {s.version}:")
+    unified = Path("/sys/fs/cgroup/unified/cgroup.controllers")
+    if s.version == "v1" and unified.exists() and "memory" not in unified.read_text().split():
+        assert any("cgroup v2 not used" in n for n in s.notes), s.notes
+
+
+@real
+def test_create_writes_limits_and_remove_is_idempotent(mgr: CgroupManager) -> None:
+    cg = mgr.create("limits", SandboxLimits(mem_mb=64, max_processes=20))
+    try:
+        assert cg.name.startswith(f"{PREFIX}-{os.getpid()}-")
+        assert set(cg.dirs) == {"memory", "pids", "cpuacct", "freezer"}
+        for d in cg.dirs.values():
+            assert os.path.dirname(d) == mgr.support.parents[next(
+                k for k, v in cg.dirs.items() if v == d)]
+        mem = Path(cg.dirs["memory"])
+        assert int((mem / "memory.limit_in_bytes").read_text()) == 64 * MIB
+        assert int((mem / "memory.memsw.limit_in_bytes").read_text()) == 64 * MIB
+        assert (Path(cg.dirs["pids"]) / "pids.max").read_text().strip() == "20"
+        assert cg.pids() == []
+    finally:
+        cg.remove()
+    assert not any(os.path.exists(d) for d in cg.dirs.values())
+    cg.remove()  # idempotent
+
+
+@real
+def test_child_is_listed_accounted_and_killed(mgr: CgroupManager) -> None:
+    cg = mgr.create("procs", SandboxLimits())
+    p = subprocess.Popen([sys.executable, "-I", "-S", "-c",
+                          "import time\nfor _ in range(300): sum(range(20000)); time.sleep(0.1)"])
+    try:
+        cg.add_pid(p.pid)
+        assert cg.pids() == [p.pid]
+        time.sleep(0.05)
+        u = cg.usage()
+        assert u.pids_current == 1 and u.oom_kills == 0
+        cg.kill_all()
+        assert p.wait(5) == -signal.SIGKILL
+        assert cg.pids() == []
+    finally:
+        p.kill()
+        p.wait()
+        cg.remove()
+
+
+@real
+def test_memory_limit_is_enforced_on_a_bounded_allocator(mgr: CgroupManager) -> None:
+    # Bomb: allocates at most 4 x 32 MiB in 1 MiB steps, touching every page, then exits 0.
+    cg = mgr.create("mem", SandboxLimits(mem_mb=32))
+    try:
+        p = spawn(cg, "held = []\n"
+                      "for i in range(128):\n"
+                      "    b = bytearray(1 << 20); b[::4096] = b'\\1' * 256; held.append(b)\n"
+                      "print('survived', flush=True)\n")
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == -signal.SIGKILL, (p.returncode, out, err)
+        assert b"survived" not in out
+        assert cg.memory_hit()
+        u = cg.usage()
+        assert u.oom_kills >= 1
+        assert 24 <= u.peak_mem_mb <= 33
+    finally:
+        cg.remove()
+
+
+@real
+def test_pids_max_is_enforced_on_a_bounded_forker(mgr: CgroupManager) -> None:
+    # Bomb: at most 30 forks; children sleep (killed by kill_all), then report the count.
+    cg = mgr.create("pids", SandboxLimits(max_processes=8))
+    try:
+        p = spawn(cg, "ok = fail = 0\n"
+                      "for i in range(30):\n"
+                      "    try:\n"
+                      "        pid = os.fork()\n"
+                      "    except OSError:\n"
+                      "        fail += 1; continue\n"
+                      "    if pid == 0:\n"
+                      "        time.sleep(20); os._exit(0)\n"
+                      "    ok += 1\n"
+                      "print(ok, fail, flush=True)\n"
+                      "time.sleep(20)\n")
+        line = p.stdout.readline()  # type: ignore[union-attr]
+        ok, fail = map(int, line.split())
+        assert ok == 7 and fail == 23  # the parent itself is the eighth
+        assert cg.pids_max_hit()
+        assert cg.usage().pids_current == 8
+        cg.kill_all()
+        assert p.wait(5) == -signal.SIGKILL
+    finally:
+        cg.remove()
+        p.communicate()
+
+
+@real
+def test_freeze_stops_progress_and_thaw_resumes(mgr: CgroupManager, tmp_path: Path) -> None:
+    counter = tmp_path / "n"
+    cg = mgr.create("freeze", SandboxLimits())
+    try:
+        p = spawn(cg, "n = 0\n"
+                      "while n < 2000:\n"
+                      f"    n += 1; open({str(counter)!r} + '.t', 'w').write(str(n))\n"
+                      f"    os.replace({str(counter)!r} + '.t', {str(counter)!r})\n"
+                      "    time.sleep(0.01)\n")
+
+        def value() -> int:
+            s = counter.read_text() if counter.exists() else ""
+            return int(s) if s else 0
+
+        deadline = time.monotonic() + 10
+        while value() < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        cg.freeze()
+        frozen_at = value()
+        time.sleep(0.3)
+        assert value() == frozen_at
+        cg.thaw()
+        deadline = time.monotonic() + 10
+        while value() == frozen_at and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert value() > frozen_at
+    finally:
+        cg.remove()
+        p.communicate()
+
+
+@real
+def test_kill_all_kills_a_double_forked_survivor(mgr: CgroupManager, tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild"
+    cg = mgr.create("survivor", SandboxLimits(max_processes=10))
+    try:
+        p = spawn(cg, "if os.fork() == 0:\n"
+                      "    os.setsid()\n"
+                      "    if os.fork() == 0:\n"
+                      f"        open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+                      "        time.sleep(30)\n"
+                      "    os._exit(0)\n"
+                      "os.wait()\n", pipes=False)
+        assert p.wait(10) == 0
+        deadline = time.monotonic() + 10
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gc = int(pidfile.read_text())
+        assert cg.pids() == [gc] and alive(gc)
+        cg.kill_all()
+        assert cg.pids() == []
+        deadline = time.monotonic() + 5
+        while alive(gc) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not alive(gc)
+    finally:
+        cg.remove()
+
+
+@real
+def test_reap_orphans_removes_dead_owners_only(mgr: CgroupManager) -> None:
+    dead = subprocess.Popen([sys.executable, "-I", "-S", "-c", "pass"])
+    dead.wait()
+    orphan = mgr.create("orphan", SandboxLimits(mem_mb=64), owner_pid=dead.pid)
+    live = mgr.create("live", SandboxLimits())
+    sleeper = subprocess.Popen([sys.executable, "-I", "-S", "-c", "import time; time.sleep(30)"])
+    try:
+        assert f"-{dead.pid}-0-orphan" in orphan.name
+        orphan.add_pid(sleeper.pid)
+        assert mgr.reap_orphans() == [orphan.name]
+        assert sleeper.wait(5) == -signal.SIGKILL
+        assert not any(os.path.exists(d) for d in orphan.dirs.values())
+        assert all(os.path.isdir(d) for d in live.dirs.values())
+        assert mgr.reap_orphans() == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        orphan.remove()
+        live.remove()
+
+
+def test_require_names_what_is_missing() -> None:
+    m = CgroupManager(prefix=PREFIX, root={"pids": "/nonexistent/pids"})
+    assert m.support.version == "none"
+    m.require(SandboxLimits(disk_mb=10))  # disk is tmpfs, not cgroups
+    with pytest.raises(LevelNotSupportedError) as ei:
+        m.require(SandboxLimits(mem_mb=64, max_processes=5))
+    assert "cgroup memory controller" in ei.value.missing
+    assert "cgroup pids controller" in ei.value.missing
+    assert "/nonexistent/pids does not exist" in ei.value.missing
+    with pytest.raises(LevelNotSupportedError, match="cgroup freezer"):
+        m.require(SandboxLimits(), pause=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops to uid 65534 from root")
+def test_unprivileged_without_delegation_is_refused_by_name() -> None:
+    code = ("from corral.providers.linux.cgroups import CgroupManager\n"
+            "from corral.spec import SandboxLimits\n"
+            "from corral.errors import LevelNotSupportedError\n"
+            "m = CgroupManager(prefix='corraltest')\n"
+            "try:\n"
+            "    m.require(SandboxLimits(mem_mb=64))\n"
+            "except LevelNotSupportedError as e:\n"
+            "    print(e.missing)\n")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    r = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {src!r})\n"
+                        + code], user=65534, group=65534, capture_output=True, timeout=30,
+                       check=True)
+    out = r.stdout.decode()
+    assert "cgroup memory controller" in out and "not writable by uid 65534" in out, out
+
+
+# --- cgroup v2 ------------------------------------------------------------------
+# This host's cgroup2 mount has no memory/pids controllers, so the v2 driver is
+# checked against a fake directory tree: cgroupfs is files, and these tests check
+# only corral's file handling (which files it reads and writes, and what it
+# concludes), not the kernel's semantics.
+
+_v2_real = detect(root="/sys/fs/cgroup/unified", prefix=PREFIX) if os.path.isdir(
+    "/sys/fs/cgroup/unified") else detect(root="/sys/fs/cgroup", prefix=PREFIX)
+
+
+@pytest.mark.skipif(not {"memory", "pids"} <= _v2_real.available,
+                    reason=f"no usable cgroup v2 controllers here: {_v2_real.describe()}")
+def test_v2_real_limits() -> None:  # pragma: no cover - runs on v2 hosts only
+    m = CgroupManager(prefix=PREFIX, root=next(iter(_v2_real.parents.values())).rsplit("/", 1)[0])
+    cg = m.create("v2", SandboxLimits(mem_mb=64, max_processes=5))
+    try:
+        assert int(Path(cg.path, "memory.max").read_text()) == 64 * MIB
+        assert Path(cg.path, "memory.swap.max").read_text().strip() == "0"
+        assert Path(cg.path, "pids.max").read_text().strip() == "5"
+    finally:
+        cg.remove()
+        m.remove_parents()
+
+
+def fake_v2(d: Path, controllers: str = "cpuset cpu io memory pids", procs: str = "",
+            subtree: str = "") -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in {"cgroup.controllers": controllers, "cgroup.subtree_control": subtree,
+                       "cgroup.procs": procs, "cgroup.type": "domain", "cgroup.freeze": "0",
+                       "cgroup.kill": "",
+                       "cgroup.events": "populated 0\nfrozen 0\n", "cpu.stat": "usage_usec 0\n",
+                       "memory.max": "max", "memory.swap.max": "max", "pids.max": "max"}.items():
+        (d / name).write_text(text)
+    return d
+
+
+def test_v2_fake_delegated_dir_is_usable(tmp_path: Path) -> None:
+    own = fake_v2(tmp_path / "deleg")
+    s = detect(root=str(own), prefix=PREFIX)
+    assert s.version == "v2"
+    assert s.available == {"memory", "memsw", "pids", "cpu", "freezer", "kill"}
+    assert s.parents == {"unified": str(own / PREFIX)}
+    assert s.oom_source == "memory.events oom_kill"
+
+
+def test_v2_fake_without_controllers_says_why(tmp_path: Path) -> None:
+    s = detect(root=str(fake_v2(tmp_path / "a", controllers="hugetlb")), prefix=PREFIX)
+    assert {"memory", "pids"}.isdisjoint(s.available)
+    assert "it lists: hugetlb" in s.missing["memory"]
+    busy = fake_v2(tmp_path / "b", procs="123\n")
+    s = detect(root=str(busy), prefix=PREFIX)
+    assert "no-internal-processes" in s.missing["memory"]
+    s = detect(root=str(fake_v2(tmp_path / "c", procs="123\n", subtree="memory pids")),
+               prefix=PREFIX)
+    assert {"memory", "pids"} <= s.available  # already enabled by whoever delegated it
+    s = detect(root=str(tmp_path / "plain"), prefix=PREFIX)
+    assert s.version == "none" and "not a cgroup2 directory" in s.missing["memory"]
+
+
+def test_v2_fake_enable_and_limits(tmp_path: Path) -> None:
+    from corral.providers.linux._cgroupfs import v2_enable
+    own = fake_v2(tmp_path / "own")
+    base = fake_v2(own / PREFIX)
+    v2_enable(str(own), str(base))
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    assert (base / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    sb = fake_v2(base / "sb")
+    cg = SandboxCgroup("sb", "v2", {"unified": str(sb)}, "memory.events oom_kill")
+    cg.apply(SandboxLimits(mem_mb=32, max_processes=4))
+    assert (sb / "memory.max").read_text() == str(32 * MIB)
+    assert (sb / "memory.swap.max").read_text() == "0"
+    assert (sb / "pids.max").read_text() == "4"
+    assert cg.procs_files == [str(sb / "cgroup.procs")]
+    (sb / "memory.swap.max").unlink()
+    with pytest.raises(LevelNotSupportedError, match=r"memory\.swap\.max"):
+        cg.apply(SandboxLimits(mem_mb=32))
+
+
+def test_v2_fake_usage_and_freeze(tmp_path: Path) -> None:
+    sb = fake_v2(tmp_path / "sb")
+    (sb / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\n")
+    (sb / "memory.peak").write_text(str(33 * MIB + 1))
+    (sb / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
+    (sb / "pids.current").write_text("3\n")
+    (sb / "pids.events").write_text("max 2\n")
+    cg = SandboxCgroup("sb", "v2", {"unified": str(sb)})
+    u = cg.usage()
+    assert (u.cpu_ms, u.peak_mem_mb, u.oom_kills, u.pids_current) == (2500, 34, 1, 3)
+    assert cg.memory_hit() and cg.pids_max_hit()
+    (sb / "cgroup.events").write_text("populated 1\nfrozen 1\n")
+    cg.freeze()
+    assert (sb / "cgroup.freeze").read_text() == "1"
+    cg.kill_all()  # empty cgroup.procs: nothing to kill, cgroup.kill untouched
+    assert (sb / "cgroup.kill").read_text() == ""
+
+
+def test_detect_prefers_v2_when_it_has_the_controllers(tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    own = fake_v2(mnt / "user.slice" / "app.scope", subtree="memory pids")
+    fake_v2(mnt, subtree="memory pids")
+    (mnt / "cgroup.procs").write_text("1\n")
+    mi = tmp_path / "mountinfo"
+    mi.write_text(f"30 1 0:26 / {mnt} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n")
+    pc = tmp_path / "cgroup"
+    pc.write_text("0::/user.slice/app.scope\n")
+    s = detect(prefix=PREFIX, mountinfo=str(mi), proc_cgroup=str(pc))
+    assert s.version == "v2", s.describe()
+    assert s.parents == {"unified": str(own / PREFIX)}
+
+
+def test_parsers() -> None:
+    from corral.providers.linux._cgroupfs import parse_mountinfo, parse_proc_cgroup
+    m = parse_mountinfo(
+        "35 25 0:30 / /sys/fs/cgroup/cpu,cpuacct rw shared:9 - cgroup cgroup rw,cpu,cpuacct\n"
+        "36 25 0:31 /ctr /sys/fs/cgroup/my\\040dir rw - cgroup2 cgroup2 rw\n")
+    assert m[0].point == "/sys/fs/cgroup/cpu,cpuacct" and "cpuacct" in m[0].super_opts
+    assert (m[1].root, m[1].point, m[1].fstype) == ("/ctr", "/sys/fs/cgroup/my dir", "cgroup2")
+    assert parse_proc_cgroup("4:memory:/a/b\n2:cpu,cpuacct:/\n1:name=systemd:/s\n0::/u\n") == {
+        "memory": "/a/b", "cpu": "/", "cpuacct": "/", "name=systemd": "/s", "": "/u"}
