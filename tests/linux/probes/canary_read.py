@@ -22,6 +22,7 @@ def main() -> None:
     params = json.loads(sys.argv[1])
     path = params["canary"]
     try_read("canary_read", path)
+    try_read("canary_via_proc_self_root", "/proc/self/root" + path)
     try_read("canary_via_proc1_root", "/proc/1/root" + path)
     try_read("host_passwd_shadow", "/etc/shadow")
 

@@ -14,6 +14,7 @@ def main() -> None:
     canary = params["canary"]
     workdir = params["workdir"]
     targets = {"symlink_to_canary": canary,
+               "symlink_via_proc_self_root": "/proc/self/root" + canary,
                "symlink_via_proc1_root": "/proc/1/root" + canary}
     for probe, target in targets.items():
         link = os.path.join(workdir, f"{probe}-{params['token']}")

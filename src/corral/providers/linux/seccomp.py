@@ -340,6 +340,8 @@ def build_filter(arch: str) -> bytes:
     p.load(_OFF_NR)
     if arch == "x86_64":
         p.jump(_JGE_K, _X32_SYSCALL_BIT, None, "abi_ok")
+        # nr -1 (as libseccomp allows): the kernel itself answers ENOSYS
+        p.jump(_JEQ_K, 0xFFFFFFFF, "abi_ok")
         p.ret(RET_KILL_PROCESS)
         p.label("abi_ok")
 
