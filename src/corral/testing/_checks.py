@@ -90,17 +90,18 @@ async def check_files(k: Kit) -> None:
         expect(r.stdout.strip() == b"256", f"ExecOpts.cwd='bin' not honoured: {_brief(r)}")
 
 
-async def _refused(what: str, aw: Awaitable[object]) -> None:
+async def _refused(what: str, aw: Awaitable[object], problems: list[str]) -> None:
+    """Expect ``aw`` to raise ConfigInvalidError; note a problem otherwise."""
     try:
         await within(aw, 10.0, what)
     except ConfigInvalidError:
         return
-    except AssertionError:
-        raise
+    except AssertionError as e:
+        problems.append(str(e))
     except Exception as e:
-        raise AssertionError(f"{what}: expected ConfigInvalidError, got "
-                             f"{type(e).__name__}: {e}") from None
-    raise AssertionError(f"{what}: was allowed (expected ConfigInvalidError)")
+        problems.append(f"{what}: expected ConfigInvalidError, got {type(e).__name__}: {e}")
+    else:
+        problems.append(f"{what}: was allowed (expected ConfigInvalidError)")
 
 
 def _host_state(root: str) -> dict[str, bytes]:
@@ -119,15 +120,16 @@ async def check_path_escape(k: Kit) -> None:
         fh.write(b"host secret")
     before = _host_state(k.host_dir)
     u = uuid.uuid4().hex[:8]
+    problems: list[str] = []
     async with k.sandbox() as sb:
         await sb.write_file("real/known.txt", b"known")
         reads = ["../x", f"../corral-kit-{u}", "a/../../x", "/etc/passwd", secret, "/", ""]
         writes = [f"../corral-kit-{u}", f"a/../../corral-kit-{u}",
                   os.path.join(k.host_dir, "abs-write"), k.host_dir + "/", ""]
         for p in reads:
-            await _refused(f"read_file({p!r})", sb.read_file(p))
+            await _refused(f"read_file({p!r})", sb.read_file(p), problems)
         for p in writes:  # never a system path: a broken provider would overwrite it
-            await _refused(f"write_file({p!r})", sb.write_file(p, b"escaped"))
+            await _refused(f"write_file({p!r})", sb.write_file(p, b"escaped"), problems)
         if k.processes:
             code = ("import os\n"
                     f"os.symlink({k.host_dir!r}, 'hostdir'); os.symlink({secret!r}, 'hostfile')\n"
@@ -140,13 +142,16 @@ async def check_path_escape(k: Kit) -> None:
             for p in ["hostfile", "passwd", "hostdir/secret", "root/etc/passwd",
                       *([f"up/{here}/real/known.txt"] if here else [])]:
                 await _refused(f"read_file({p!r}) through a symlink made in the sandbox",
-                               sb.read_file(p))
+                               sb.read_file(p), problems)
             for p in ["hostfile", "hostdir/new.txt", *([f"up/{here}/real/up.txt"] if here else [])]:
                 await _refused(f"write_file({p!r}) through a symlink made in the sandbox",
-                               sb.write_file(p, b"escaped"))
+                               sb.write_file(p, b"escaped"), problems)
     after = _host_state(k.host_dir)
-    expect(after == before, f"files outside the sandbox changed: {sorted(after)} "
-                            f"(was {sorted(before)})")
+    if after != before:
+        problems.append(f"files outside the sandbox changed: {sorted(after)} "
+                        f"(was {sorted(before)})")
+    if problems:
+        raise AssertionError(f"{len(problems)} escape(s): " + "; ".join(problems))
 
 
 async def check_isolation(k: Kit) -> None:
@@ -260,7 +265,13 @@ async def check_destroy(k: Kit) -> None:
             await read_until(p.stdout, b"up\n", 20.0, "process start")
     finally:
         await within(sb.destroy(), 20.0, "destroy()")
-    await within(sb.destroy(), 20.0, "second destroy() (must be idempotent)")
+    try:
+        await within(sb.destroy(), 20.0, "second destroy()")
+    except AssertionError:
+        raise
+    except Exception as e:
+        raise AssertionError(f"second destroy() raised {type(e).__name__}: {e} "
+                             "(destroy must be idempotent)") from None
     if p is not None:
         st = await within(p.wait(), 5.0, "wait() of a process started before destroy()")
         expect(st.exit_code != 0, f"a process ended by destroy() reported {st}")

@@ -1,0 +1,218 @@
+"""The conformance kit itself can fail: deliberately broken providers are caught by name."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from collections.abc import Sequence
+
+import pytest
+
+from corral._cancel import CancelToken
+from corral.errors import ConfigInvalidError, ProviderError, SandboxTimeoutError
+from corral.provider import ProcessHandle, Sandbox, SandboxProvider
+from corral.providers.inprocess import InProcessProvider, InProcessSandbox
+from corral.spec import (
+    ExecOpts,
+    ExecResult,
+    Level,
+    NetworkPolicy,
+    ProcessOpts,
+    SandboxLimits,
+    SandboxSpec,
+)
+from corral.testing import CHECKS, check_provider, check_provider_sync
+
+UNRESTRICTED = NetworkPolicy.unrestricted()
+
+
+class Wrapped(Sandbox):
+    """Delegates to a real in-process sandbox; subclasses break one thing."""
+
+    def __init__(self, inner: InProcessSandbox, spec: SandboxSpec) -> None:
+        self.inner = inner
+        self.id = inner.id
+        self.spec = spec
+
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
+        return await self.inner.exec(argv, opts)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        await self.inner.write_file(path, data)
+
+    async def read_file(self, path: str) -> bytes:
+        return await self.inner.read_file(path)
+
+    async def start_process(self, argv: Sequence[str],
+                            opts: ProcessOpts | None = None) -> ProcessHandle:
+        return await self.inner.start_process(argv, opts)
+
+    async def destroy(self) -> None:
+        await self.inner.destroy()
+
+
+class Broken(SandboxProvider):
+    """An in-process provider whose sandboxes are ``sandbox_class``."""
+
+    name = "broken"
+    levels = frozenset({Level.NONE})
+    capabilities = frozenset({"streaming"})
+    sandbox_class: type[Wrapped] = Wrapped
+
+    def __init__(self) -> None:
+        self.inner = InProcessProvider()
+
+    def inner_spec(self, spec: SandboxSpec) -> SandboxSpec:
+        return spec
+
+    async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
+        sb = await self.inner.create(self.inner_spec(spec), cancel=cancel)
+        assert isinstance(sb, InProcessSandbox)
+        return self.sandbox_class(sb, spec)
+
+
+# -- the broken providers ------------------------------------------------------
+class DropsPartialOutput(Wrapped):
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
+        try:
+            return await self.inner.exec(argv, opts)
+        except SandboxTimeoutError as e:
+            raise SandboxTimeoutError(e.message, timeout_ms=e.timeout_ms) from None
+
+
+class IgnoresTimeout(Wrapped):
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
+        opts = dataclasses.replace(opts, timeout_ms=None) if opts else None
+        return await self.inner.exec(argv, opts)
+
+
+class FollowsDotDot(Wrapped):
+    """Joins paths naively: ``..``, absolute paths and symlinks all get through."""
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        if self.inner._destroyed:
+            raise ProviderError("destroyed")
+        full = os.path.join(self.inner.work_dir, path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+
+    async def read_file(self, path: str) -> bytes:
+        if self.inner._destroyed:
+            raise ProviderError("destroyed")
+        with open(os.path.join(self.inner.work_dir, path), "rb") as f:
+            return f.read()
+
+
+class NotIdempotentDestroy(Wrapped):
+    async def destroy(self) -> None:
+        if self.inner._destroyed:
+            raise ProviderError("already destroyed")
+        await self.inner.destroy()
+
+
+class HasPauseWithoutCapability(Wrapped):
+    async def pause(self) -> None:
+        pass
+
+    async def resume(self) -> None:
+        pass
+
+
+class DowngradesLevel(Broken):
+    """Claims only 'none' but hands out a 'none' sandbox whatever level is asked."""
+
+    def inner_spec(self, spec: SandboxSpec) -> SandboxSpec:
+        return dataclasses.replace(spec, level=Level.NONE)
+
+
+class IgnoresMemLimit(Broken):
+    """Accepts mem_mb and silently drops it (refuses the other limits)."""
+
+    def inner_spec(self, spec: SandboxSpec) -> SandboxSpec:
+        return dataclasses.replace(spec, limits=SandboxLimits(
+            cpu_ms=spec.limits.cpu_ms, disk_mb=spec.limits.disk_mb,
+            max_processes=spec.limits.max_processes))
+
+
+class IgnoresCancelToken(Broken):
+    async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
+        return await super().create(spec)
+
+
+def broken(sandbox_class: type[Wrapped], base: type[Broken] = Broken) -> Broken:
+    return type(f"Broken{sandbox_class.__name__}", (base,),
+                {"sandbox_class": sandbox_class})()
+
+
+def failures(provider: SandboxProvider, **kw: object) -> str:
+    with pytest.raises(AssertionError) as ei:
+        asyncio.run(check_provider(provider, network=UNRESTRICTED, **kw))  # type: ignore[arg-type]
+    return str(ei.value)
+
+
+@pytest.mark.parametrize(("provider", "check", "says"), [
+    (broken(DropsPartialOutput), "timeout", "partial stdout missing"),
+    (broken(FollowsDotDot), "path-escape", "through a symlink made in the sandbox: was allowed"),
+    (DowngradesLevel(), "level", "must never be downgraded"),
+    (IgnoresMemLimit(), "limits", "mem_mb=64: accepted, and the bounded memory bomb ran"),
+    (broken(NotIdempotentDestroy), "destroy", "second destroy()"),
+    (broken(HasPauseWithoutCapability), "lifecycle", "sandbox has pause(): True"),
+    (IgnoresCancelToken(), "cancel", "already cancelled token returned a sandbox"),
+], ids=["timeout", "path-escape", "level", "limits", "destroy", "lifecycle", "cancel"])
+def test_kit_names_the_failing_check(provider: SandboxProvider, check: str, says: str) -> None:
+    msg = failures(provider, only={check})
+    assert check in CHECKS
+    assert f"[{check}] " in msg
+    assert says in msg, msg
+    assert "failed 1 conformance check(s)" in msg
+
+
+def test_kit_runs_on_after_a_failure_and_lists_every_failure() -> None:
+    msg = failures(broken(FollowsDotDot))
+    lines = [ln.strip() for ln in msg.splitlines()[1:]]
+    assert [ln.split("]")[0] + "]" for ln in lines] == ["[path-escape]"], msg
+    msg = failures(broken(DropsPartialOutput), only={"timeout", "path-escape", "exec"})
+    assert "[timeout]" in msg and "[path-escape]" not in msg and "[exec]" not in msg
+
+
+@pytest.mark.slow
+def test_kit_catches_an_ignored_timeout() -> None:
+    msg = failures(broken(IgnoresTimeout), only={"timeout"})
+    assert "[timeout] exec with timeout_ms=300" in msg
+    assert "did not finish within" in msg
+
+
+def test_supports_limits_turns_refusal_into_failure() -> None:
+    msg = failures(InProcessProvider(), only={"limits"}, supports_limits={"cpu_ms"})
+    assert "[limits] cpu_ms=200: refused" in msg and "mem_mb" not in msg
+
+
+def test_leak_check_failures_are_reported() -> None:
+    async def leaky() -> None:
+        raise AssertionError("3 cgroups left")
+
+    msg = failures(InProcessProvider(), only={"cancel"}, leak_check=leaky)
+    assert "[cancel] leak_check after cancelled creates: 3 cgroups left" in msg
+    assert "[leaks] leak_check after the last check: 3 cgroups left" in msg
+
+
+def test_network_default_is_none_and_refusal_is_reported() -> None:
+    with pytest.raises(AssertionError) as ei:
+        check_provider_sync(InProcessProvider(), only={"exec"})
+    assert "ConfigInvalidError" in str(ei.value) and "network" in str(ei.value)
+
+
+def test_unknown_check_name() -> None:
+    with pytest.raises(ValueError, match="unknown check 'nope'"):
+        check_provider_sync(InProcessProvider(), only={"nope"})
+
+
+def test_sync_wrapper_passes() -> None:
+    check_provider_sync(InProcessProvider(), network=UNRESTRICTED, only={"exec", "files"})
+
+
+def test_config_invalid_is_what_path_checks_expect() -> None:
+    # guard: the kit's expectation matches the contract's error for escapes
+    assert issubclass(ConfigInvalidError, ValueError)
