@@ -10,7 +10,12 @@ from collections.abc import Sequence
 import pytest
 
 from corral._cancel import CancelToken
-from corral.errors import ConfigInvalidError, ProviderError, SandboxTimeoutError
+from corral.errors import (
+    ConfigInvalidError,
+    LevelNotSupportedError,
+    ProviderError,
+    SandboxTimeoutError,
+)
 from corral.provider import ProcessHandle, Sandbox, SandboxProvider
 from corral.providers.inprocess import InProcessProvider, InProcessSandbox
 from corral.spec import (
@@ -22,7 +27,13 @@ from corral.spec import (
     SandboxLimits,
     SandboxSpec,
 )
-from corral.testing import CHECKS, check_provider, check_provider_sync
+from corral.testing import (
+    CHECKS,
+    FakeProvider,
+    FakeSandbox,
+    check_provider,
+    check_provider_sync,
+)
 
 UNRESTRICTED = NetworkPolicy.unrestricted()
 
@@ -213,6 +224,48 @@ def test_sync_wrapper_passes() -> None:
     check_provider_sync(InProcessProvider(), network=UNRESTRICTED, only={"exec", "files"})
 
 
-def test_config_invalid_is_what_path_checks_expect() -> None:
-    # guard: the kit's expectation matches the contract's error for escapes
-    assert issubclass(ConfigInvalidError, ValueError)
+# -- FakeProvider: a test double that passes the kit's non-process checks -------
+def test_fake_provider_passes_the_kit_without_processes() -> None:
+    check_provider_sync(FakeProvider(), processes=False)
+
+
+def test_fake_provider_with_unenforced_limits_does_not_pass() -> None:
+    msg = failures(FakeProvider(accept_limits=True), processes=False, only={"limits"})
+    assert "[limits] mem_mb=64: accepted, but processes=False cannot check it" in msg
+
+
+def test_fake_provider_answers_from_its_handler() -> None:
+    def handler(argv: Sequence[str], opts: ExecOpts) -> ExecResult:
+        if argv[0] == "boom":
+            raise SandboxTimeoutError("simulated", timeout_ms=5)
+        return ExecResult(stdout=(opts.stdin or b"").upper(), stderr=b"", exit_code=len(argv))
+
+    async def go() -> None:
+        provider = FakeProvider(handler, levels=["strict"])
+        with pytest.raises(LevelNotSupportedError):
+            await provider.create(SandboxSpec(tenant_id="t", run_id="r", level="none"))
+        async with await provider.create(SandboxSpec(tenant_id="t", run_id="r")) as sb:
+            assert isinstance(sb, FakeSandbox)
+            r = await sb.exec(["a", "b"], ExecOpts(stdin=b"hi"))
+            assert (r.stdout, r.exit_code) == (b"HI", 2)
+            with pytest.raises(SandboxTimeoutError):
+                await sb.exec(["boom"])
+            p = await sb.start_process(["cat"])
+            await p.stdin.write(b"abc")
+            await p.stdin.close()
+            assert [c async for c in p.stdout] == [b"ABC"]
+            assert (await p.wait()).exit_code == 1
+            await sb.write_file("/work/d/f.txt", "x")
+            assert sb.files == {"d/f.txt": b"x"}
+            assert await sb.read_file("d/f.txt") == b"x"
+            for bad in ("d", "d/f.txt/g", "../x", "/etc/passwd"):
+                with pytest.raises(ConfigInvalidError):
+                    await sb.write_file(bad, b"y")
+            with pytest.raises(FileNotFoundError):
+                await sb.read_file("nope")
+            assert [c[0] for c in sb.calls] == [("a", "b"), ("boom",), ("cat",)]
+        assert provider.sandboxes == [sb]
+        with pytest.raises(ProviderError):
+            await sb.exec(["a"])
+
+    asyncio.run(go())

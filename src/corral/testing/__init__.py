@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from ._fake import FakeHandler, FakeProvider, FakeSandbox
 from ._kit import CHECKS, check_provider, check_provider_sync
 
-__all__ = ["CHECKS", "check_provider", "check_provider_sync"]
+__all__ = ["CHECKS", "FakeHandler", "FakeProvider", "FakeSandbox", "check_provider",
+           "check_provider_sync"]

@@ -1,0 +1,220 @@
+"""FakeProvider: a scripted test double for code that drives a provider. NOT a sandbox.
+
+Like httpx's ``MockTransport``: nothing is executed. Every ``exec`` (and every
+started process) is answered by a handler you write; files live in a dict
+with the same path rules as a real sandbox (``..``, absolute paths and empty
+paths are refused with ConfigInvalidError).
+
+::
+
+    def handler(argv, opts):
+        if argv[:2] == ["python", "-c"]:
+            return ExecResult(stdout=b"42\\n", stderr=b"", exit_code=0)
+        return ExecResult(stdout=b"", stderr=b"not found", exit_code=127)
+
+    provider = FakeProvider(handler)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import TypeAlias, final
+
+from .._cancel import CancelToken
+from .._paths import split_relative
+from ..errors import (
+    ConfigInvalidError,
+    CreateCancelledError,
+    LevelNotSupportedError,
+    ProviderError,
+)
+from ..provider import ProcessHandle, ProcessStdin, Sandbox, SandboxProvider
+from ..spec import ExecOpts, ExecResult, ExitStatus, Level, ProcessOpts, SandboxSpec
+
+__all__ = ["FakeHandler", "FakeProvider", "FakeSandbox"]
+
+#: ``handler(argv, opts) -> ExecResult`` (or an awaitable of one). It may raise
+#: corral errors (SandboxTimeoutError, LimitsExceededError, ...) to simulate them.
+FakeHandler: TypeAlias = Callable[[Sequence[str], ExecOpts],
+                                  "ExecResult | Awaitable[ExecResult]"]
+
+#: the work dir as absolute paths name it inside a fake sandbox
+FAKE_WORK_DIR = "/work"
+
+
+def _ok(argv: Sequence[str], opts: ExecOpts) -> ExecResult:
+    return ExecResult(stdout=b"", stderr=b"", exit_code=0)
+
+
+@final
+class FakeProvider(SandboxProvider):
+    """A provider that runs nothing: exec answers come from ``handler``.
+
+    Args:
+        handler: answers every exec and started process; default exit 0, no output.
+        levels: the levels it claims (default all); others raise LevelNotSupportedError.
+        capabilities: capability strings to advertise (no lifecycle methods exist).
+        accept_limits: accept specs with limits (which nothing enforces: make the
+            handler raise LimitsExceededError to simulate a hit). Default: refuse
+            them with ConfigInvalidError, as an honest provider that cannot enforce.
+        name: the provider's name.
+
+    ``sandboxes`` lists every sandbox made, for assertions.
+    """
+
+    def __init__(self, handler: FakeHandler | None = None, *,
+                 levels: Iterable[Level | str] = tuple(Level),
+                 capabilities: Iterable[str] = (), accept_limits: bool = False,
+                 name: str = "fake") -> None:
+        self.handler = handler or _ok
+        self.levels = frozenset(Level(lv) for lv in levels)
+        self.capabilities = frozenset(capabilities) - {"snapshot", "restore", "pause"}
+        self.accept_limits = accept_limits
+        self.name = name
+        self.sandboxes: list[FakeSandbox] = []
+
+    async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
+        if spec.level not in self.levels:
+            raise LevelNotSupportedError(spec.level.value, [lv.value for lv in self.levels],
+                                         f"FakeProvider {self.name!r} was configured without it")
+        if not self.accept_limits:
+            for field in spec.limits.asked():
+                raise ConfigInvalidError(f"limits.{field}", "FakeProvider enforces no limits "
+                                         "(pass accept_limits=True to accept them anyway)")
+        if cancel is not None and cancel.cancelled:
+            raise CreateCancelledError(f"create cancelled: {cancel.reason}")
+        sb = FakeSandbox(spec, self.handler)
+        self.sandboxes.append(sb)
+        return sb
+
+
+@final
+class FakeSandbox(Sandbox):
+    """An in-memory sandbox. ``files`` maps paths (``"a/b.txt"``) to bytes; ``calls``
+    records ``(argv, opts)`` of every exec and started process."""
+
+    def __init__(self, spec: SandboxSpec, handler: FakeHandler) -> None:
+        self.id = f"fake-{uuid.uuid4().hex}"
+        self.spec = spec
+        self.files: dict[str, bytes] = {}
+        self.calls: list[tuple[tuple[str, ...], ExecOpts]] = []
+        self.destroyed = False
+        self._handler = handler
+        self._procs: list[_FakeProcess] = []
+
+    def _alive(self, what: str) -> None:
+        if self.destroyed:
+            raise ProviderError(f"{what}: fake sandbox {self.id} was destroyed")
+
+    def _key(self, path: str) -> str:
+        parts = split_relative(path, root_alias=FAKE_WORK_DIR)
+        key = "/".join(parts)
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in self.files:
+                raise ConfigInvalidError("path", f"not a directory: {'/'.join(parts[:i])!r}")
+        if any(k.startswith(key + "/") for k in self.files):
+            raise ConfigInvalidError("path", f"is a directory: {path!r}")
+        return key
+
+    async def _answer(self, argv: Sequence[str], opts: ExecOpts) -> ExecResult:
+        if isinstance(argv, str | bytes) or not argv or not all(isinstance(a, str) for a in argv):
+            raise ConfigInvalidError("argv", "must be a non-empty sequence of strings")
+        self.calls.append((tuple(argv), opts))
+        result = self._handler(argv, opts)
+        if inspect.isawaitable(result):
+            result = await result
+        if not isinstance(result, ExecResult):
+            raise ProviderError(f"fake handler returned {type(result).__name__}, not ExecResult")
+        return result
+
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
+        self._alive("exec")
+        return await self._answer(argv, opts or ExecOpts())
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        self._alive("write_file")
+        self.files[self._key(path)] = (
+            data.encode() if isinstance(data, str) else bytes(data))
+
+    async def read_file(self, path: str) -> bytes:
+        self._alive("read_file")
+        key = self._key(path)
+        if key not in self.files:
+            raise FileNotFoundError(path)
+        return self.files[key]
+
+    async def start_process(self, argv: Sequence[str],
+                            opts: ProcessOpts | None = None) -> ProcessHandle:
+        """A fake process: the handler answers once stdin is closed (``stdin=False``: at once)."""
+        self._alive("start_process")
+        p = _FakeProcess(self, list(argv), opts or ProcessOpts())
+        self._procs.append(p)
+        return p
+
+    async def destroy(self) -> None:
+        if self.destroyed:
+            return
+        self.destroyed = True
+        for p in self._procs:
+            await p.kill()
+        self.files.clear()
+
+
+class _FakeStdin(ProcessStdin):
+    def __init__(self, proc: _FakeProcess) -> None:
+        self._proc = proc
+
+    async def write(self, data: bytes) -> None:
+        if self._proc.stdin_closed:
+            raise ProviderError("stdin is closed")
+        self._proc.stdin_data += data
+
+    async def close(self) -> None:
+        if not self._proc.stdin_closed:
+            self._proc.stdin_closed = True
+            self._proc.start()
+
+
+class _FakeProcess(ProcessHandle):
+    def __init__(self, sb: FakeSandbox, argv: list[str], opts: ProcessOpts) -> None:
+        self._sb, self._argv, self._opts = sb, argv, opts
+        self.stdin_data = bytearray()
+        self.stdin_closed = not opts.stdin
+        self.stdin = _FakeStdin(self)
+        self._result: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
+        self._task: asyncio.Task[None] | None = None
+        self.stdout = self._stream(lambda r: r.stdout)
+        self.stderr = self._stream(lambda r: r.stderr)
+        if self.stdin_closed:
+            self.start()
+
+    def start(self) -> None:
+        if self._task is None and not self._result.done():
+            self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        opts = ExecOpts(stdin=bytes(self.stdin_data), env=self._opts.env, cwd=self._opts.cwd,
+                        timeout_ms=self._opts.timeout_ms)
+        try:
+            res = await self._sb._answer(self._argv, opts)
+        except Exception as e:
+            res = ExecResult(stdout=b"", stderr=f"{type(e).__name__}: {e}".encode(), exit_code=1)
+        if not self._result.done():
+            self._result.set_result(res)
+
+    async def _stream(self, pick: Callable[[ExecResult], bytes]) -> AsyncIterator[bytes]:
+        data = pick(await asyncio.shield(self._result))
+        if data:
+            yield data
+
+    async def wait(self) -> ExitStatus:
+        return ExitStatus(exit_code=(await asyncio.shield(self._result)).exit_code)
+
+    async def kill(self) -> None:
+        if not self._result.done():
+            self._result.set_result(ExecResult(stdout=b"", stderr=b"", exit_code=-9))
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
