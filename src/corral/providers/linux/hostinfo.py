@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, final
@@ -54,6 +55,7 @@ class HostInfo:
     landlock: Check
     landlock_abi: int
     cgroups: CgroupSupport
+    tools: tuple[Check, ...] = ()
 
     def checks(self) -> list[Check]:
         """Every host primitive, in display order."""
@@ -66,7 +68,7 @@ class HostInfo:
             rows.append(Check(name=f"cgroup {c}", ok=c in cg.available,
                               detail=cg.missing.get(c, "available") if c not in cg.available
                               else _cgroup_how(cg, c)))
-        return rows
+        return rows + list(self.tools)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form."""
@@ -207,6 +209,16 @@ def _probe_landlock() -> tuple[Check, int]:
                         "in the lsm= list); not needed by corral"), 0
 
 
+def _probe_tools() -> tuple[Check, ...]:
+    out = []
+    for tool in ("bwrap", "nsjail"):
+        path = shutil.which(tool)
+        out.append(Check(name=f"{tool} (optional)", ok=path is not None,
+                         detail=f"found at {path}; not needed: corral has its own launcher"
+                         if path else "not installed; not needed: corral has its own launcher"))
+    return tuple(out)
+
+
 @functools.cache
 def _probe_cached() -> HostInfo:
     uid = os.geteuid()
@@ -218,7 +230,7 @@ def _probe_cached() -> HostInfo:
                     namespaces=ns,
                     userns_unprivileged=_probe_userns_unprivileged(is_root, ns["user"].ok),
                     seccomp=_probe_seccomp(arch), landlock=landlock, landlock_abi=abi,
-                    cgroups=detect())
+                    cgroups=detect(), tools=_probe_tools())
 
 
 def probe(*, refresh: bool = False) -> HostInfo:
@@ -340,6 +352,6 @@ def _linux_rows(info: HostInfo) -> tuple[tuple[Row, ...], bool, str]:
     if needed:
         return rows, False, "strict not usable here: missing " + ", ".join(needed)
     lacking = [r.what for r in rows if not r.enforced]
-    summary = "strict usable" + (
-        f"; these limits are refused when asked: {', '.join(lacking)}" if lacking else "")
+    summary = (f"boundary complete; refused when asked: {', '.join(lacking)}" if lacking
+               else "every boundary and limit enforced")
     return rows, True, summary
