@@ -119,8 +119,8 @@ class InProcessSandbox(Sandbox):
         opts = opts or ExecOpts()
         child = await self._spawn(argv, cwd=opts.cwd, env=opts.env,
                                   stdin=opts.stdin is not None, keep=True)
+        feeder: asyncio.Future[None] | None = None
         try:
-            feeder = None
             if opts.stdin is not None:
                 feeder = asyncio.ensure_future(_feed(child, bytes(opts.stdin)))
             timeout = opts.timeout_ms / 1000 if opts.timeout_ms is not None else None
@@ -143,6 +143,8 @@ class InProcessSandbox(Sandbox):
                               exit_code=code, usage=child.usage())
         finally:
             child.kill_group()  # also on asyncio cancellation of exec
+            if feeder is not None and not feeder.done():
+                feeder.cancel()
             if child.proc.returncode is not None:
                 self._children.discard(child)
 
