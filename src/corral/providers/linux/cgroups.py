@@ -132,9 +132,15 @@ class CgroupManager:
             for key, parent in s.parents.items():
                 if parent in dirs.values():
                     continue
-                self._ensure_parent(key, parent)
                 path = os.path.join(parent, full)
-                os.mkdir(path)
+                for attempt in (1, 2):  # retry once if a racing remove_parents() won
+                    self._ensure_parent(key, parent)
+                    try:
+                        os.mkdir(path)
+                        break
+                    except FileNotFoundError:
+                        if attempt == 2:
+                            raise
                 dirs[key] = path
             cg.apply(limits)
         except BaseException as err:
@@ -249,7 +255,10 @@ class SandboxCgroup:
     def add_pid(self, pid: int) -> None:
         """Move ``pid`` (a whole process) into every hierarchy of this cgroup."""
         for f in self.procs_files:
-            write_text(f, str(pid))
+            try:
+                write_text(f, str(pid))
+            except OSError as err:
+                raise ProviderError(f"cannot move pid {pid} into {f}: {err}", err) from err
 
     def pids(self) -> list[int]:
         """Processes (and, on v1, tasks) in this cgroup, sorted, without duplicates."""
