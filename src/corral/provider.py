@@ -119,7 +119,13 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def read_file(self, path: str) -> bytes:
-        """Return the whole content of the file at ``path``."""
+        """Return the whole content of the file at ``path``.
+
+        Raises:
+            FileNotFoundError: no such file (the builtin, as ``open`` raises).
+            ConfigInvalidError: the path leaves the sandbox or is not a
+                regular file.
+        """
 
     @abc.abstractmethod
     async def start_process(self, argv: Sequence[str],
