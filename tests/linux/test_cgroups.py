@@ -127,6 +127,9 @@ def test_memory_limit_is_enforced_on_a_bounded_allocator(mgr: CgroupManager) -> 
         u = cg.usage()
         assert u.oom_kills >= 1
         assert 24 <= u.peak_mem_mb <= 33
+        # the pre-4.13 fallback (peak reached the memsw limit) sees the same hit
+        from corral.providers.linux._cgroupfs import V1_PEAK_FALLBACK
+        assert SandboxCgroup(cg.name, "v1", cg.dirs, V1_PEAK_FALLBACK).memory_hit()
     finally:
         cg.remove()
 

@@ -23,6 +23,7 @@ __all__ = [
     "CgroupVersion",
     "Mount",
     "V1_HIERARCHY",
+    "V1_PEAK_FALLBACK",
     "detect",
     "detect_v1",
     "detect_v2",
@@ -40,6 +41,10 @@ V1_HIERARCHY: Mapping[str, str] = {
     "memory": "memory", "memsw": "memory", "pids": "pids", "cpu": "cpuacct", "freezer": "freezer",
 }
 _V2_WANTED = ("memory", "pids", "cpu")
+#: v1 oom evidence on kernels < 4.13 (no oom_kill line). Not failcnt: on 6.18 an
+#: oom-killed v1 cgroup showed memory.failcnt and memory.memsw.failcnt both 0.
+V1_PEAK_FALLBACK = ("memory.memsw.max_usage_in_bytes reaching the limit (no oom_kill "
+                     "counter: a hit, not proof of a kill)")
 
 
 CgroupVersion = Literal["v1", "v2", "none"]
@@ -294,7 +299,7 @@ def detect_v1(dirs: Mapping[str, str], *, prefix: str,
     if "memory" in available:
         ctl = os.path.join(dirs["memory"], "memory.oom_control")
         oom = ("memory.oom_control oom_kill" if "oom_kill " in read_text(ctl) else
-               "memory.memsw.failcnt (no oom_kill counter: counts limit hits, not kills)")
+               V1_PEAK_FALLBACK)
     return CgroupSupport(version="v1" if available else "none", available=frozenset(available),
                          parents=parents, missing=missing, notes=notes, oom_source=oom)
 

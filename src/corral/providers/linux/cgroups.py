@@ -41,6 +41,7 @@ from typing import final
 from ...errors import ConfigInvalidError, LevelNotSupportedError, ProviderError
 from ...spec import SandboxLimits
 from ._cgroupfs import (
+    V1_PEAK_FALLBACK,
     CgroupSupport,
     CgroupUsage,
     CgroupVersion,
@@ -364,8 +365,10 @@ class SandboxCgroup:
         elif self.version == "v1":
             cpu_ms = read_int(self._file("cpuacct", "cpuacct.usage")) // 1_000_000
             peak = read_int(self._file("memory", "memory.max_usage_in_bytes"))
-            if self.oom_source.endswith("failcnt"):
-                ooms = read_int(self._file("memory", "memory.memsw.failcnt"))
+            if self.oom_source == V1_PEAK_FALLBACK:
+                lim = read_int(self._file("memory", "memory.memsw.limit_in_bytes"))
+                top = read_int(self._file("memory", "memory.memsw.max_usage_in_bytes"))
+                ooms = int(0 < lim < 1 << 62 and top >= lim)
             else:
                 ooms = read_keyed(self._file("memory", "memory.oom_control")).get("oom_kill", 0)
         current = read_int(self._file("pids", "pids.current"))
