@@ -1,0 +1,240 @@
+"""The in-sandbox agent: pid 1 of the sandbox, serving the host over one socket.
+
+Forked from the zygote with everything it needs already imported. It runs
+the containment checklist, says ``ready`` (or one error line), then serves
+requests until the host closes the socket; it exits then, and the kernel
+kills every other process of the pid namespace with it.
+
+Frames both ways: one JSON line, followed by ``len`` raw bytes when the
+header has a ``len``. A ``spawn`` request carries the command's stdin,
+stdout and stderr pipe ends as SCM_RIGHTS, so output flows straight from
+the command to the host, never through the agent. Commands start with
+posix_spawn in a new session (their own process group, no controlling
+terminal), with fds 0/1/2 only and default signal dispositions.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import stat
+from collections.abc import Mapping
+from typing import Any, Final
+
+from ..._paths import read_file_under, split_relative, write_file_under
+from ...errors import ConfigInvalidError
+from . import contain, snapshots
+
+__all__ = ["main"]
+
+_MAX_FDS: Final = 3
+_RESET_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT,
+                         signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP)
+
+
+class _Agent:
+    def __init__(self, sock: socket.socket, plan: Mapping[str, Any]) -> None:
+        self.sock = sock
+        self.work = str(plan["work_dir"])
+        self.cpu_s: int | None = plan.get("cpu_rlimit_s")
+        self.buf = bytearray()
+        self.fds: list[int] = []
+        self.children: set[int] = set()
+
+    # -- I/O ------------------------------------------------------------------
+    def send(self, header: Mapping[str, Any], payload: bytes = b"") -> None:
+        h = dict(header)
+        if payload:
+            h["len"] = len(payload)
+        self.sock.sendall(json.dumps(h, separators=(",", ":")).encode() + b"\n" + payload)
+
+    def _fill(self) -> bool:
+        fds = array.array("i")
+        data, anc, _flags, _addr = self.sock.recvmsg(
+            1 << 20, socket.CMSG_SPACE(_MAX_FDS * fds.itemsize))
+        for level, typ, cdata in anc:
+            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
+        for fd in fds:
+            os.set_inheritable(fd, False)
+        self.fds.extend(fds)
+        self.buf += data
+        return bool(data)
+
+    def frames(self) -> list[tuple[dict[str, Any], bytes]]:
+        out: list[tuple[dict[str, Any], bytes]] = []
+        while True:
+            nl = self.buf.find(b"\n")
+            if nl < 0:
+                return out
+            header = json.loads(bytes(self.buf[:nl]))
+            n = int(header.get("len", 0))
+            if len(self.buf) < nl + 1 + n:
+                return out
+            payload = bytes(self.buf[nl + 1: nl + 1 + n])
+            del self.buf[: nl + 1 + n]
+            out.append((header, payload))
+
+    # -- requests ---------------------------------------------------------------
+    def handle(self, h: dict[str, Any], payload: bytes) -> None:
+        rid = h.get("id")
+        try:
+            op = h["op"]
+            if op == "spawn":
+                self.send({"id": rid, **self.spawn(h)})
+            elif op == "kill":
+                self.kill(int(h["pid"]), int(h.get("sig", signal.SIGKILL)))
+                self.send({"id": rid, "ok": True})
+            elif op == "write":
+                write_file_under(self.work, h["path"], payload, root_alias=self.work)
+                self.send({"id": rid, "ok": True})
+            elif op == "read":
+                self.send({"id": rid, "ok": True},
+                          read_file_under(self.work, h["path"], root_alias=self.work))
+            elif op == "snapshot":
+                self.send({"id": rid, "ok": True}, snapshots.tar_dir(self.work))
+            elif op == "restore":
+                snapshots.replace_dir(self.work, payload)
+                self.send({"id": rid, "ok": True})
+            elif op == "ping":
+                self.send({"id": rid, "ok": True})
+            else:
+                self.send({"id": rid, "error": "config-invalid", "field": "op",
+                           "reason": f"unknown op {op!r}"})
+        except ConfigInvalidError as e:
+            self.send({"id": rid, "error": "config-invalid", "field": e.field,
+                       "reason": e.reason})
+        except FileNotFoundError as e:
+            self.send({"id": rid, "error": "config-invalid", "field": "path",
+                       "reason": f"no such file: {e.filename or h.get('path')!r}"})
+        except OSError as e:
+            self.send({"id": rid, "error": "os", "errno": e.errno or 0, "reason": str(e)})
+
+    def _resolve(self, prog: str, path_env: str) -> str:
+        if "/" in prog:
+            return prog
+        for d in path_env.split(":"):
+            cand = os.path.join(d or ".", prog)
+            try:
+                if stat.S_ISREG(os.stat(cand).st_mode) and os.access(cand, os.X_OK):
+                    return cand
+            except OSError:
+                continue
+        raise FileNotFoundError(errno.ENOENT, f"command not found: {prog}", prog)
+
+    def spawn(self, h: Mapping[str, Any]) -> dict[str, Any]:
+        fds, self.fds = self.fds[:_MAX_FDS], self.fds[_MAX_FDS:]
+        try:
+            if len(fds) != _MAX_FDS:
+                raise OSError(errno.EBADF, "spawn needs three descriptors")
+            argv = [str(a) for a in h["argv"]]
+            env = {str(k): str(v) for k, v in h["env"].items()}
+            cwd = self.work
+            if h.get("cwd"):
+                cwd = os.path.join(self.work, *split_relative(h["cwd"], root_alias=self.work))
+            try:
+                prog = self._resolve(argv[0], env.get("PATH", ""))
+            except FileNotFoundError:
+                return {"errno": errno.ENOENT, "reason": f"command not found: {argv[0]}"}
+            os.chdir(cwd)
+            try:
+                pid = os.posix_spawn(
+                    prog, argv, env,
+                    file_actions=[(os.POSIX_SPAWN_DUP2, fds[0], 0),
+                                  (os.POSIX_SPAWN_DUP2, fds[1], 1),
+                                  (os.POSIX_SPAWN_DUP2, fds[2], 2)],
+                    setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
+            except OSError as e:
+                return {"errno": e.errno or 0, "reason": f"{argv[0]}: {e.strerror}"}
+            finally:
+                os.chdir(self.work)
+            self.children.add(pid)
+            cpu_s = h.get("cpu_s", self.cpu_s)
+            if cpu_s:
+                try:
+                    resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+                except OSError:
+                    pass  # already gone
+            return {"pid": pid}
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def kill(self, pid: int, sig: int) -> None:
+        if pid <= 1:
+            raise ConfigInvalidError("pid", "not a command of this sandbox")
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status, ru = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.children:
+                self.children.discard(pid)
+                cpu_ms = int((ru.ru_utime + ru.ru_stime) * 1000)
+                try:
+                    st = os.statvfs(self.work)
+                    free = st.f_bavail * st.f_frsize
+                except OSError:
+                    free = -1
+                self.send({"ev": "exit", "pid": pid,
+                           "code": os.waitstatus_to_exitcode(status),
+                           "cpu_ms": cpu_ms, "maxrss_kb": ru.ru_maxrss, "disk_free": free})
+
+    def serve(self) -> None:
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        self.send({"ready": True})
+        while True:
+            try:
+                ready, _, _ = select.select([self.sock.fileno(), wake_r], [], [])
+            except InterruptedError:
+                continue
+            if wake_r in ready:
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                self.reap()
+            if self.sock.fileno() in ready:
+                if not self._fill():
+                    os._exit(0)  # host gone: the pid namespace dies with us
+                for header, payload in self.frames():
+                    self.handle(header, payload)
+                self.reap()
+
+
+def main(sock_fd: int, plan: Mapping[str, Any], seccomp_prog: bytes) -> None:
+    """Contain this process per ``plan``, then serve; never returns."""
+    sock = socket.socket(fileno=sock_fd)
+    try:
+        contain.contain(plan, keep_fd=sock_fd, seccomp_prog=seccomp_prog)
+    except BaseException as e:
+        try:
+            sock.sendall(json.dumps({"error": f"sandbox setup failed: {e}"}).encode() + b"\n")
+        finally:
+            os._exit(71)
+    try:
+        _Agent(sock, plan).serve()
+    except BaseException:
+        pass
+    os._exit(0)

@@ -1,0 +1,140 @@
+"""Mounts: host facts for the plan (parent side) and the mount steps (child side).
+
+``detect_host_layout`` runs in the host. ``init_child`` runs in the sandbox's
+pid 1, inside its fresh user + mount namespaces: it makes every mount
+private first (nothing propagates to the host), builds the new root on a
+small tmpfs, pivots into it, detaches the old root and remounts the new
+root read-only. Any failure raises; the caller stops the sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from . import _sys_unsafe as su
+from .plan import HostLayout
+
+__all__ = ["detect_host_layout", "init_child"]
+
+_SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_ETC_FILES: Final = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf",
+                     "/etc/alternatives")
+_DEV_NODES: Final = ("null", "zero", "full", "random", "urandom")
+_STAGE_CANDIDATES: Final = ("/tmp", "/mnt", "/media", "/srv")
+_AREA: Final = "/.corral-rw"
+# statvfs f_flag bit -> mount flag, so a read-only remount keeps the locked flags
+_ST_TO_MS: Final = ((1, su.MS_RDONLY), (2, su.MS_NOSUID), (4, su.MS_NODEV), (8, su.MS_NOEXEC),
+                    (1024, 1024), (2048, 2048), (4096, 1 << 21))
+
+
+def detect_host_layout() -> HostLayout:
+    """What this host offers: merged-/usr links, system dirs, prefixes, /etc and /dev files."""
+    dirs: list[str] = []
+    links: list[tuple[str, str]] = []
+    for d in _SYSTEM_DIRS:
+        if os.path.islink(d):
+            links.append((d, os.readlink(d)))
+        elif os.path.isdir(d):
+            dirs.append(d)
+    prefixes: list[str] = []
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.realpath(sys.executable))):
+        for q in (os.path.abspath(p), os.path.realpath(p)):
+            if q not in prefixes and os.path.isdir(q):
+                prefixes.append(q)
+    import corral  # the import root is the dir above the package
+    package_root = os.path.dirname(os.path.dirname(os.path.realpath(corral.__file__)))
+    return HostLayout(
+        euid=os.geteuid(), egid=os.getegid(), system_dirs=tuple(dirs),
+        system_links=tuple(links),
+        etc_files=tuple(f for f in _ETC_FILES if os.path.exists(f)),
+        prefixes=tuple(prefixes), package_root=package_root,
+        dev_nodes=tuple(n for n in _DEV_NODES if os.path.exists(f"/dev/{n}")),
+    )
+
+
+def _locked_flags(path: str) -> int:
+    f = os.statvfs(path).f_flag
+    out = 0
+    for st, ms in _ST_TO_MS:
+        if f & st:
+            out |= ms
+    return out
+
+
+def _bind(source: str, target: str, *, readonly: bool, extra: int = 0) -> None:
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not os.path.lexists(target):
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    su.mount(source, target, None, su.MS_BIND | su.MS_REC, None)
+    flags = _locked_flags(target) | extra
+    if readonly:
+        flags |= su.MS_RDONLY | su.MS_NOSUID | su.MS_NODEV
+    if flags:
+        su.mount(None, target, None, su.MS_BIND | su.MS_REMOUNT | flags, None)
+
+
+def _stage() -> str:
+    for d in _STAGE_CANDIDATES:
+        if os.path.isdir(d) and not os.path.islink(d):
+            return d
+    raise OSError(2, "no directory to stage the sandbox root in")
+
+
+def init_child(steps: Iterable[Mapping[str, Any]]) -> None:
+    """Apply the plan's mount steps and pivot into the new root (sandbox side)."""
+    su.mount(None, "/", None, su.MS_REC | su.MS_PRIVATE, None)
+    root = _stage()
+    su.mount("corral-root", root, "tmpfs", su.MS_NOSUID | su.MS_NODEV,
+             "size=1m,nr_inodes=4096,mode=755")
+    area = root + _AREA
+    for s in steps:
+        kind, target = s["kind"], root + s["target"]
+        if kind == "bind":
+            _bind(s["source"], target, readonly=s["readonly"])
+        elif kind == "dir":
+            os.makedirs(target, exist_ok=True)
+            os.chmod(target, s["mode"])
+        elif kind == "symlink":
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.symlink(s["source"], target)
+        elif kind == "file":
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, s["mode"])
+            try:
+                os.write(fd, s["data"].encode("latin-1"))
+            finally:
+                os.close(fd)
+        elif kind == "proc":
+            os.makedirs(target, exist_ok=True)
+            su.mount("proc", target, "proc", su.MS_NOSUID | su.MS_NODEV | su.MS_NOEXEC, None)
+        elif kind == "tmpfs":
+            os.makedirs(target, exist_ok=True)
+            su.mount("tmpfs", target, "tmpfs", su.MS_NOSUID,
+                     f"size={s['size_bytes']},mode={s['mode']:o}")
+        elif kind == "area":
+            os.mkdir(area, 0o700)
+            su.mount("corral-rw", area, "tmpfs", su.MS_NOSUID | su.MS_NODEV,
+                     f"size={s['size_bytes']},mode={s['mode']:o}")
+        elif kind == "area_bind":
+            sub = f"{area}/{s['source']}"
+            os.mkdir(sub)
+            os.chmod(sub, s["mode"])
+            os.makedirs(target, exist_ok=True)
+            _bind(sub, target, readonly=False, extra=su.MS_NOSUID | su.MS_NODEV)
+        else:
+            raise OSError(22, f"unknown mount step {kind!r}")
+    os.chdir(root)
+    su.pivot_root(".", ".")          # the old root now sits on top of the new one ...
+    su.umount2(".", su.MNT_DETACH)   # ... and is detached from it
+    os.chdir("/")
+    if os.path.isdir(_AREA):
+        su.umount2(_AREA, su.MNT_DETACH)  # the binds of its subdirs keep it alive
+        os.rmdir(_AREA)
+    su.mount(None, "/", None, su.MS_BIND | su.MS_REMOUNT | su.MS_RDONLY | su.MS_NOSUID
+             | su.MS_NODEV, None)

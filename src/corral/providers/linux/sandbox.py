@@ -1,0 +1,366 @@
+"""LinuxSandbox: one live strict sandbox, driven through its agent."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, final
+
+from ..._paths import split_relative
+from ...errors import (
+    ConfigInvalidError,
+    LimitsExceededError,
+    PauseNotSupportedError,
+    ProviderError,
+    SandboxTimeoutError,
+    error_from_code,
+)
+from ...provider import Sandbox
+from ...spec import ExecOpts, ExecResult, ProcessOpts, SandboxSpec, SnapshotHandle
+from .client import Channel, kill_pidfd
+from .plan import SandboxPlan
+from .process import ExitInfo, LinuxProcess, PipeReader, Run, StdinPipe, usage_of
+
+if TYPE_CHECKING:
+    from .host import LinuxProvider
+
+__all__ = ["LinuxSandbox"]
+
+_CPU_POLL_S = 0.02
+_EOF_GRACE_S = 0.2
+
+
+def _check_argv(argv: Sequence[str]) -> list[str]:
+    if isinstance(argv, str | bytes) or not argv:
+        raise ConfigInvalidError("argv", "must be a non-empty sequence of strings")
+    out = list(argv)
+    for a in out:
+        if not isinstance(a, str) or "\0" in a:
+            raise ConfigInvalidError("argv", f"not a usable argument: {a!r}")
+    return out
+
+
+@final
+class LinuxSandbox(Sandbox):
+    """A sandbox of the linux provider (made by LinuxProvider.create only).
+
+    ``read_file`` of a missing file raises ``ConfigInvalidError("path", "no such
+    file: ...")``. A command that cannot be started (not found, not executable)
+    gives exit code 127 (126 for other exec errors) and the reason on stderr,
+    like a shell.
+    """
+
+    def __init__(self, *, provider: LinuxProvider, sid: str, spec: SandboxSpec,
+                 plan: SandboxPlan, channel: Channel, pidfd: int, cgroup: Any) -> None:
+        self.id = sid
+        self.spec = spec
+        self.plan = plan
+        self._provider = provider
+        self._chan = channel
+        self._pidfd = pidfd
+        self._cg = cgroup
+        self._runs: dict[int, Run] = {}
+        self._early: dict[int, ExitInfo] = {}
+        self._destroyed = False
+        self._cpu_task: asyncio.Task[None] | None = None
+        self._cpu_over = 0
+        channel._on_event = self._on_event
+        channel.closed.add_done_callback(lambda _f: self._on_agent_gone())
+
+    # -- plumbing -------------------------------------------------------------------
+    def _live(self) -> None:
+        if self._destroyed:
+            raise ProviderError(f"sandbox {self.id} was destroyed")
+        if self._chan.is_closed:
+            raise ProviderError(f"sandbox {self.id} is gone (its agent exited)")
+
+    def _on_event(self, h: dict[str, Any]) -> None:
+        if h.get("ev") != "exit":
+            return
+        pid = int(h["pid"])
+        info = ExitInfo(code=int(h["code"]), cpu_ms=int(h.get("cpu_ms", 0)),
+                        maxrss_kb=int(h.get("maxrss_kb", 0)),
+                        disk_free=int(h.get("disk_free", -1)))
+        run = self._runs.pop(pid, None)
+        if run is None:
+            self._early[pid] = info
+        elif not run.exit.done():
+            run.exit.set_result(info)
+
+    def _on_agent_gone(self) -> None:
+        for run in self._runs.values():
+            if not run.exit.done():
+                run.exit.set_result(ExitInfo(code=-signal.SIGKILL))
+        self._runs.clear()
+
+    async def _call(self, header: dict[str, Any], payload: bytes = b"",
+                    fds: Sequence[int] = ()) -> tuple[dict[str, Any], bytes]:
+        self._live()
+        h, p, _fds = await self._chan.request(header, payload, fds)
+        if "error" in h:
+            if h["error"] == "config-invalid":
+                raise ConfigInvalidError(str(h.get("field", "?")), str(h.get("reason", "")))
+            if h["error"] == "os":
+                raise ProviderError(f"sandbox agent: {h.get('reason')}")
+            raise error_from_code(str(h["error"]), str(h.get("reason", "")))
+        return h, p
+
+    def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        out = dict(self.plan.env_base)
+        if env:
+            out.update(env)
+        return out
+
+    def _cwd(self, cwd: str | None) -> str:
+        if cwd in (None, "", ".", self.plan.work_dir, self.plan.work_dir + "/"):
+            return ""
+        return "/".join(split_relative(str(cwd), root_alias=self.plan.work_dir))
+
+    async def _spawn(self, argv: Sequence[str], env: Mapping[str, str] | None,
+                     cwd: str | None) -> tuple[Run | None, int, int, int, str]:
+        """Start a command; returns (run, stdin fd, stdout fd, stderr fd, spawn error)."""
+        args, e, c = _check_argv(argv), self._env(env), self._cwd(cwd)
+        self._live()
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            h, _p = await self._call({"op": "spawn", "argv": args, "env": e, "cwd": c},
+                                     fds=[in_r, out_w, err_w])
+        except BaseException:
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+        if "pid" not in h:
+            return None, in_w, out_r, err_r, str(h.get("reason", "cannot start"))
+        pid = int(h["pid"])
+        run = Run(pid)
+        early = self._early.pop(pid, None)
+        if early is not None:
+            run.exit.set_result(early)
+        else:
+            self._runs[pid] = run
+        self._watch_cpu()
+        return run, in_w, out_r, err_r, ""
+
+    async def _kill_run(self, run: Run, why: str) -> None:
+        if run.exit.done():
+            return
+        run.killed_for = run.killed_for or why
+        try:
+            await self._call({"op": "kill", "pid": run.pid, "sig": int(signal.SIGKILL)})
+        except ProviderError:
+            pass
+
+    def _watch_cpu(self) -> None:
+        if self.plan.limits.cpu_ms is None or self._cg is None:
+            return
+        if self._cpu_task is None or self._cpu_task.done():
+            self._cpu_task = asyncio.ensure_future(self._cpu_loop(self.plan.limits.cpu_ms))
+
+    async def _cpu_loop(self, cap: int) -> None:
+        while self._runs and not self._destroyed:
+            used = int(self._cg.usage().cpu_ms)
+            if used >= cap:
+                self._cpu_over = used
+                for run in list(self._runs.values()):
+                    await self._kill_run(run, "cpu")
+            await asyncio.sleep(_CPU_POLL_S)
+
+    def _oom_kills(self) -> int:
+        if self._cg is None:
+            return 0
+        try:
+            return int(self._cg.usage().oom_kills)
+        except (OSError, ValueError):
+            return 0
+
+    def _pids_max_events(self) -> int:
+        """The pids controller's count of refused forks (0 if unknown)."""
+        if self._cg is None:
+            return 0
+        d = self._cg.dirs.get("unified") or self._cg.dirs.get("pids")
+        try:
+            with open(os.path.join(d, "pids.events")) as f:
+                for line in f:
+                    k, _, v = line.partition(" ")
+                    if k == "max":
+                        return int(v)
+        except (OSError, TypeError, ValueError):
+            pass
+        return 0
+
+    def _limit_error(self, run: Run, info: ExitInfo, before: tuple[int, int]
+                     ) -> LimitsExceededError | None:
+        lim = self.plan.limits
+        oom_before, pids_before = before
+        if run.killed_for == "cpu" or (lim.cpu_ms is not None and info.code in (
+                -signal.SIGXCPU, -signal.SIGKILL) and self._cpu_over):
+            return LimitsExceededError("cpu", lim.cpu_ms or 0, self._cpu_over,
+                                       "the sandbox used up its CPU time")
+        if lim.mem_mb is not None and info.code == -signal.SIGKILL and (
+                self._oom_kills() > oom_before):
+            return LimitsExceededError("memory", lim.mem_mb, 0,
+                                       "the command was killed by the out-of-memory killer")
+        if lim.max_processes is not None and info.code != 0 and (
+                self._pids_max_events() > pids_before):
+            return LimitsExceededError("processes", lim.max_processes, 0,
+                                       "a fork failed at the sandbox's process limit")
+        disk = lim.disk_mb or 0
+        if info.code == -signal.SIGXFSZ or (info.code != 0 and 0 <= info.disk_free < min(
+                1 << 20, disk * 1024 * 1024 // 50)):
+            return LimitsExceededError("disk", disk, disk,
+                                       "the sandbox's writable area (/work and /tmp) is full")
+        return None
+
+    # -- the contract -------------------------------------------------------------------
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
+        opts = opts or ExecOpts()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        before = (self._oom_kills(), self._pids_max_events())
+        run, in_w, out_r, err_r, spawn_err = await self._spawn(argv, opts.env, opts.cwd)
+        stdin = StdinPipe(in_w)
+        out, err = bytearray(), bytearray()
+        caps = ((out, self._provider.stdout_cap), (err, self._provider.stderr_cap))
+        over: list[tuple[int, int]] = []
+        killers: list[asyncio.Future[None]] = []
+
+        def sink(i: int) -> Any:
+            buf, cap = caps[i]
+
+            def take(data: bytes) -> None:
+                buf.extend(data)
+                if len(buf) > cap and run is not None and not over:
+                    over.append((cap, len(buf)))
+                    killers.append(asyncio.ensure_future(self._kill_run(run, "output")))
+            return take
+
+        readers = [PipeReader(out_r, sink(0)), PipeReader(err_r, sink(1))]
+        try:
+            if run is None:
+                stdin.close_now()
+                for r in readers:
+                    r.stop()
+                code = 127 if "not found" in spawn_err or "No such file" in spawn_err else 126
+                return ExecResult(stdout=b"", stderr=spawn_err.encode() + b"\n", exit_code=code)
+            feeder = asyncio.ensure_future(self._feed(stdin, opts.stdin))
+            timeout = None if opts.timeout_ms is None else opts.timeout_ms / 1000
+            try:
+                async with asyncio.timeout(timeout):
+                    info = await asyncio.shield(run.exit)
+                    await asyncio.wait([r.eof for r in readers], timeout=_EOF_GRACE_S)
+            except TimeoutError:
+                await self._kill_run(run, "timeout")
+                await asyncio.wait([run.exit], timeout=5)
+                await asyncio.wait([r.eof for r in readers], timeout=_EOF_GRACE_S)
+                raise SandboxTimeoutError(
+                    f"command timed out after {opts.timeout_ms} ms and was killed",
+                    timeout_ms=opts.timeout_ms or 0, stdout=bytes(out[:caps[0][1]]),
+                    stderr=bytes(err[:caps[1][1]])) from None
+            finally:
+                feeder.cancel()
+        finally:
+            stdin.close_now()
+            for r in readers:
+                r.stop()
+            if run is not None and not run.exit.done():
+                await self._kill_run(run, "cancelled")
+        if over:
+            raise LimitsExceededError("output", over[0][0], over[0][1],
+                                      "the command wrote more than the output cap; it was killed")
+        limit = self._limit_error(run, info, before)
+        if limit is not None:
+            raise limit
+        wall = int((loop.time() - started) * 1000)
+        return ExecResult(stdout=bytes(out), stderr=bytes(err), exit_code=info.code,
+                          usage=usage_of(info, wall))
+
+    @staticmethod
+    async def _feed(stdin: StdinPipe, data: bytes | None) -> None:
+        try:
+            if data:
+                await stdin.write(data)
+        except ProviderError:
+            pass
+        finally:
+            stdin.close_now()
+
+    async def start_process(self, argv: Sequence[str],
+                            opts: ProcessOpts | None = None) -> LinuxProcess:
+        opts = opts or ProcessOpts()
+        started = asyncio.get_running_loop().time()
+        run, in_w, out_r, err_r, spawn_err = await self._spawn(argv, opts.env, opts.cwd)
+        if run is None:
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+            raise ConfigInvalidError("argv", f"cannot start: {spawn_err}")
+        stdin = StdinPipe(in_w)
+        if not opts.stdin:
+            stdin.close_now()
+        return LinuxProcess(run, stdin, out_r, err_r, self._kill_run, started, opts.timeout_ms)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        split_relative(path, root_alias=self.plan.work_dir)
+        await self._call({"op": "write", "path": path}, raw)
+
+    async def read_file(self, path: str) -> bytes:
+        split_relative(path, root_alias=self.plan.work_dir)
+        _h, payload = await self._call({"op": "read", "path": path})
+        return payload
+
+    async def snapshot(self) -> SnapshotHandle:
+        """Capture /work (regular files and dirs); the handle restores in this provider only."""
+        _h, payload = await self._call({"op": "snapshot"})
+        return self._provider.snapshots.put(payload)
+
+    async def restore(self, handle: SnapshotHandle) -> None:
+        """Replace /work with a snapshot's content (InvalidSnapshotHandleError if not ours)."""
+        data = self._provider.snapshots.get(handle)
+        await self._call({"op": "restore"}, data)
+
+    async def pause(self) -> None:
+        """Freeze every process of the sandbox (cgroup freezer)."""
+        self._live()
+        if self._cg is None or "pause" not in self._provider.capabilities:
+            raise PauseNotSupportedError("this host has no cgroup freezer for corral")
+        await asyncio.to_thread(self._cg.freeze)
+
+    async def resume(self) -> None:
+        self._live()
+        if self._cg is None or "pause" not in self._provider.capabilities:
+            raise PauseNotSupportedError("this host has no cgroup freezer for corral")
+        await asyncio.to_thread(self._cg.thaw)
+
+    async def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._provider._forget(self)
+        if self._cpu_task is not None:
+            self._cpu_task.cancel()
+        self._chan.close()
+        if self._pidfd >= 0:
+            pidfd, self._pidfd = self._pidfd, -1
+            kill_pidfd([pidfd])
+        self._on_agent_gone()
+        if self._cg is not None:
+            cg, self._cg = self._cg, None
+            try:
+                cg.thaw()
+            except Exception:
+                pass
+            await asyncio.to_thread(_kill_and_remove, cg)
+
+
+def _kill_and_remove(cg: Any) -> None:
+    try:
+        cg.kill_all()
+    finally:
+        cg.remove()
