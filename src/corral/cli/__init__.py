@@ -19,7 +19,9 @@ from ..errors import CorralError
 __all__ = ["main"]
 
 #: verb name -> module under corral.cli
-VERBS: dict[str, str] = {}
+VERBS: dict[str, str] = {
+    "doctor": "doctor",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
