@@ -1,0 +1,212 @@
+"""The validator's policy tables and pure helpers (internal; see validate.py and
+docs/validator.md for the reason behind every entry).
+
+Pure: no I/O imports.
+"""
+
+from __future__ import annotations
+
+import ast
+import string
+import unicodedata
+from collections.abc import Iterator
+from typing import Final
+
+__all__ = [
+    "BASIC_CONFIG_KEYWORDS",
+    "DEFAULT_ALLOWED_IMPORTS",
+    "DUNDER_ATTRS_OK",
+    "DUNDER_LOADS_OK",
+    "DUNDER_NEVER",
+    "DUNDER_STORES_OK",
+    "FORBIDDEN_ATTRIBUTES",
+    "FORBIDDEN_ATTRIBUTE_PREFIXES",
+    "FORBIDDEN_NAMES",
+    "KNOWN_SUBMODULES",
+    "SCOPES",
+    "SUPER_DUNDERS_OK",
+    "annotation_problem",
+    "attribute_forbidden",
+    "confusable_identifiers",
+    "format_problem",
+    "is_dunder",
+    "nfkc",
+]
+
+DEFAULT_ALLOWED_IMPORTS: Final[frozenset[str]] = frozenset(
+    {
+        "__future__", "abc", "array", "base64", "binascii", "bisect", "calendar", "cmath",
+        "collections", "collections.abc", "colorsys", "contextlib", "copy", "csv",
+        "dataclasses", "datetime", "decimal", "difflib", "enum", "fractions", "functools",
+        "graphlib", "hashlib", "heapq", "hmac", "html", "ipaddress", "itertools", "json",
+        "keyword", "logging", "math", "numbers", "operator", "pprint", "random", "re",
+        "reprlib", "secrets", "statistics", "string", "struct", "textwrap", "time", "typing",
+        "unicodedata", "urllib.parse", "uuid", "zlib", "zoneinfo",
+    }
+)  # fmt: skip
+
+FORBIDDEN_NAMES: Final[frozenset[str]] = frozenset(
+    {
+        # code execution and the import system
+        "eval", "exec", "compile", "__import__", "__build_class__",
+        # namespaces and reflection by string
+        "globals", "locals", "vars", "dir", "getattr", "setattr", "delattr",
+        # I/O, interactive helpers and site's file-reading builtins
+        "open", "input", "breakpoint", "help", "exit", "quit", "copyright", "credits",
+        "license", "memoryview",
+        # module machinery
+        "__builtins__", "__loader__", "__spec__", "__file__", "__cached__", "__path__",
+    }
+)  # fmt: skip
+
+FORBIDDEN_ATTRIBUTES: Final[frozenset[str]] = frozenset(
+    {
+        # frames, code and function internals (non-dunder spellings)
+        "f_back", "f_builtins", "f_code", "f_globals", "f_locals", "f_trace",
+        "f_trace_lines", "f_trace_opcodes", "f_lasti", "func_globals", "func_code",
+        "func_closure", "func_defaults", "func_dict", "im_func", "im_self", "im_class",
+        "cell_contents", "mro",
+        # modules that allowed modules import and expose as attributes
+        "os", "sys", "builtins", "bltns", "inspect", "types", "io", "importlib",
+        "subprocess", "threading", "_thread", "traceback", "linecache", "weakref", "gc",
+        "ctypes", "copyreg", "marshal", "pickle", "codecs", "posix", "nt", "signal",
+        "socket", "warnings", "tokenize", "atexit", "shutil", "tempfile", "pathlib", "glob",
+        "modules", "sysconfig", "site", "runpy", "pkgutil", "zipimport",
+        # library functions that reach attributes by string, eval, frames or I/O
+        "attrgetter", "methodcaller", "get_type_hints", "ForwardRef", "singledispatch",
+        "singledispatchmethod", "Formatter", "get_field", "vformat", "FileHandler",
+        "currentframe", "reset_tzpath", "getnode", "uuid1", "chdir",
+    }
+)  # fmt: skip
+
+FORBIDDEN_ATTRIBUTE_PREFIXES: Final[tuple[str, ...]] = ("co_", "gi_", "cr_", "ag_", "tb_")
+
+# Known submodules of packages, so `from pkg import sub` and `pkg.sub` are import checks.
+KNOWN_SUBMODULES: Final[dict[str, frozenset[str]]] = {
+    "collections": frozenset({"abc"}),
+    "logging": frozenset({"config", "handlers"}),
+    "json": frozenset({"decoder", "encoder", "scanner", "tool"}),
+    "urllib": frozenset({"error", "parse", "request", "response", "robotparser"}),
+    "html": frozenset({"entities", "parser"}),
+    "concurrent": frozenset({"futures"}),
+    "os": frozenset({"path"}),
+    "importlib": frozenset({"abc", "machinery", "metadata", "resources", "util"}),
+    "xml": frozenset({"dom", "etree", "parsers", "sax"}),
+    "email": frozenset({"mime", "parser", "policy", "message", "utils"}),
+    "http": frozenset({"client", "cookiejar", "cookies", "server"}),
+    "ctypes": frozenset({"util", "wintypes"}),
+    "unittest": frozenset({"mock"}),
+}
+
+DUNDER_LOADS_OK: Final = frozenset({"__name__", "__debug__", "__doc__", "__all__", "__version__"})
+DUNDER_STORES_OK: Final = frozenset({"__all__", "__version__", "__author__", "__doc__"})
+DUNDER_NEVER: Final = frozenset({"__class__", "__dict__", "__globals__", "__code__"})
+DUNDER_ATTRS_OK: Final = frozenset({"__name__", "__qualname__", "__doc__"})
+SUPER_DUNDERS_OK: Final = frozenset(
+    {
+        "__init__", "__new__", "__init_subclass__", "__post_init__", "__repr__", "__str__",
+        "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__iter__",
+        "__next__", "__len__", "__getitem__", "__setitem__", "__delitem__", "__contains__",
+        "__call__", "__enter__", "__exit__", "__bool__",
+    }
+)  # fmt: skip
+BASIC_CONFIG_KEYWORDS: Final = frozenset({"filename", "filemode", "style", "handlers", "stream"})
+SCOPES: Final = (
+    ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
+    ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp,
+)  # fmt: skip
+_FORMATTER: Final = string.Formatter()
+
+def is_dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def attribute_forbidden(name: str) -> bool:
+    return name in FORBIDDEN_ATTRIBUTES or name.startswith(FORBIDDEN_ATTRIBUTE_PREFIXES)
+
+
+def nfkc(text: str) -> str:
+    return text if text.isascii() else unicodedata.normalize("NFKC", text)
+
+
+
+
+
+
+def format_problem(template: str, depth: int) -> str | None:
+    """The first forbidden part of a replacement-field path in a format template, if any."""
+    if "{" not in template or depth > 2:
+        return None
+    try:
+        parsed = list(_FORMATTER.parse(template))
+    except Exception:  # not a valid template: .format() would raise, nothing to reach
+        return None
+    for _literal, field, spec, _conversion in parsed:
+        if field:
+            for part in field.replace("[", ".").replace("]", ".").split("."):
+                for name in (part, nfkc(part)):
+                    if is_dunder(name) or attribute_forbidden(name) or name in FORBIDDEN_NAMES:
+                        return part
+        if spec:
+            bad = format_problem(spec, depth + 1)
+            if bad is not None:
+                return bad
+    return None
+
+
+def annotation_problem(node: ast.expr, depth: int) -> ast.expr | None:
+    """The first node of an annotation that is not a type expression, or None."""
+    if depth > 3:
+        return node
+    if isinstance(node, ast.Name):
+        return None
+    if isinstance(node, ast.Attribute):
+        return annotation_problem(node.value, depth)
+    if isinstance(node, ast.Constant):
+        if node.value is None or node.value is Ellipsis:
+            return None
+        if isinstance(node.value, str):
+            try:
+                inner = ast.parse(node.value.strip(), mode="eval").body
+            except Exception:
+                return node
+            return node if annotation_problem(inner, depth + 1) is not None else None
+        return node
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return annotation_problem(node.left, depth) or annotation_problem(node.right, depth)
+    if isinstance(node, ast.Subscript):
+        bad = annotation_problem(node.value, depth)
+        if bad is not None:
+            return bad
+        head = node.value.attr if isinstance(node.value, ast.Attribute) else None
+        if isinstance(node.value, ast.Name):
+            head = node.value.id
+        args = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if head == "Literal":
+            return None  # literal values are data, never evaluated as code by typing
+        if head == "Annotated":
+            args = args[:1]  # metadata is ordinary run-time code, checked by the other rules
+        for arg in args:
+            elts = arg.elts if isinstance(arg, ast.List) else [arg]
+            for elt in elts:
+                bad = annotation_problem(elt, depth)
+                if bad is not None:
+                    return bad
+        return None
+    return node
+
+
+def confusable_identifiers(source: str) -> Iterator[tuple[int, int, str, str]]:
+    """NAME tokens whose raw spelling differs from the NFKC form Python reads."""
+    import tokenize  # only for non-ASCII sources; keeps the common path import-light
+
+    pieces = source.split("\n")
+    lines = iter([p + "\n" for p in pieces[:-1]] + [pieces[-1]])
+    try:
+        for tok in tokenize.generate_tokens(lambda: next(lines, "")):
+            if tok.type == tokenize.NAME and not tok.string.isascii():
+                norm = unicodedata.normalize("NFKC", tok.string)
+                if norm != tok.string:
+                    yield tok.start[0], tok.start[1], tok.string, norm
+    except Exception:  # the AST already parsed; a tokenizer disagreement is not fatal
+        return

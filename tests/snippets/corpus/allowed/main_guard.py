@@ -1,0 +1,6 @@
+def main() -> None:
+    print("running as", __name__)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+# expect: forbidden-name
+code = compile("1 + 1", "<s>", "eval")
+print(code)

@@ -1,0 +1,4 @@
+# expect: forbidden-attribute
+import dataclasses
+
+print(dataclasses.inspect.currentframe())

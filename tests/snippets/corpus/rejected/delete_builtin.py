@@ -1,0 +1,4 @@
+# expect: forbidden-name
+open = print
+del open
+print("ok")

@@ -1,0 +1,3 @@
+# expect: dunder-name
+x: int = 1
+print(__annotations__)

@@ -1,0 +1,7 @@
+# expect: dunder-name
+class A:
+    def f(self):
+        return __class__
+
+
+print(A().f())

@@ -1,0 +1,3 @@
+# expect: forbidden-name
+os = __import__("os")
+print(os.getcwd())

@@ -1,0 +1,3 @@
+# expect: dunder-subscript
+namespace = {"__builtins__": None}
+print(namespace["__builtins__"])

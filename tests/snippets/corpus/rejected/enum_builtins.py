@@ -1,0 +1,4 @@
+# expect: forbidden-attribute
+import enum
+
+print(enum.bltns.len("abc"))

@@ -1,0 +1,2 @@
+# expect: forbidden-name
+exec("print(42)")

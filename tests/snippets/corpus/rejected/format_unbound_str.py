@@ -1,0 +1,3 @@
+# expect: dynamic-format
+template = "{0." + "__class__}"
+print(str.format(template, 1))

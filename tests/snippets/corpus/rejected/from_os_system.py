@@ -1,0 +1,4 @@
+# expect: forbidden-import
+from os import system
+
+system("id")

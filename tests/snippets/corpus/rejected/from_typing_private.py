@@ -1,0 +1,4 @@
+# expect: private-module-attribute
+from typing import _eval_type
+
+print(_eval_type)

@@ -1,0 +1,2 @@
+# expect: dunder-attribute, non-ascii-identifier
+print(().__ｃｌａｓｓ__)

@@ -1,0 +1,2 @@
+# expect: forbidden-name, non-ascii-identifier
+print(ｅｖａｌ("1 + 1"))

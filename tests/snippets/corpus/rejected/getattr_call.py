@@ -1,0 +1,2 @@
+# expect: forbidden-name
+print(getattr(1, "__cla" + "ss__"))

@@ -1,0 +1,4 @@
+# expect: forbidden-import
+import ctypes
+
+print(ctypes.sizeof(ctypes.c_int))

@@ -1,0 +1,4 @@
+# expect: forbidden-import
+import importlib
+
+print(importlib.import_module("os").getcwd())

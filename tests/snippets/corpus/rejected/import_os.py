@@ -1,0 +1,4 @@
+# expect: forbidden-import
+import os
+
+print(os.getcwd())

@@ -1,0 +1,4 @@
+# expect: forbidden-import
+import pickle
+
+print(pickle.dumps(1))

@@ -1,0 +1,4 @@
+# expect: forbidden-import
+import urllib.request
+
+print(urllib.request.__name__)

@@ -1,0 +1,3 @@
+# expect: dunder-attribute
+namespace = (lambda: 0).__globals__
+print(sorted(namespace))

@@ -1,0 +1,6 @@
+# expect: forbidden-name
+def f():
+    return locals()
+
+
+print(f())

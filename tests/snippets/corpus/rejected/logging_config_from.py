@@ -1,0 +1,4 @@
+# expect: forbidden-import
+from logging import config
+
+print(config.dictConfig)

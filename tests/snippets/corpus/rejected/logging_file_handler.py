@@ -1,0 +1,5 @@
+# expect: forbidden-attribute
+import logging
+
+handler = logging.FileHandler("/tmp/corral-validator-probe.log", delay=True)
+print(handler)

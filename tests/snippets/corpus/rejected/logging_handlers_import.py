@@ -1,0 +1,4 @@
+# expect: forbidden-import
+import logging.handlers
+
+print(logging.handlers.RotatingFileHandler)

@@ -1,0 +1,4 @@
+# expect: forbidden-attribute
+import logging
+
+print(logging.os.getcwd())

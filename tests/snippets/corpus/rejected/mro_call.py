@@ -1,0 +1,2 @@
+# expect: forbidden-attribute
+print(int.mro())

@@ -1,0 +1,3 @@
+# expect: forbidden-name
+with open("/etc/passwd") as fh:
+    print(len(fh.read()))

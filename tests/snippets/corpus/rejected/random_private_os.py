@@ -1,0 +1,4 @@
+# expect: private-module-attribute
+import random
+
+print(random._os.getcwd())

@@ -1,0 +1,6 @@
+# expect: forbidden-name
+def eval(text):
+    return text
+
+
+print(eval("x"))

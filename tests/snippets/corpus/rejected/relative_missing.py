@@ -1,0 +1,4 @@
+# expect: unresolved-relative-import
+from . import helpers
+
+print(helpers)

@@ -1,0 +1,4 @@
+# expect: star-import
+from math import *
+
+print(pi)

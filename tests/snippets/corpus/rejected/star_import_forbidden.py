@@ -1,0 +1,4 @@
+# expect: forbidden-import, star-import
+from os import *
+
+print(getcwd())

@@ -1,0 +1,3 @@
+# expect: dunder-attribute
+classes = ().__class__.__bases__[0].__subclasses__()
+print(len(classes))

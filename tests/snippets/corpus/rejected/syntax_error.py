@@ -1,0 +1,3 @@
+# expect: syntax-error
+def f(:
+    pass

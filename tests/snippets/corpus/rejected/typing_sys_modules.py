@@ -1,0 +1,4 @@
+# expect: forbidden-attribute
+import typing
+
+print(sorted(typing.sys.modules)[:3])

@@ -1,0 +1,4 @@
+# expect: forbidden-attribute
+import uuid
+
+print(uuid.getnode())

@@ -1,0 +1,2 @@
+# expect: dunder-subscript, forbidden-name
+print(vars()["__builtins__"])

@@ -1,0 +1,252 @@
+"""validate_source / validate_files: positions, payloads, configuration, robustness."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from corral.snippets.validate import (
+    DEFAULT_ALLOWED_IMPORTS,
+    DEFAULT_MAX_SOURCE_BYTES,
+    Violation,
+    ViolationCode,
+    validate_files,
+    validate_source,
+)
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "validator.md"
+
+
+def codes(source: str, **kwargs: object) -> list[str]:
+    return [v.code.value for v in validate_source(source, **kwargs)]  # type: ignore[arg-type]
+
+
+def test_positions_are_one_based_lines_and_character_columns() -> None:
+    src = "x = 1\nname = 'é'; y = ().__class__\n"
+    (v,) = validate_source(src)
+    assert (v.code, v.line, v.column) == (ViolationCode.DUNDER_ATTRIBUTE, 2, 19)
+    assert src.splitlines()[1][v.column :].startswith("__class__")
+
+
+def test_all_violations_reported_sorted() -> None:
+    src = "import os\nexec('1')\nimport sys\n"
+    got = [(v.line, v.code.value) for v in validate_source(src)]
+    assert got == [(1, "forbidden-import"), (2, "forbidden-name"), (3, "forbidden-import")]
+
+
+def test_violation_is_frozen_value() -> None:
+    v = Violation(code=ViolationCode.FORBIDDEN_NAME, line=1, column=0, message="m")
+    assert v.path == "main.py"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.line = 2  # type: ignore[misc]
+
+
+def test_syntax_error_has_position() -> None:
+    (v,) = validate_source("x = 1\ny = (\n")
+    assert v.code is ViolationCode.SYNTAX_ERROR
+    assert v.line >= 2
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["a\0b", "x = '\ud800'", "(" * 500, "-" * 200_000 + "1", "[" * 100 + "]" * 100, "\ufeffx=1"],
+)
+def test_hostile_inputs_become_violations_not_exceptions(source: str) -> None:
+    result = validate_source(source)
+    assert all(isinstance(v, Violation) for v in result)
+
+
+def test_null_byte_position() -> None:
+    (v,) = validate_source("x = 1\nab\0")
+    assert (v.code, v.line, v.column) == (ViolationCode.SYNTAX_ERROR, 2, 2)
+
+
+def test_size_cap_in_utf8_bytes() -> None:
+    assert codes("x = 1\n" * 50_000) == ["source-too-large"]
+    assert codes("é" * 150_000) == ["source-too-large"]  # 300 KB of UTF-8
+    assert codes("x = 1\n", max_source_bytes=3) == ["source-too-large"]
+    assert codes("x = 1\n" * 100, max_source_bytes=DEFAULT_MAX_SOURCE_BYTES) == []
+
+
+def test_depth_cap_is_configurable() -> None:
+    src = "x = " + "-" * 50 + "1"
+    assert codes(src) == []
+    assert codes(src, max_ast_depth=20) == ["source-too-complex"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_never_raises(source: str) -> None:
+    for v in validate_source(source):
+        assert isinstance(v.code, ViolationCode)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(["x", "(", ")", ".", "__class__", "[", "]", "'", "{", "}",
+                                 "\n", " ", "import ", "os", ":", "f'", "\\", "\uff45", "0"]),
+                max_size=60))
+def test_never_raises_on_python_like_noise(tokens: list[str]) -> None:
+    validate_source("".join(tokens))
+
+
+# -- configuration ----------------------------------------------------------------
+
+
+def test_default_allowlist_excludes_io_and_introspection() -> None:
+    for name in ["os", "sys", "io", "pathlib", "subprocess", "socket", "ctypes", "importlib",
+                 "inspect", "gc", "builtins", "pickle", "marshal", "types", "threading",
+                 "asyncio", "tempfile", "shutil", "logging.config", "logging.handlers"]:
+        assert name not in DEFAULT_ALLOWED_IMPORTS
+    assert {"math", "json", "re", "logging", "collections.abc"} <= DEFAULT_ALLOWED_IMPORTS
+
+
+def test_allowed_imports_override_and_wildcard() -> None:
+    assert codes("import math", allowed_imports=frozenset({"json"})) == ["forbidden-import"]
+    assert codes("import json.decoder", allowed_imports=frozenset({"json"})) == [
+        "forbidden-import"
+    ]
+    assert codes("import json.decoder", allowed_imports=frozenset({"json.*"})) == []
+    assert codes("from json import decoder", allowed_imports=frozenset({"json.*"})) == []
+    assert codes("import urllib.parse") == []
+    assert codes("from urllib import parse") == []
+    assert codes("from urllib import request") == ["forbidden-import"]
+
+
+def test_submodule_access_through_a_module_name() -> None:
+    assert codes("import collections\ncollections.abc.Mapping") == []
+    assert codes("import logging as L\nL.config") == ["forbidden-import"]
+    assert codes("from collections import abc as a\na._x") == ["private-module-attribute"]
+
+
+# -- rules needing a specific shape --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("super().__init__()", []),
+        ("super().__getattribute__('x')", ["dunder-attribute"]),
+        ("object.__setattr__(1, 'x', 2)", ["dunder-attribute"]),
+        ("class A:\n    __hash__ = None\n    __slots__ = ()", []),
+        ("class A:\n    __class__ = int", ["dunder-name"]),
+        ("__all__ = ['f']\n__version__ = '1'", []),
+        ("__spam__ = 1", ["dunder-name"]),
+        ("def __getattr__(name):\n    return name", []),
+        ("def f(__builtins__): pass", ["forbidden-name"]),
+        ("import math as open", ["forbidden-name"]),
+        ("try:\n    pass\nexcept Exception as exec:\n    pass", ["forbidden-name"]),
+        ("type(1)", []),
+        ("type(*args)", ["dynamic-class"]),
+        ("type(1, x=2)", ["dynamic-class"]),
+        ("'{}'.format(1)", []),
+        ("'{a.b[0]}'.format(a=1)", []),
+        ("'{a.gi_frame}'.format(a=1)", ["format-string-escape"]),
+        ("'{0!r:>{1}}'.format(1, 2)", []),
+        ("x: 'list[int]' = []", []),
+        ("x: Literal['hello world', 3] = 3", []),
+        ("x: Annotated[int, print('meta')] = 3", []),
+        ("x: 'not valid python (' = 3", ["non-type-annotation"]),
+        ("def f() -> 1 + 1: pass", ["non-type-annotation"]),
+        ("d = {}\nd['__x']", []),
+        ("from helpers import f", ["forbidden-import"]),
+        ("import logging\nlogging.basicConfig(**{})", ["forbidden-keyword"]),
+    ],
+)
+def test_rule_shapes(source: str, expected: list[str]) -> None:
+    assert codes(source) == expected
+
+
+def test_nfkc_stable_non_ascii_identifiers_are_fine() -> None:
+    assert codes("café = 1\nπ = café") == []
+    (v,) = [v for v in validate_source("x = 1\n\uff58 = 2") if v.code == "non-ascii-identifier"]
+    assert (v.line, v.column) == (2, 0)
+
+
+# -- payloads -------------------------------------------------------------------
+
+
+def test_payload_modules_and_relative_imports() -> None:
+    files = {
+        "main.py": "from helpers import twice\nfrom pkg.sub import f\nimport pkg\n"
+        "from . import helpers\nprint(twice(f()))\n",
+        "helpers.py": "from .pkg import sub\n\ndef twice(x):\n    return 2 * x\n",
+        "pkg/__init__.py": "from . import sub\nfrom .sub import f\n",
+        "pkg/sub.py": "from .. import helpers\nfrom . import f as g\n\ndef f():\n    return 1\n",
+    }
+    assert validate_files(files) == ()
+    assert validate_files(list(files.items())) == ()
+
+
+def test_payload_module_names_for_validate_source() -> None:
+    names = frozenset({"helpers", "pkg", "pkg.sub"})
+    assert codes("from .helpers import f\nimport pkg.sub\nfrom pkg import sub",
+                 module_names=names) == []
+    assert codes("from .nothere import f", module_names=names) == ["unresolved-relative-import"]
+    assert codes("from .. import helpers", module_names=names) == ["unresolved-relative-import"]
+    # a payload name never grants a standard-library module
+    assert codes("import os", module_names=frozenset({"os"})) == ["forbidden-import"]
+
+
+def test_payload_violations_carry_the_path() -> None:
+    found = validate_files({"main.py": "import helpers\n", "helpers.py": "x = 1\neval('1')\n"})
+    assert [(v.path, v.line, v.code.value) for v in found] == [
+        ("helpers.py", 2, "forbidden-name")
+    ]
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/abs.py", "C:\\x.py", "a\\b.py", "../x.py", "pkg/../x.py", "x.txt", "x", "",
+     "my-mod.py", "pkg//x.py", "./x.py", "class.py", "1x.py", "os.py", "json/x.py",
+     "__init__.py", "__main__.py", "mödule.py"],
+)
+def test_invalid_paths_are_named(path: str) -> None:
+    found = validate_files({path: "x = 1\n", "main.py": "y = 2\n"})
+    assert [(v.path, v.code.value, v.line) for v in found] == [(path, "invalid-path", 0)]
+
+
+def test_duplicate_modules_are_invalid() -> None:
+    found = validate_files([("pkg.py", ""), ("pkg/__init__.py", ""), ("pkg.py", "")])
+    assert [v.code.value for v in found] == ["invalid-path", "invalid-path"]
+
+
+# -- docs --------------------------------------------------------------------------
+
+
+def test_every_code_is_documented() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    for code in ViolationCode:
+        assert f"`{code.value}`" in text, code
+
+
+# -- purity and package surface ------------------------------------------------------------
+
+
+def test_validator_modules_import_only_pure_modules() -> None:
+    import ast as pyast
+
+    import corral.snippets
+
+    pure = {"__future__", "ast", "collections", "dataclasses", "enum", "keyword", "string",
+            "sys", "tokenize", "typing", "unicodedata"}
+    root = Path(corral.snippets.__file__).parent
+    for name in ["validate.py", "_validate_rules.py", "_validate_policy.py"]:
+        tree = pyast.parse((root / name).read_text(encoding="utf-8"))
+        for node in pyast.walk(tree):
+            if isinstance(node, pyast.Import):
+                assert {a.name.split(".")[0] for a in node.names} <= pure, name
+            elif isinstance(node, pyast.ImportFrom) and node.level == 0:
+                assert (node.module or "").split(".")[0] in pure, name
+
+
+def test_package_reexports_lazily() -> None:
+    import corral.snippets as pkg
+
+    for name in pkg.__all__:
+        assert getattr(pkg, name) is not None
+    assert pkg.__all__ == sorted(pkg.__all__)
+    with pytest.raises(AttributeError):
+        _ = pkg.no_such_name  # type: ignore[attr-defined]
