@@ -138,9 +138,17 @@ class LinuxProvider(SandboxProvider):
             zygote = await self._zygote_for(prog)
             check_cancel()
             host_end, sb_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            launch = asyncio.ensure_future(zygote.create(
+                plan.to_wire(), list(cg.procs_files) if cg else [], sb_end.fileno()))
             try:
-                _pid, pidfd = await zygote.create(
-                    plan.to_wire(), list(cg.procs_files) if cg else [], sb_end.fileno())
+                try:
+                    _pid, pidfd = await asyncio.shield(launch)
+                except asyncio.CancelledError:
+                    # let the in-flight launch settle, so the rollback kills what it made
+                    await asyncio.wait([launch], timeout=10)
+                    if launch.done() and not launch.cancelled() and not launch.exception():
+                        _pid, pidfd = launch.result()
+                    raise
             except ProviderError as e:
                 if "unshare" in e.message or "id maps" in e.message:
                     raise LevelNotSupportedError(
@@ -207,8 +215,10 @@ class LinuxProvider(SandboxProvider):
 
 
 def _remove_cgroup(cg: Any) -> None:
+    """Best effort during a rollback: the original error is the one to raise."""
     try:
         cg.kill_all()
-    finally:
         cg.remove()
+    except Exception:
+        pass
 
