@@ -1,0 +1,11 @@
+"""``python -m corral.handler MODULE_OR_FILE:ATTRIBUTE``: the handler-base entrypoint."""
+
+from __future__ import annotations
+
+import sys
+
+from .base import main
+
+__all__: list[str] = []
+
+sys.exit(main())
