@@ -23,6 +23,8 @@ def main() -> None:
         if not name.isdigit():
             continue
         pids.append(int(name))
+        if int(name) == os.getpid():  # our own argv carries the token too
+            continue
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 if token.encode() in f.read():
