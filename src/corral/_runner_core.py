@@ -58,6 +58,7 @@ class BoundedRun:
         self._overflow: Outcome | None = None
         self._failure: BaseException | None = None
         self._exited = asyncio.Event()
+        self._done = asyncio.Event()
         self._stdin_ready: asyncio.Future[None] | None = None
         self._pid = 0
         self._fds: dict[str, int] = {}
@@ -295,6 +296,10 @@ class BoundedRun:
         assert self._result is not None
         return self._result
 
+    async def wait_finished(self) -> None:
+        """Wait until another task's :meth:`wait` has finished the run (no result)."""
+        await self._done.wait()
+
     def _close_fd(self, name: str) -> None:
         fd = self._fds.pop(name, None)
         if fd is None:
@@ -348,6 +353,7 @@ class BoundedRun:
             if self._cwd_owned:
                 remove_tree(self._cwd)
             self._exited.set()
+            self._done.set()
         # Linux copies the spawner's RSS into a forked child's high-water
         # mark, so a peak not above our own says nothing: 0 (not measured).
         peak_kib = maxrss_kib if maxrss_kib > self._host_peak_kib else 0

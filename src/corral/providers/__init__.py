@@ -18,6 +18,7 @@ __all__ = ["PROVIDERS", "get_provider_class", "provider_names"]
 PROVIDERS: dict[str, str] = {
     "inprocess": ".inprocess",
     "linux": ".linux",
+    "subproc": ".subproc",
 }
 
 

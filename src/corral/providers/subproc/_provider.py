@@ -1,0 +1,285 @@
+"""The subproc provider (level ``context-isolated``): every command is a bounded run.
+
+A sandbox is a private directory (``mkdtemp``, mode 0700) holding ``work/``
+(the commands' cwd and ``HOME``) and ``tmp/`` (``TMPDIR``), plus the process
+trees of the commands run in it. Each command runs through the bounded runner
+(:mod:`corral.runner`): own session and process group, environment
+allowlist, wall-clock timeout, output caps, whole-tree kill at its end.
+
+NOT a security boundary: commands run as the caller's user, see the host's
+files and network. It isolates the caller from crashes, hangs, leaks and
+runaway output of the code it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Final, final
+
+from ..._cancel import CancelToken
+from ..._paths import read_file_under, split_relative, write_file_under
+from ..._runner_core import BoundedRun
+from ..._runner_opts import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES, make_options
+from ..._runner_result import Outcome, RunResult
+from ..._runner_tree import remove_tree, spawn_process
+from ...errors import (
+    ConfigInvalidError,
+    CreateCancelledError,
+    LevelNotSupportedError,
+    ProviderError,
+)
+from ...provider import ProcessHandle, Sandbox, SandboxProvider
+from ...spec import (
+    Capability,
+    ExecOpts,
+    ExecResult,
+    Level,
+    ProcessOpts,
+    SandboxSpec,
+)
+from ._process import ChunkQueue, SubprocProcess, exit_code_of
+
+__all__ = ["SubprocProvider", "SubprocSandbox"]
+
+_NAME: Final = "subproc"
+_PREFIX: Final = "corral-subproc-"
+
+
+def _check_argv(argv: Sequence[str]) -> list[str]:
+    if isinstance(argv, str | bytes) or not argv:
+        raise ConfigInvalidError("argv", "must be a non-empty sequence of strings")
+    out = list(argv)
+    for i, a in enumerate(out):
+        if not isinstance(a, str) or "\0" in a or (i == 0 and not a):
+            raise ConfigInvalidError(f"argv[{i}]", "must be a non-empty string without NUL")
+    return out
+
+
+@final
+class SubprocSandbox(Sandbox):
+    """A private work dir plus the process trees of the commands run in it."""
+
+    def __init__(self, spec: SandboxSpec, base: str, provider: SubprocProvider) -> None:
+        self.id = f"{_NAME}-{uuid.uuid4().hex}"
+        self.spec = spec
+        self.base = base
+        self.work_dir = os.path.join(base, "work")
+        self.tmp_dir = os.path.join(base, "tmp")
+        self._p = provider
+        self._runs: set[BoundedRun] = set()
+        self._procs: set[SubprocProcess] = set()
+        self._destroyed = False
+
+    def _alive(self, what: str) -> None:
+        if self._destroyed:
+            raise ProviderError(f"{what}: sandbox {self.id} was destroyed")
+
+    def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        out = {"HOME": self.work_dir, "TMPDIR": self.tmp_dir}
+        if "PATH" in os.environ:
+            out["PATH"] = os.environ["PATH"]
+        out.update(env or {})
+        return out
+
+    def _cwd(self, cwd: str | None) -> str:
+        if cwd is None:
+            return self.work_dir
+        try:
+            parts = split_relative(cwd, root_alias=self.work_dir)
+        except ConfigInvalidError as e:
+            raise ConfigInvalidError("cwd", e.reason) from None
+        real = os.path.realpath(os.path.join(self.work_dir, *parts))
+        if not real.startswith(os.path.realpath(self.work_dir) + os.sep) or not os.path.isdir(real):
+            raise ConfigInvalidError("cwd", f"not a directory inside the sandbox: {cwd!r}")
+        return real
+
+    def _command(self, argv0: str, cwd: str, env: Mapping[str, str]) -> str:
+        if os.path.isabs(argv0):
+            return argv0
+        if "/" in argv0:
+            return os.path.join(cwd, argv0)
+        found = shutil.which(argv0, path=env.get("PATH", os.defpath))
+        if found is None:
+            raise ConfigInvalidError("argv[0]", f"command not found on PATH: {argv0!r}")
+        return os.path.abspath(found)
+
+    def _start(self, argv: Sequence[str], *, cwd: str | None, env: Mapping[str, str] | None,
+               timeout_ms: int, stdin: bytes | None, out_cap: int, err_cap: int,
+               out: ChunkQueue | None = None, err: ChunkQueue | None = None,
+               stdin_pipe: bool = False) -> BoundedRun:
+        args = _check_argv(argv)
+        where = self._cwd(cwd)
+        full_env = self._env(env)
+        opts = make_options(
+            self._command(args[0], where, full_env), args[1:], timeout_ms=timeout_ms,
+            cwd=where, env=full_env, shutdown_signal=self._p.shutdown_signal,
+            grace_period_ms=min(self._p.grace_period_ms, timeout_ms // 2), stdin=stdin,
+            max_stdout_bytes=out_cap, max_stderr_bytes=err_cap, node_heap_mb=None,
+            mem_mb=None, cpu_ms=None, cancel=None,
+            on_stdout=out.put if out else None, on_stderr=err.put if err else None,
+            spawner=spawn_process)
+        run = BoundedRun(opts, keep_output=out is None, stdin_pipe=stdin_pipe)
+        run.start()
+        if run.result is not None and run.result.outcome is Outcome.SPAWN_ERROR:
+            run.result.check()
+        return run
+
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
+        self._alive("exec")
+        opts = opts or ExecOpts()
+        timeout = self._p.exec_timeout_ms
+        if opts.timeout_ms is not None:
+            timeout = min(timeout, opts.timeout_ms)
+        run = self._start(argv, cwd=opts.cwd, env=opts.env, timeout_ms=timeout,
+                          stdin=opts.stdin, out_cap=self._p.max_stdout_bytes,
+                          err_cap=self._p.max_stderr_bytes)
+        self._runs.add(run)
+        try:
+            result = await run.wait()
+        finally:
+            self._runs.discard(run)
+        return self._exec_result(result)
+
+    def _exec_result(self, result: RunResult) -> ExecResult:
+        if self._destroyed:
+            raise ProviderError(f"exec: sandbox {self.id} was destroyed while it ran")
+        result.check()
+        return ExecResult(stdout=result.stdout_bytes, stderr=result.stderr_bytes,
+                          exit_code=exit_code_of(result), usage=result.usage)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        self._alive("write_file")
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        await asyncio.to_thread(write_file_under, self.work_dir, path, raw,
+                                root_alias=self.work_dir)
+
+    async def read_file(self, path: str) -> bytes:
+        self._alive("read_file")
+        return await asyncio.to_thread(read_file_under, self.work_dir, path,
+                                       root_alias=self.work_dir)
+
+    async def start_process(self, argv: Sequence[str],
+                            opts: ProcessOpts | None = None) -> ProcessHandle:
+        self._alive("start_process")
+        opts = opts or ProcessOpts()
+        timeout = opts.timeout_ms if opts.timeout_ms is not None else self._p.process_timeout_ms
+        out, err = ChunkQueue(), ChunkQueue()
+        run = self._start(argv, cwd=opts.cwd, env=opts.env, timeout_ms=timeout, stdin=None,
+                          out_cap=self._p.max_process_output_bytes,
+                          err_cap=self._p.max_process_output_bytes, out=out, err=err,
+                          stdin_pipe=opts.stdin)
+        proc = SubprocProcess(run, out, err, stdin_open=opts.stdin)
+        self._procs.add(proc)
+        return proc
+
+    async def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        runs = list(self._runs)
+        procs, self._procs = list(self._procs), set()
+        for run in runs:
+            run.kill()
+        for proc in procs:
+            with contextlib.suppress(Exception):
+                await proc.kill()
+        for run in runs:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(run.wait_finished(), 10.0)
+        await asyncio.to_thread(remove_tree, self.base)
+
+
+@final
+class SubprocProvider(SandboxProvider):
+    """Level ``context-isolated``: each command a bounded child process tree.
+
+    NOT a security boundary (see the module docstring). It enforces per
+    command: the wall-clock timeout, the output caps and the whole-tree kill.
+    It cannot enforce per-sandbox limits (rlimits are per process: a tree of
+    N processes gets N budgets) nor any network policy, so a spec setting
+    ``limits.mem_mb`` / ``cpu_ms`` / ``disk_mb`` / ``max_processes``, or a
+    network policy other than ``unrestricted``, is refused with
+    :class:`ConfigInvalidError` naming the field.
+
+    Args:
+        temp_dir: where sandbox directories are made (default: the system's).
+        exec_timeout_ms: the longest an ``exec`` may run; ``ExecOpts.timeout_ms``
+            narrows it.
+        process_timeout_ms: the timeout of a started process without its own.
+        max_stdout_bytes / max_stderr_bytes: caps on ``exec`` output (passing
+            one raises ``LimitsExceededError("output")``).
+        max_process_output_bytes: cap per stream of a started process.
+        shutdown_signal / grace_period_ms: how a timed-out command is stopped.
+    """
+
+    name = _NAME
+    levels = frozenset({Level.CONTEXT_ISOLATED})
+    capabilities = frozenset({Capability.CONTEXT_ISOLATED.value, Capability.STREAMING.value})
+
+    def __init__(self, *, temp_dir: str | None = None, exec_timeout_ms: int = 600_000,
+                 process_timeout_ms: int = 3_600_000,
+                 max_stdout_bytes: int = DEFAULT_MAX_STDOUT_BYTES,
+                 max_stderr_bytes: int = DEFAULT_MAX_STDERR_BYTES,
+                 max_process_output_bytes: int = 64 * 1024 * 1024,
+                 shutdown_signal: int | str = "SIGTERM", grace_period_ms: int = 2000) -> None:
+        for field, value in (("exec_timeout_ms", exec_timeout_ms),
+                             ("process_timeout_ms", process_timeout_ms),
+                             ("max_stdout_bytes", max_stdout_bytes),
+                             ("max_stderr_bytes", max_stderr_bytes),
+                             ("max_process_output_bytes", max_process_output_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigInvalidError(field, f"must be a positive integer, got {value!r}")
+        if isinstance(grace_period_ms, bool) or not isinstance(grace_period_ms, int) \
+                or grace_period_ms < 0:
+            raise ConfigInvalidError("grace_period_ms", "must be an integer >= 0")
+        self.temp_dir = temp_dir
+        self.exec_timeout_ms = exec_timeout_ms
+        self.process_timeout_ms = process_timeout_ms
+        self.max_stdout_bytes = max_stdout_bytes
+        self.max_stderr_bytes = max_stderr_bytes
+        self.max_process_output_bytes = max_process_output_bytes
+        self.shutdown_signal = shutdown_signal
+        self.grace_period_ms = grace_period_ms
+
+    def _validate(self, spec: SandboxSpec) -> None:
+        if spec.level != Level.CONTEXT_ISOLATED:
+            raise LevelNotSupportedError(
+                spec.level.value, [Level.CONTEXT_ISOLATED.value],
+                "the subproc provider gives process isolation only, not a security boundary"
+                if spec.level == Level.STRICT else "use the inprocess provider for level none")
+        for field, value in spec.limits.asked().items():
+            raise ConfigInvalidError(
+                f"limits.{field}",
+                f"provider 'subproc' cannot enforce {field}={value} for a whole sandbox "
+                "(rlimits are per process); unset it or use the 'linux' provider")
+        if spec.network.kind != "unrestricted":
+            raise ConfigInvalidError(
+                "network", f"provider 'subproc' cannot enforce network {spec.network.kind!r} "
+                "(commands share the host's network); pass NetworkPolicy.unrestricted()")
+        if spec.image is not None:
+            raise ConfigInvalidError("image", "provider 'subproc' cannot run images")
+        if spec.mode is not None:
+            raise ConfigInvalidError(
+                "mode", f"provider 'subproc' runs general-purpose sandboxes only "
+                f"(mode None), not {spec.mode.value!r}")
+
+    async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
+        self._validate(spec)
+        if cancel is not None and cancel.cancelled:
+            raise CreateCancelledError(f"create cancelled: {cancel.reason}")
+        base = tempfile.mkdtemp(prefix=_PREFIX, dir=self.temp_dir)  # mode 0700
+        try:
+            os.mkdir(os.path.join(base, "work"), 0o700)
+            os.mkdir(os.path.join(base, "tmp"), 0o700)
+            if cancel is not None and cancel.cancelled:
+                raise CreateCancelledError(f"create cancelled: {cancel.reason}")
+        except BaseException:
+            remove_tree(base)
+            raise
+        return SubprocSandbox(spec, base, self)
