@@ -73,11 +73,12 @@ def _bind(source: str, target: str, *, readonly: bool, extra: int = 0) -> None:
         if not os.path.lexists(target):
             os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
     su.mount(source, target, None, su.MS_BIND | su.MS_REC, None)
+    if not readonly and not extra:
+        return  # a bind keeps its source's flags: no remount needed
     flags = _locked_flags(target) | extra
     if readonly:
         flags |= su.MS_RDONLY | su.MS_NOSUID | su.MS_NODEV
-    if flags:
-        su.mount(None, target, None, su.MS_BIND | su.MS_REMOUNT | flags, None)
+    su.mount(None, target, None, su.MS_BIND | su.MS_REMOUNT | flags, None)
 
 
 def _stage() -> str:
@@ -126,7 +127,7 @@ def init_child(steps: Iterable[Mapping[str, Any]]) -> None:
             os.mkdir(sub)
             os.chmod(sub, s["mode"])
             os.makedirs(target, exist_ok=True)
-            _bind(sub, target, readonly=False, extra=su.MS_NOSUID | su.MS_NODEV)
+            _bind(sub, target, readonly=False)  # the area is nosuid,nodev already
         else:
             raise OSError(22, f"unknown mount step {kind!r}")
     os.chdir(root)

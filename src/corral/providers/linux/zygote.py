@@ -115,7 +115,9 @@ def _child(req: Mapping[str, Any], agent_fd: int, w: int, r: int, prog: bytes) -
             os._exit(1)
 
 
-def _create(req: Mapping[str, Any], agent_fd: int, prog: bytes) -> tuple[dict[str, Any], int]:
+def _create(req: Mapping[str, Any], agent_fd: int, prog: bytes
+            ) -> tuple[dict[str, Any], int, int]:
+    """Launch one sandbox: (reply, pidfd of its pid 1 or -1, pid of C1 to reap after replying)."""
     r1, w1 = os.pipe()
     r2, w2 = os.pipe()
     pid = os.fork()
@@ -133,17 +135,16 @@ def _create(req: Mapping[str, Any], agent_fd: int, prog: bytes) -> tuple[dict[st
                 os.write(w2, b"M")
             except OSError as e:
                 os.write(w2, b"X")
-                return {"ok": False, "error": f"id maps: {e}"}, -1
+                return {"ok": False, "error": f"id maps: {e}"}, -1, pid
             first = b""
         line = (first + _read_line(r1)).decode(errors="replace").strip()
         if line.startswith("P"):
             c2 = int(line[1:])
-            return {"ok": True, "pid": c2}, os.pidfd_open(c2)
-        return {"ok": False, "error": line[1:] or "sandbox launcher died"}, -1
+            return {"ok": True, "pid": c2}, os.pidfd_open(c2), pid
+        return {"ok": False, "error": line[1:] or "sandbox launcher died"}, -1, pid
     finally:
         os.close(r1)
         os.close(w2)
-        os.waitpid(pid, 0)
 
 
 def serve(fd: int) -> None:
@@ -175,13 +176,13 @@ def serve(fd: int) -> None:
                 continue
             agent_fd = fds.pop(0) if fds else -1
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-            pidfd = -1
+            pidfd = c1 = -1
             try:
                 if agent_fd < 0 or not prog:
                     reply: dict[str, Any] = {"ok": False, "error": "bad create request"}
                 else:
                     try:
-                        reply, pidfd = _create(req, agent_fd, prog)
+                        reply, pidfd, c1 = _create(req, agent_fd, prog)
                     except OSError as e:
                         reply = {"ok": False, "error": f"fork server: {e}"}
                 reply["id"] = req.get("id")
@@ -197,5 +198,7 @@ def serve(fd: int) -> None:
                 for f in (agent_fd, pidfd):
                     if f >= 0:
                         os.close(f)
+                if c1 > 0:
+                    os.waitpid(c1, 0)  # after the reply: its exit is off the critical path
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             _reap()
