@@ -1,0 +1,85 @@
+"""run_bounded's overhead against subprocess.run, measured side by side.
+
+Usage: .venv/bin/python benchmarks/bench_runner.py [N]
+
+For each command the variants run interleaved (A B C A B C ...), N times each,
+so machine noise hits them alike; the table gives the median and p90 wall
+time per run and the ratio of medians against subprocess.run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from corral.runner import run_bounded, run_bounded_async
+
+__all__ = ["main"]
+
+
+def _sub(argv: list[str]) -> Callable[[], object]:
+    return lambda: subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL,
+                                  timeout=60, check=False)
+
+
+def _rb(argv: list[str], **kw: object) -> Callable[[], object]:
+    return lambda: run_bounded(argv[0], argv[1:], timeout_ms=60_000, **kw)  # type: ignore[arg-type]
+
+
+def _rb_async_loop(argv: list[str]) -> tuple[Callable[[], object], Callable[[], None]]:
+    loop = asyncio.new_event_loop()
+
+    def once() -> object:
+        return loop.run_until_complete(run_bounded_async(argv[0], argv[1:], timeout_ms=60_000))
+
+    return once, loop.close
+
+
+def _measure(variants: dict[str, Callable[[], object]], n: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for fn in variants.values():  # warm up
+        fn()
+    for _ in range(n):
+        for name, fn in variants.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t) * 1000)
+    return times
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    n = int(args[0]) if args else 200
+    commands = {
+        "/bin/true": ["/bin/true"],
+        "python -c pass": [sys.executable, "-c", "pass"],
+    }
+    print(f"run_bounded vs subprocess.run, {n} interleaved runs each; ms per run "
+          f"(python {sys.version.split()[0]})\n")
+    print(f"{'command':<16} {'variant':<34} {'median':>8} {'p90':>8} {'ratio':>7}")
+    for label, cmd in commands.items():
+        once_async, close = _rb_async_loop(cmd)
+        try:
+            variants = {
+                "subprocess.run": _sub(cmd),
+                "run_bounded (sync)": _rb(cmd),
+                "run_bounded_async (warm loop)": once_async,
+                "run_bounded + mem_mb (trampoline)": _rb(cmd, mem_mb=4096),
+            }
+            times = _measure(variants, n if "python" not in label else max(n // 4, 20))
+        finally:
+            close()
+        base = statistics.median(times["subprocess.run"])
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            p90 = statistics.quantiles(ts, n=10)[-1]
+            print(f"{label:<16} {name:<34} {med:8.2f} {p90:8.2f} {med / base:6.2f}x")
+        print()
+
+
+if __name__ == "__main__":
+    main()
