@@ -80,6 +80,7 @@ __all__ = [
     "SuspendedOutcome",
     "decide",
     "invoke",
+    "invoke_in",
     "invoke_sync",
 ]
 
@@ -358,6 +359,22 @@ async def _in_context(sandbox: Sandbox, ref: HandlerRef, resumes: list[ResumeFra
 # ---------------------------------------------------------------- the front door
 
 
+def _check(mode: InvocationMode | None, handler_ref: HandlerRef, timeout_ms: int,
+           max_line_bytes: int, stderr_tail_bytes: int) -> InvocationMode:
+    if mode is None:
+        raise ConfigInvalidError(
+            "mode", "invoke needs spec.mode: 'in-context', 'json-stdio' or 'handler-image'")
+    if not isinstance(handler_ref, HandlerRef):
+        raise ConfigInvalidError("handler_ref", "must be a HandlerRef")
+    for name, v in (("timeout_ms", timeout_ms), ("stderr_tail_bytes", stderr_tail_bytes)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigInvalidError(name, "must be a positive integer")
+    FrameDecoder(max_line_bytes)  # validates the cap
+    if mode is not InvocationMode.HANDLER_IMAGE and handler_ref.module_path is None:
+        raise ConfigInvalidError("handler.module_path", f"mode {mode.value!r} needs a module")
+    return mode
+
+
 async def invoke(
     provider: SandboxProvider,
     spec: SandboxSpec,
@@ -374,15 +391,64 @@ async def invoke(
 ) -> Outcome:
     """Run ``handler_ref`` once on ``input`` in a fresh sandbox for ``spec``.
 
+    The mode is ``spec.mode``. The sandbox is destroyed before this returns or
+    raises. Arguments and errors as in :func:`invoke_in`; ``cancel`` also
+    reaches ``provider.create`` (``CreateCancelledError`` while creating).
+    """
+    mode = _check(spec.mode, handler_ref, timeout_ms, max_line_bytes, stderr_tail_bytes)
+    if cancel is not None and cancel.cancelled:
+        raise SandboxCancelledError(f"invoke cancelled: {cancel.reason}")
+    _stdin(spec, input, ctx, resumed)  # a payload JSON cannot write fails before create
+    sandbox = await provider.create(spec, cancel=cancel)
+    try:
+        return await invoke_in(
+            sandbox, handler_ref, input, ctx, mode=mode, resumed=resumed, files=files,
+            timeout_ms=timeout_ms, cancel=cancel, max_line_bytes=max_line_bytes,
+            stderr_tail_bytes=stderr_tail_bytes)
+    finally:
+        await asyncio.shield(sandbox.destroy())
+
+
+def _stdin(spec: SandboxSpec, payload: Any, ctx: SandboxInvocationContext | None,
+           resumed: Mapping[str, Any] | None) -> tuple[list[ResumeFrame], InvokeFrame, bytes]:
+    context = ctx if ctx is not None else (spec.invocation or SandboxInvocationContext())
+    pctx = ProtocolContext(
+        run_id=spec.run_id, tenant_id=spec.tenant_id, node_id=spec.node_id,
+        dry_run=context.dry_run, state=context.state, node_outputs=context.node_outputs,
+        resume=context.resume)
+    resumes = [ResumeFrame(token_id=t, value=v) for t, v in (resumed or {}).items()]
+    inv = InvokeFrame(input=payload, ctx=pctx)
+    out: list[WireFrame] = [*resumes, inv]
+    return resumes, inv, b"".join(encode_frame(f) for f in out)
+
+
+async def invoke_in(
+    sandbox: Sandbox,
+    handler_ref: HandlerRef,
+    input: Any,  # noqa: A002 - seed 01's name
+    ctx: SandboxInvocationContext | None = None,
+    *,
+    mode: InvocationMode | str | None = None,
+    resumed: Mapping[str, Any] | None = None,
+    files: Mapping[str, bytes | str] | None = None,
+    timeout_ms: int = DEFAULT_INVOKE_TIMEOUT_MS,
+    cancel: CancelToken | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    stderr_tail_bytes: int = DEFAULT_STDERR_TAIL_BYTES,
+) -> Outcome:
+    """Run ``handler_ref`` once in a live ``sandbox`` the caller owns (not destroyed).
+
     Args:
+        mode: defaults to ``sandbox.spec.mode``.
         ctx: dry_run, state, node_outputs and resume; defaults to ``spec.invocation``.
+            run_id, tenant_id and node_id come from ``sandbox.spec``.
         resumed: completed wait tokens -> values, sent as resume frames before invoke.
         files: written into the sandbox's work dir first (e.g. the handler's source;
             a relative ``module_path`` such as ``"h.py"`` then names it).
-        timeout_ms: wall-clock deadline of everything after ``create``.
-        cancel: stops the call: ``CreateCancelledError`` while creating,
-            ``SandboxCancelledError`` after.
+        timeout_ms: wall-clock deadline of the whole call.
+        cancel: stops the call with ``SandboxCancelledError``.
         max_line_bytes: the frame line cap on the handler's stdout.
+        stderr_tail_bytes: how much of stderr an ``UnhandledWorkerError`` keeps.
 
     Returns:
         :class:`OutputOutcome` or :class:`SuspendedOutcome`.
@@ -392,47 +458,29 @@ async def invoke(
             ``ProviderError``); ``UnhandledWorkerError`` (no result: exit code and
             stderr tail on it); ``ProviderError`` for a malformed frame stream
             (``__cause__`` a :class:`ProtocolViolation`); ``SandboxTimeoutError``;
-            ``SandboxCancelledError``; or what ``provider.create`` refuses with.
-        The sandbox is destroyed before this returns or raises.
+            ``SandboxCancelledError``.
     """
-    mode = spec.mode
-    if mode is None:
-        raise ConfigInvalidError(
-            "mode", "invoke needs spec.mode: 'in-context', 'json-stdio' or 'handler-image'")
-    if not isinstance(handler_ref, HandlerRef):
-        raise ConfigInvalidError("handler_ref", "must be a HandlerRef")
-    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 1:
-        raise ConfigInvalidError("timeout_ms", "must be a positive integer")
-    if mode is not InvocationMode.HANDLER_IMAGE and handler_ref.module_path is None:
-        raise ConfigInvalidError("handler.module_path", f"mode {mode.value!r} needs a module")
-    context = ctx if ctx is not None else (spec.invocation or SandboxInvocationContext())
-    pctx = ProtocolContext(
-        run_id=spec.run_id, tenant_id=spec.tenant_id, node_id=spec.node_id,
-        dry_run=context.dry_run, state=context.state, node_outputs=context.node_outputs,
-        resume=context.resume)
-    resumes = [ResumeFrame(token_id=t, value=v) for t, v in (resumed or {}).items()]
-    inv = InvokeFrame(input=input, ctx=pctx)
-    out: list[WireFrame] = [*resumes, inv]
-    stdin = b"".join(encode_frame(f) for f in out)  # a payload JSON cannot write fails here
-    FrameDecoder(max_line_bytes)  # validates the cap before anything is created
+    spec = sandbox.spec
+    if mode is not None and not isinstance(mode, InvocationMode):
+        try:
+            mode = InvocationMode(mode)
+        except ValueError:
+            raise ConfigInvalidError("mode", f"unknown mode {mode!r}") from None
+    real = _check(mode or spec.mode, handler_ref, timeout_ms, max_line_bytes, stderr_tail_bytes)
+    resumes, inv, stdin = _stdin(spec, input, ctx, resumed)
     if cancel is not None and cancel.cancelled:
         raise SandboxCancelledError(f"invoke cancelled: {cancel.reason}")
+    tail = _Tail(stderr_tail_bytes)
 
-    sandbox = await provider.create(spec, cancel=cancel)
-    try:
-        tail = _Tail(stderr_tail_bytes)
+    async def run() -> Outcome:
+        for path, data in (files or {}).items():
+            await sandbox.write_file(path, data)
+        if real is InvocationMode.IN_CONTEXT:
+            return await _in_context(sandbox, handler_ref, resumes, inv)
+        proc = await sandbox.start_process(_argv(real, handler_ref), ProcessOpts(stdin=True))
+        return await _talk(proc, stdin, tail, max_line_bytes)
 
-        async def run() -> Outcome:
-            for path, data in (files or {}).items():
-                await sandbox.write_file(path, data)
-            if mode is InvocationMode.IN_CONTEXT:
-                return await _in_context(sandbox, handler_ref, resumes, inv)
-            proc = await sandbox.start_process(_argv(mode, handler_ref), ProcessOpts(stdin=True))
-            return await _talk(proc, stdin, tail, max_line_bytes)
-
-        return await _bounded(run(), timeout_ms, cancel, "invoke", lambda: bytes(tail.buf))
-    finally:
-        await asyncio.shield(sandbox.destroy())
+    return await _bounded(run(), timeout_ms, cancel, "invoke", lambda: bytes(tail.buf))
 
 
 def invoke_sync(provider: SandboxProvider, spec: SandboxSpec, handler_ref: HandlerRef,
