@@ -213,3 +213,25 @@ def test_exit_status_table_matches_error_table() -> None:
         if outcome is not Outcome.SPAWN_ERROR:
             assert status == err.exit_status, outcome
     assert set(OUTCOME_EXIT_STATUS) == set(Outcome) - {Outcome.EXIT}
+
+
+def test_without_pidfd_a_watcher_thread_is_used_and_joined(
+        py: Py, monkeypatch: pytest.MonkeyPatch) -> None:
+    import corral._runner_core as core
+
+    monkeypatch.setattr(core, "_USE_PIDFD", False)
+    threads = threading.active_count()
+    assert run_bounded(*py("print(1)"), timeout_ms=5000).stdout == "1\n"
+    r = run_bounded(*py("import time; time.sleep(30)"), timeout_ms=200)
+    assert r.outcome is Outcome.TIMEOUT
+
+    async def cancelled() -> None:
+        task = asyncio.create_task(run_bounded_async(*py("import time; time.sleep(30)"),
+                                                     timeout_ms=20_000))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())
+    assert threading.active_count() == threads

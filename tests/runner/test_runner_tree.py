@@ -65,3 +65,14 @@ def test_a_stray_holding_the_pipe_does_not_hang_the_run(
     r = run_bounded(*py(code), timeout_ms=20_000)
     assert r.outcome is Outcome.EXIT and r.duration_ms < 10_000
     assert wait_gone(argv_token) == []
+
+
+def test_strays_found_without_ns_last_pid(
+        py: Py, argv_token: str, wait_gone: Callable[[str], list[int]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import corral._runner_tree as tree
+
+    monkeypatch.setattr(tree, "_LAST_PID", "/nonexistent/ns_last_pid")  # listing fallback
+    r = run_bounded(*py(_daemon_code(argv_token, "")), timeout_ms=5000)
+    assert r.outcome is Outcome.EXIT and r.strays_killed == 1
+    assert wait_gone(argv_token) == []
