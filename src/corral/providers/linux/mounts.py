@@ -23,7 +23,7 @@ _SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/li
 _ETC_FILES: Final = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf",
                      "/etc/alternatives")
 _DEV_NODES: Final = ("null", "zero", "full", "random", "urandom")
-_STAGE_CANDIDATES: Final = ("/tmp", "/mnt", "/media", "/srv")
+_STAGE_CANDIDATES: Final = ("/tmp", "/mnt", "/media", "/srv", "/var/tmp", "/run")
 _AREA: Final = "/.corral-rw"
 # statvfs f_flag bit -> mount flag, so a read-only remount keeps the locked flags
 _ST_TO_MS: Final = ((1, su.MS_RDONLY), (2, su.MS_NOSUID), (4, su.MS_NODEV), (8, su.MS_NOEXEC),
@@ -81,17 +81,22 @@ def _bind(source: str, target: str, *, readonly: bool, extra: int = 0) -> None:
     su.mount(None, target, None, su.MS_BIND | su.MS_REMOUNT | flags, None)
 
 
-def _stage() -> str:
+def _stage(sources: Iterable[str]) -> str:
+    """A host dir to build the new root on; a tmpfs will hide what it holds, so it
+    must not hold any path we are about to bind (a checkout under /tmp, say)."""
+    srcs = [x.rstrip("/") + "/" for x in sources]
     for d in _STAGE_CANDIDATES:
-        if os.path.isdir(d) and not os.path.islink(d):
+        if (os.path.isdir(d) and not os.path.islink(d)
+                and not any(x.startswith(d + "/") for x in srcs)):
             return d
     raise OSError(2, "no directory to stage the sandbox root in")
 
 
 def init_child(steps: Iterable[Mapping[str, Any]]) -> None:
     """Apply the plan's mount steps and pivot into the new root (sandbox side)."""
+    steps = list(steps)
     su.mount(None, "/", None, su.MS_REC | su.MS_PRIVATE, None)
-    root = _stage()
+    root = _stage(s["source"] for s in steps if s["kind"] == "bind")
     su.mount("corral-root", root, "tmpfs", su.MS_NOSUID | su.MS_NODEV,
              "size=1m,nr_inodes=4096,mode=755")
     area = root + _AREA

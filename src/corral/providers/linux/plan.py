@@ -51,6 +51,7 @@ _NOFILE: Final = 1024
 NAMESPACES: Final = (su.CLONE_NEWUSER | su.CLONE_NEWNS | su.CLONE_NEWPID | su.CLONE_NEWNET
                      | su.CLONE_NEWIPC | su.CLONE_NEWUTS | su.CLONE_NEWCGROUP)
 _RESERVED: Final = ("/proc", "/dev", "/etc", "/tmp", WORK_DIR)
+_WRITABLE: Final = (WORK_DIR, "/tmp")
 
 MountKind = Literal["bind", "tmpfs", "dir", "symlink", "file", "proc", "area", "area_bind"]
 
@@ -246,11 +247,13 @@ def _extra_binds(host: HostLayout, options: LinuxOptions,
             raise ConfigInvalidError("ro_binds", f"cannot bind {raw!r} into the sandbox")
         if any(_under(p, c) for c in covered):
             continue
-        if p == WORK_DIR or any(_under(p, r) for r in _RESERVED if r != WORK_DIR):
+        if p in _WRITABLE or any(_under(p, r) for r in _RESERVED if r not in _WRITABLE):
             raise ConfigInvalidError(
                 "ro_binds", f"{p!r} would hide the sandbox's own {p.split('/')[1]!r} dir")
         covered.append(p)
-        (after if _under(p, WORK_DIR) else before).append(p)
+        # a host path under /work or /tmp (a checkout in /tmp, say) is bound on top of
+        # the sandbox's own writable area, after that area is mounted
+        (after if any(_under(p, w) for w in _WRITABLE) else before).append(p)
     return sorted(before), sorted(after)
 
 
