@@ -1,0 +1,464 @@
+"""The snippet worker: the code that runs inside the sandbox (stdlib only, ``-I -S``).
+
+Run as ``python -I -S _worker.py [--preload a,b,c]`` it is a *template*: it
+pre-imports the allow-listed modules, freezes the collector and serves the
+host over the JSON-lines frames of :mod:`corral.protocol` (written here by
+hand: this file must run without corral on ``sys.path``). One ``invoke``
+frame per line on stdin; one ``output`` (or ``error``) frame per line on
+stdout. ``input`` is ``{"op": "ping"}`` or ``{"op": "run", "files":
+[[path, source], ...], "options": {...}}``.
+
+Per ``run`` the template forks a fresh child that runs the payload and
+streams log lines and, last, its results over a private pipe; the template
+itself never runs caller code. The child: new session, stdio on /dev/null,
+rlimits (address space, file size 0, core 0, CPU), a soft timer that raises
+inside the snippet, and a hard SIGKILL of its process group from the
+template at ``timeout + grace``. The payload is served from memory under
+the package ``__payload__`` (so relative imports work; ``import helpers``
+is an alias of ``__payload__.helpers``); payload code gets builtins without
+the forbidden names and an ``__import__`` that refuses modules outside the
+allowlist and the payload (defense in depth behind the validator).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import gc
+import importlib
+import json
+import linecache
+import os
+import resource
+import select
+import signal
+import sys
+import time
+import traceback
+import types
+from importlib.abc import Loader, MetaPathFinder
+from importlib.machinery import ModuleSpec
+from typing import Any
+
+__all__ = ["main", "run_child", "serve"]
+
+PKG = "__payload__"
+CAPS = {"log_lines": 1000, "log_bytes": 65536, "line_chars": 4096, "facts_bytes": 65536,
+        "facts_names": 256, "value_chars": 1024, "items": 100, "depth": 6, "result_chars": 4096,
+        "message_chars": 4096, "traceback_chars": 16384}
+MARK = "…[truncated]"
+_real_import = builtins.__import__
+_SELF = __file__
+
+
+class _Timeout(BaseException):
+    """Raised inside the snippet by the soft timer."""
+
+
+def _cut(text: str, limit: int) -> tuple[str, bool]:
+    return (text, False) if len(text) <= limit else (text[: max(limit - len(MARK), 0)] + MARK, True)
+
+
+class _Out:
+    """The child's pipe to the template: one JSON record per line, SIGALRM blocked while writing."""
+
+    def __init__(self, fd: int, caps: dict[str, int]) -> None:
+        self.fd, self.caps, self.lines, self.bytes, self.dropped = fd, caps, 0, 0, False
+
+    def send(self, record: dict[str, Any]) -> None:
+        text = json.dumps(record, ensure_ascii=False, default=repr) + "\n"
+        data = text.encode("utf-8", "replace")
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def log(self, stream: str, text: str) -> None:
+        text, cut = _cut(text, self.caps["line_chars"])
+        size = len(text.encode("utf-8", "replace"))
+        if self.lines >= self.caps["log_lines"] or self.bytes + size > self.caps["log_bytes"]:
+            self.dropped = True
+            return
+        self.lines, self.bytes = self.lines + 1, self.bytes + size
+        self.send({"log": [stream, text], "cut": cut})
+
+
+class _Stream:
+    """A text stream that turns writes into log lines of one stream name."""
+
+    encoding, errors = "utf-8", "replace"
+
+    def __init__(self, out: _Out, name: str) -> None:
+        self.out, self.name, self.buf = out, name, ""
+
+    def write(self, s: str) -> int:
+        if not isinstance(s, str):
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+        self.buf += s
+        while "\n" in self.buf:
+            line, self.buf = self.buf.split("\n", 1)
+            self.out.log(self.name, line)
+        if len(self.buf) > self.out.caps["line_chars"] * 4:
+            self.out.log(self.name, self.buf)
+            self.buf = ""
+        return len(s)
+
+    def flush(self) -> None:
+        if self.buf:
+            self.out.log(self.name, self.buf)
+            self.buf = ""
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+
+class _Payload(MetaPathFinder, Loader):
+    """Serves the payload's modules from memory under ``__payload__``; aliases top-level names."""
+
+    def __init__(self, files: dict[str, str], safe: dict[str, Any]) -> None:
+        self.safe = safe
+        self.mods: dict[str, tuple[str, str, bool]] = {}  # module -> (path, source, is_package)
+        for path, source in files.items():
+            parts = path[:-3].split("/")
+            is_pkg = parts[-1] == "__init__"
+            parts = parts[:-1] if is_pkg else parts
+            for i in range(1, len(parts)):  # directories without __init__.py: empty packages
+                self.mods.setdefault(".".join(parts[:i]), ("", "", True))
+            self.mods[".".join(parts)] = (path, source, is_pkg)
+        self.tops = {name.partition(".")[0] for name in self.mods}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if fullname == PKG:
+            return ModuleSpec(fullname, self, is_package=True)
+        if fullname.startswith(PKG + "."):
+            entry = self.mods.get(fullname[len(PKG) + 1:])
+            return None if entry is None else ModuleSpec(fullname, self, is_package=entry[2])
+        if fullname.partition(".")[0] in self.tops and fullname in self.mods:
+            return ModuleSpec(fullname, self, is_package=self.mods[fullname][2])
+        return None
+
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType | None:
+        if spec.name.startswith(PKG):
+            return None
+        return importlib.import_module(f"{PKG}.{spec.name}")  # an alias: the same module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        name = module.__name__
+        if not name.startswith(PKG):
+            return
+        if module.__spec__ is not None and module.__spec__.submodule_search_locations is not None:
+            module.__path__ = []
+        path, source, _ = self.mods.get(name[len(PKG) + 1:], ("", "", True))
+        module.__dict__["__builtins__"] = self.safe
+        if path:
+            exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
+
+
+def _guard(allowed: frozenset[str], tops: set[str]) -> Any:
+    def ok(name: str) -> bool:
+        if name.partition(".")[0] in tops or name in allowed:
+            return True
+        parts = name.split(".")
+        return any(".".join(parts[:i]) + ".*" in allowed for i in range(1, len(parts) + 1))
+
+    def guarded_import(name: str, globals_: Any = None, locals_: Any = None,
+                       fromlist: Any = (), level: int = 0) -> Any:
+        if level == 0 and not ok(name):
+            raise ImportError(f"import of {name!r} is not allowed in a snippet", name=name)
+        module = _real_import(name, globals_, locals_, fromlist, level)
+        for item in fromlist or ():
+            sub = module.__dict__.get(item) if isinstance(module, types.ModuleType) else None
+            if isinstance(sub, types.ModuleType) and not sub.__name__.startswith(PKG) \
+                    and not ok(sub.__name__):
+                raise ImportError(f"import of {sub.__name__!r} is not allowed in a snippet")
+        return module
+
+    return guarded_import
+
+
+def _jsonable(value: Any, caps: dict[str, int], depth: int = 0) -> Any:
+    if value is None or (isinstance(value, bool | int) and abs(value) < 2**53):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else repr(value)
+    if isinstance(value, str):
+        return _cut(value, caps["value_chars"])[0]
+    if isinstance(value, types.FunctionType | types.BuiltinFunctionType):
+        return f"<function {value.__qualname__}>"
+    if isinstance(value, type):
+        return f"<class {value.__qualname__}>"
+    if depth < caps["depth"]:
+        if isinstance(value, list | tuple | set | frozenset):
+            items = list(value)
+            out = [_jsonable(v, caps, depth + 1) for v in items[: caps["items"]]]
+            return out + ([MARK] if len(items) > caps["items"] else [])
+        if isinstance(value, dict):
+            pairs = list(value.items())
+            d = {(k if isinstance(k, str) else repr(k)): _jsonable(v, caps, depth + 1)
+                 for k, v in pairs[: caps["items"]]}
+            if len(pairs) > caps["items"]:
+                d[MARK] = len(pairs) - caps["items"]
+            return d
+    try:
+        text = repr(value)
+    except Exception as exc:  # a broken __repr__ is the snippet's problem, not ours
+        text = f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
+    return _cut(text, caps["value_chars"])[0]
+
+
+def _facts(g: dict[str, Any], caps: dict[str, int]) -> tuple[dict[str, Any], bool]:
+    out: dict[str, Any] = {}
+    size = 2
+    for name, value in list(g.items()):
+        if name.startswith("_") or isinstance(value, types.ModuleType):
+            continue
+        item = _jsonable(value, caps)
+        cost = len(json.dumps(item, ensure_ascii=False, default=repr)) + len(name) + 4
+        if len(out) >= caps["facts_names"] or size + cost > caps["facts_bytes"]:
+            return out, True
+        out[name], size = item, size + cost
+    return out, False
+
+
+def _error(exc: BaseException, paths: set[str], caps: dict[str, int]) -> dict[str, Any]:
+    tb, line, where = exc.__traceback__, None, None
+    while tb is not None and tb.tb_frame.f_code.co_filename not in paths:
+        tb = tb.tb_next  # drop the worker's own frames
+    for frame, lineno in traceback.walk_tb(tb):
+        if frame.f_code.co_filename in paths:
+            line, where = lineno, frame.f_code.co_filename
+    if isinstance(exc, SyntaxError) and exc.filename in paths:
+        line, where = exc.lineno, exc.filename
+    frames = [f for f in traceback.extract_tb(tb) if f.filename != _SELF]  # no worker frames
+    text = "".join(["Traceback (most recent call last):\n", *traceback.format_list(frames),
+                    *traceback.format_exception_only(type(exc), exc)]) if frames else \
+        "".join(traceback.format_exception_only(type(exc), exc))
+    limit = caps["traceback_chars"]
+    text = text if len(text) <= limit else MARK + text[-(limit - len(MARK)):]
+    return {"type": type(exc).__name__, "message": _cut(str(exc), caps["message_chars"])[0],
+            "line": line, "path": where, "traceback": text}
+
+
+def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict[str, Any]:
+    """Run the payload in this (fresh, forked) process; return the end record."""
+    caps = out.caps
+    safe = {k: v for k, v in vars(builtins).items() if k not in set(options.get("forbidden", ()))}
+    safe["__build_class__"] = builtins.__build_class__
+    payload = _Payload(files, safe)
+    if options.get("allowed") is not None:  # None: no import guard (unvalidated test runs)
+        safe["__import__"] = _guard(frozenset(options["allowed"]), payload.tops)
+    sys.meta_path.insert(0, payload)
+    for path, source in files.items():
+        linecache.cache[path] = (len(source), None, source.splitlines(True), path)
+    main = types.ModuleType("__main__")
+    g = main.__dict__
+    g.update(__package__=PKG, __builtins__=safe)
+    sys.modules["__main__"] = main
+    sys.stdout, sys.stderr = _Stream(out, "stdout"), _Stream(out, "stderr")
+    if "logging" in sys.modules:
+        _capture_logging(sys.modules["logging"], _Stream(out, "log"))
+    if "random" in sys.modules:
+        sys.modules["random"].seed()  # the template's state is shared by every fork
+    errors: list[dict[str, Any]] = []
+    result: str | None = None
+    timed_out = cut = False
+    armed = [False]
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        if armed[0]:
+            raise _Timeout
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    t0 = time.perf_counter()
+    try:
+        tree = ast.parse(files["main.py"], "main.py")
+        last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        if last is not None:
+            tree.body.pop()
+        code = compile(tree, "main.py", "exec", dont_inherit=True)
+        expr = None if last is None else compile(ast.Expression(last.value), "main.py", "eval",
+                                                  dont_inherit=True)
+        signal.setitimer(signal.ITIMER_REAL, options["timeout_ms"] / 1000, 0.02)
+        armed[0] = True
+        try:
+            exec(code, g)
+            value = None if expr is None else eval(expr, g)
+        finally:
+            armed[0] = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        if value is not None:
+            result, cut = _cut(repr(value), caps["result_chars"])
+    except _Timeout:
+        timed_out = True
+        errors.append({"type": "TimeoutError", "message": f"the snippet ran past its "
+                       f"{options['timeout_ms']} ms timeout", "line": None, "path": None,
+                       "traceback": ""})
+    except BaseException as exc:  # the snippet's own failure, SystemExit included
+        errors.append(_error(exc, set(files), caps))
+    finally:
+        duration = (time.perf_counter() - t0) * 1000
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        facts, facts_cut = _facts(g, caps)
+    truncated = [n for n, c in (("result", cut), ("facts", facts_cut), ("logs", out.dropped)) if c]
+    return {"facts": facts, "result": result, "errors": errors, "duration_ms": duration,
+            "timed_out": timed_out, "truncated": truncated}
+
+
+def _capture_logging(logging: Any, stream: _Stream) -> None:
+    original = logging.basicConfig
+
+    def basic_config(**kwargs: Any) -> None:
+        if "filename" not in kwargs and "handlers" not in kwargs:
+            kwargs.setdefault("stream", stream)
+        original(**kwargs)
+
+    logging.basicConfig = basic_config
+    logging.lastResort = logging.StreamHandler(stream)
+    logging.lastResort.setLevel(logging.WARNING)
+
+
+def _child(files: dict[str, str], options: dict[str, Any], fd: int) -> None:
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    os.close(null)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    cpu = int(options["timeout_ms"] / 1000 + options["grace_ms"] / 1000) + 2
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    if options.get("mem_mb"):
+        with open("/proc/self/statm", "rb") as fh:
+            vm = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        cap = vm + int(options["mem_mb"]) * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    out = _Out(fd, {**CAPS, **options.get("caps", {})})
+    out.send({"end": run_child(files, options, out)})
+
+
+def _run(job: dict[str, Any]) -> dict[str, Any]:
+    files = {str(p): str(s) for p, s in job["files"]}
+    options = dict(job["options"])
+    caps = {**CAPS, **options.get("caps", {})}
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(r)
+            _child(files, options, w)
+        except BaseException:
+            code = 70
+        os._exit(code)
+    os.close(w)
+    deadline = t0 + (options["timeout_ms"] + options["grace_ms"]) / 1000
+    logs: list[dict[str, str]] = []
+    end: dict[str, Any] | None = None
+    buf, total, killed = b"", 0, False
+    poller = select.poll()
+    poller.register(r, select.POLLIN)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(max(left, 0) * 1000):
+            killed = True
+            break
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        total += len(chunk)
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if "log" in rec and len(logs) < caps["log_lines"]:
+                stream, text = rec["log"]
+                logs.append({"stream": str(stream), "text": str(text)})
+            elif "end" in rec:
+                end = rec["end"]
+        if total > caps["log_bytes"] * 4 + caps["facts_bytes"] * 4 + 1_048_576:
+            killed = True
+            break
+    os.close(r)
+    _killpg(pid)
+    _, status = os.waitpid(pid, 0)
+    _killpg(pid)  # anything the child started and left behind
+    elapsed = (time.monotonic() - t0) * 1000
+    if end is None:
+        code = os.waitstatus_to_exitcode(status)
+        how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        error: dict[str, Any] = {
+            "type": "WorkerCrashed", "line": None, "path": None, "traceback": "",
+            "message": f"the snippet's process ended with {how} before finishing",
+            "exit_code": code}
+        if killed:
+            error = {"type": "TimeoutError", "line": None, "path": None, "traceback": "",
+                     "message": f"the snippet ran past its {options['timeout_ms']} ms timeout "
+                     "and was killed"}
+        end = {"facts": {}, "result": None, "duration_ms": elapsed, "timed_out": killed,
+               "truncated": [], "errors": [error]}
+    end["logs"] = logs
+    return end
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _write(frame: dict[str, Any]) -> None:
+    out = sys.stdout.buffer
+    out.write(json.dumps(frame, ensure_ascii=False, separators=(",", ":"), default=repr)
+              .encode("utf-8", "replace") + b"\n")
+    out.flush()
+
+
+def serve(preload: list[str]) -> None:
+    """The template loop: one invoke frame in, one output (or error) frame out."""
+    for name in preload:
+        try:
+            _real_import(name)
+        except ImportError:
+            pass
+    gc.collect()
+    gc.freeze()
+    stdin = sys.stdin.buffer
+    while line := stdin.readline():
+        try:
+            frame = json.loads(line)
+            job = frame["input"]
+            if frame.get("v") != 1 or frame.get("kind") != "invoke" or not isinstance(job, dict):
+                raise ValueError("expected an invoke frame with an object input")
+            if job.get("op") == "ping":
+                output: dict[str, Any] = {"pong": True, "pid": os.getpid()}
+            elif job.get("op") == "run":
+                output = _run(job)
+            else:
+                raise ValueError(f"unknown op {job.get('op')!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            _write({"v": 1, "kind": "error", "error": {"code": "config-invalid",
+                                                      "message": str(exc)[:500]}})
+            continue
+        _write({"v": 1, "kind": "output", "output": output})
+
+
+def main(argv: list[str]) -> int:
+    preload = argv[argv.index("--preload") + 1].split(",") if "--preload" in argv else []
+    serve([p for p in preload if p])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

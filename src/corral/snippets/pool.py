@@ -1,0 +1,364 @@
+"""The warm snippet pool: bounded, FIFO, per-tenant sandboxes with a fork-per-run template.
+
+Built on the generic provider contract only. A *slot* is a sandbox created
+ahead of time (for one tenant; a fresh *spare* is bound to the first tenant
+that takes it and never serves another) holding a long-lived template
+process (:mod:`corral.snippets._worker`, ``python -I -S``) started with
+``start_process``. Per job the template forks a fresh child that runs the
+snippet, so no process ever runs code twice and the template never runs
+caller code. The host speaks to the template in the frames of
+:mod:`corral.protocol` (one ``invoke`` in, one ``output`` out).
+
+Following anyio's ``to_process``: the job is serialised before a slot is
+reserved; the reply line is capped; any failure kills and discards the slot
+(a replacement spare is warmed in the background) and raises one
+:class:`~corral.errors.UnhandledWorkerError`; asyncio cancellation passes
+through untouched (the slot is discarded, the concurrency permit freed at
+once); idle slots are reused most-recent-first and retired when idle for
+``idle_ttl_s`` or beyond ``max_idle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, final
+
+from ..errors import ConfigInvalidError, ProviderError, UnhandledWorkerError
+from ..protocol import (
+    ErrorFrame,
+    FrameDecoder,
+    FrameErr,
+    InvokeFrame,
+    OutputFrame,
+    ProtocolContext,
+    encode_frame,
+)
+from ..provider import ProcessHandle, Sandbox, SandboxProvider
+from ..spec import Level, NetworkPolicy, ProcessOpts, SandboxLimits, SandboxSpec
+from ._limiter import FifoLimiter
+
+__all__ = ["GRACE_MS", "PoolStatistics", "SnippetPool", "WORKER_FILE"]
+
+#: The worker's file name inside each sandbox's work dir.
+WORKER_FILE: Final = "_corral_snippet_worker.py"
+#: The template SIGKILLs a child this long after its timeout (the soft timer goes first).
+GRACE_MS: Final = 200
+#: The host kills the whole slot if no answer comes this long after timeout + grace.
+_BACKSTOP_MS: Final = 3000
+_MAX_REPLY_BYTES: Final = 4 * 1024 * 1024
+#: Headroom over ``mem_mb`` for the template itself (a strict sandbox's cgroup cap).
+_TEMPLATE_MB: Final = 64
+_START_TIMEOUT_S: Final = 30.0
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolStatistics:
+    """A snapshot of a pool. ``idle`` counts warm slots waiting (spares included)."""
+
+    max_workers: int
+    running: int
+    queued: int
+    idle: int
+    spares: int
+    completed: int
+    cancelled: int
+    timed_out: int
+    crashed: int
+    replaced: int
+    created: int
+
+
+class _Slot:
+    """One warm sandbox and its template process."""
+
+    def __init__(self, sandbox: Sandbox, process: ProcessHandle, level: Level) -> None:
+        self.sandbox, self.process, self.level = sandbox, process, level
+        self.tenant: str | None = None
+        self.template_pid = 0
+        self.last_used = time.monotonic()
+        self._out = aiter(process.stdout)
+        self._decoder = FrameDecoder(_MAX_REPLY_BYTES)
+        self._pending: list[Any] = []
+        self._stderr = b""
+        self._drain = asyncio.ensure_future(self._drain_stderr())
+
+    async def _drain_stderr(self) -> None:
+        with contextlib.suppress(Exception):
+            async for chunk in self.process.stderr:
+                self._stderr = (self._stderr + chunk)[-4096:]
+
+    async def call(self, frame: bytes) -> Any:
+        """Send one invoke frame, return its output; ErrorFrame/EOF/garbage raise
+        UnhandledWorkerError."""
+        await self.process.stdin.write(frame)
+        while not self._pending:
+            try:
+                chunk = await anext(self._out)
+            except StopAsyncIteration:
+                status = await self.process.wait()
+                raise UnhandledWorkerError(
+                    "the snippet template exited without answering", exit_code=status.exit_code,
+                    stderr_tail=self._stderr.decode("utf-8", "replace")) from None
+            self._pending.extend(self._decoder.feed(chunk))
+        result = self._pending.pop(0)
+        if isinstance(result, FrameErr):
+            raise UnhandledWorkerError(f"the snippet template sent a bad frame: "
+                                       f"{result.error.message}")
+        frame_ = result.frame
+        if isinstance(frame_, ErrorFrame):
+            raise UnhandledWorkerError(f"the snippet template refused the job: "
+                                       f"{frame_.error.code}: {frame_.error.message}")
+        if not isinstance(frame_, OutputFrame):
+            raise UnhandledWorkerError(f"unexpected {frame_.kind!r} frame from the template")
+        return frame_.output
+
+    async def close(self) -> None:
+        self._drain.cancel()
+        with contextlib.suppress(Exception):
+            await self.process.kill()
+        with contextlib.suppress(Exception):
+            await self.sandbox.destroy()
+
+
+def _worker_source() -> str:
+    return Path(__file__).with_name("_worker.py").read_text(encoding="utf-8")
+
+
+def _frame(job: Mapping[str, Any], tenant_id: str) -> bytes:
+    ctx = ProtocolContext(run_id=f"snippet-{uuid.uuid4().hex[:12]}", tenant_id=tenant_id)
+    return encode_frame(InvokeFrame(input=dict(job), ctx=ctx))
+
+
+@final
+class SnippetPool:
+    """Bounded concurrency (FIFO) over warm per-tenant slots; one fresh process per run.
+
+    Args:
+        providers: level -> provider; missing levels are made on first use from the
+            registry (``strict`` -> ``linux``, ``context-isolated`` -> ``subproc``)
+            and closed with the pool. Providers passed in are not closed.
+        max_workers: runs at once (default ``os.cpu_count()``); more wait FIFO.
+        mem_mb: address-space cap of each run (RLIMIT_AS over the template's own size);
+            a strict sandbox also gets a cgroup cap of ``mem_mb`` + 64 MiB.
+        spares: fresh, never-used slots kept warm per level in use.
+        max_idle / idle_ttl_s: idle slots kept at most, and for how long.
+    """
+
+    def __init__(self, *, providers: Mapping[Level | str, SandboxProvider] | None = None,
+                 max_workers: int | None = None, mem_mb: int = 256, spares: int = 1,
+                 max_idle: int | None = None, idle_ttl_s: float = 60.0,
+                 preload: frozenset[str] | None = None) -> None:
+        from .validate import DEFAULT_ALLOWED_IMPORTS
+        self._providers = {Level(k): v for k, v in (providers or {}).items()}
+        self._owned: list[SandboxProvider] = []
+        self._limiter = FifoLimiter(max_workers or os.cpu_count() or 1)
+        if isinstance(mem_mb, bool) or not isinstance(mem_mb, int) or mem_mb < 16:
+            raise ConfigInvalidError("mem_mb", "must be an integer >= 16")
+        self.mem_mb = mem_mb
+        self.spares = spares
+        self.max_idle = max_idle
+        self.idle_ttl_s = idle_ttl_s
+        self._preload = ",".join(sorted(preload if preload is not None
+                                        else DEFAULT_ALLOWED_IMPORTS | {"traceback", "ast"}))
+        self._idle: dict[tuple[Level, str | None], deque[_Slot]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._warming: dict[Level, int] = {}
+        self._ids = itertools.count(1)
+        self._counts = dict.fromkeys(
+            ("completed", "cancelled", "timed_out", "crashed", "replaced", "created"), 0)
+        self._closed = False
+        #: (tenant, level, sandbox id, template pid) per run served; for tests and audits
+        self.served: deque[tuple[str, str, str, int]] = deque(maxlen=1000)
+
+    # -- configuration and state ----------------------------------------------------
+    def set_max_concurrent_workers(self, n: int) -> None:
+        """Change the number of runs at once; waiting jobs start if it grew."""
+        self._limiter.set_limit(n)
+
+    def statistics(self) -> PoolStatistics:
+        spares = sum(len(q) for (_lv, t), q in self._idle.items() if t is None)
+        return PoolStatistics(
+            max_workers=self._limiter.limit, running=self._limiter.running,
+            queued=self._limiter.waiting, idle=sum(len(q) for q in self._idle.values()),
+            spares=spares, **self._counts)
+
+    def _provider(self, level: Level) -> SandboxProvider:
+        if level not in self._providers:
+            from ..providers import get_provider_class
+            names = {Level.STRICT: "linux", Level.CONTEXT_ISOLATED: "subproc"}
+            if level not in names:
+                raise ConfigInvalidError("level", f"no snippet provider for level {level.value!r}")
+            self._providers[level] = provider = get_provider_class(names[level])()
+            self._owned.append(provider)
+        return self._providers[level]
+
+    # -- slots -----------------------------------------------------------------------
+    async def _new_slot(self, level: Level, tenant: str | None) -> _Slot:
+        provider = self._provider(level)
+        limits, network = SandboxLimits(), NetworkPolicy.none()
+        if level == Level.STRICT:
+            limits = SandboxLimits(mem_mb=self.mem_mb + _TEMPLATE_MB, max_processes=64,
+                                   disk_mb=16)
+        else:  # context-isolated shares the host's network by definition (subproc refuses
+            network = NetworkPolicy.unrestricted()  # 'none'); the snippet has no socket
+        spec = SandboxSpec(tenant_id=tenant or "corral-snippet-spare", level=level,
+                           run_id=f"snippet-slot-{next(self._ids)}", limits=limits,
+                           network=network)
+        sandbox = await provider.create(spec)
+        try:
+            await sandbox.write_file(WORKER_FILE, _worker_source())
+            argv = [sys.executable, "-I", "-S", WORKER_FILE, "--preload", self._preload]
+            process = await sandbox.start_process(argv, ProcessOpts(stdin=True, env={}))
+            slot = _Slot(sandbox, process, level)
+            try:
+                pong = await asyncio.wait_for(slot.call(_frame({"op": "ping"}, spec.tenant_id)),
+                                              _START_TIMEOUT_S)
+                slot.template_pid = int(pong["pid"])
+            except BaseException:
+                await slot.close()
+                raise
+        except BaseException:
+            await sandbox.destroy()
+            raise
+        self._counts["created"] += 1
+        return slot
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _warm_spare(self, level: Level) -> None:
+        self._warming[level] = self._warming.get(level, 0) + 1
+        try:
+            slot = await self._new_slot(level, None)
+        except Exception:
+            return  # the next run makes its slot in the foreground and reports the error
+        finally:
+            self._warming[level] -= 1
+        if self._closed:
+            await slot.close()
+        else:
+            self._put(slot)
+
+    def _top_up(self, level: Level) -> None:
+        have = len(self._idle.get((level, None), ())) + self._warming.get(level, 0)
+        for _ in range(self.spares - have):
+            self._spawn(self._warm_spare(level))
+
+    def _put(self, slot: _Slot) -> None:
+        slot.last_used = time.monotonic()
+        self._idle.setdefault((slot.level, slot.tenant), deque()).append(slot)
+        self._retire()
+
+    def _retire(self) -> None:
+        now = time.monotonic()
+        slots = sorted((s for q in self._idle.values() for s in q), key=lambda s: s.last_used)
+        cap = self.max_idle if self.max_idle is not None else 2 * self._limiter.limit + self.spares
+        over = len(slots) - cap
+        for s in slots:
+            if over > 0 or now - s.last_used > self.idle_ttl_s:
+                over -= 1
+                self._idle[(s.level, s.tenant)].remove(s)
+                self._spawn(s.close())
+
+    async def _take(self, level: Level, tenant: str) -> _Slot:
+        self._retire()
+        for key in ((level, tenant), (level, None)):
+            queue = self._idle.get(key)
+            if queue:
+                slot = queue.pop()  # most recently used first
+                if key[1] is None:
+                    self._top_up(level)
+                slot.tenant = tenant
+                return slot
+        slot = await self._new_slot(level, tenant)
+        slot.tenant = tenant
+        self._top_up(level)
+        return slot
+
+    def _discard(self, slot: _Slot) -> None:
+        self._counts["replaced"] += 1
+        self._spawn(slot.close())
+        self._top_up(slot.level)
+
+    async def prewarm(self, *, level: Level | str = Level.STRICT, tenant_id: str | None = None,
+                      count: int = 1) -> None:
+        """Create ``count`` warm slots now: for ``tenant_id``, or fresh spares if None."""
+        level = Level(level)
+        slots = await asyncio.gather(*(self._new_slot(level, tenant_id) for _ in range(count)))
+        for slot in slots:
+            slot.tenant = tenant_id
+            self._put(slot)
+
+    # -- running ---------------------------------------------------------------------
+    async def run_job(self, job: Mapping[str, Any], *, tenant_id: str, level: Level,
+                      timeout_ms: int) -> Any:
+        """Run one worker job (``{"op": "run", ...}``) and return the worker's raw output.
+
+        Returns None when the host backstop fired (the slot was killed).
+        Raises UnhandledWorkerError when the template died or misbehaved.
+        """
+        if self._closed:
+            raise ProviderError("the snippet pool is closed")
+        frame = _frame(job, tenant_id)  # serialise before reserving a slot
+        await self._limiter.acquire()
+        try:
+            slot = await self._take(level, tenant_id)
+            self.served.append((tenant_id, level.value, slot.sandbox.id, slot.template_pid))
+            wait_s = (timeout_ms + GRACE_MS + _BACKSTOP_MS) / 1000
+            try:
+                output = await asyncio.wait_for(slot.call(frame), wait_s)
+            except asyncio.CancelledError:
+                self._counts["cancelled"] += 1
+                self._discard(slot)
+                raise
+            except TimeoutError:
+                self._counts["timed_out"] += 1
+                self._discard(slot)
+                return None
+            except BaseException:
+                self._counts["crashed"] += 1
+                self._discard(slot)
+                raise
+            self._counts["completed"] += 1
+            if isinstance(output, dict):
+                if output.get("timed_out"):
+                    self._counts["timed_out"] += 1
+                if any(isinstance(e, dict) and e.get("type") == "WorkerCrashed"
+                       for e in output.get("errors", ())):
+                    self._counts["crashed"] += 1
+            self._put(slot)
+            return output
+        finally:
+            self._limiter.release()
+
+    async def aclose(self) -> None:
+        """Destroy every slot, stop background work, close the providers the pool made."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        slots = [s for q in self._idle.values() for s in q]
+        self._idle.clear()
+        await asyncio.gather(*(s.close() for s in slots), *self._tasks, return_exceptions=True)
+        for provider in self._owned:
+            with contextlib.suppress(Exception):
+                await provider.aclose()
+        self._owned.clear()
+
+    async def __aenter__(self) -> SnippetPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
