@@ -1,0 +1,402 @@
+"""corral's strict level against bare, bwrap, nsjail and unshare, side by side.
+
+Usage: .venv/bin/python benchmarks/bench_strict.py [--runs N] [--sandboxes K]
+
+Method (as shared/research/MEASUREMENTS.md): every variant of one table runs
+once per round, interleaved (A B C ..., the order reversed every other round),
+N rounds. A row's figure is the median (and p90) of its wall times; "ratio"
+is the median of the pairwise ratios against the bare run of the same round,
+"+ms" the median of the pairwise differences. The machine is shared: compare
+the ratios of one run, not absolute figures across runs.
+
+Tables:
+1. cold start: ``python -c pass`` and ``python -I -S -c pass`` (python = the
+   real interpreter, ``os.path.realpath(sys.executable)``) bare
+   (subprocess.run), under corral strict (library call with a warm provider,
+   i.e. the fork server already running: create + exec + destroy, and
+   create + exec with destroy off the clock), under bwrap and nsjail in
+   MEASUREMENTS.md §4's configurations, under plain unshare with the same
+   namespaces (a floor: no file system set-up), and as a whole
+   ``corral run --level strict`` CLI process when the CLI supports it.
+2. exec into one live sandbox vs the same command run bare.
+3. private memory (Private_Clean + Private_Dirty of smaps_rollup) per idle
+   sandbox, for K sandboxes alive at once: the agent (pid 1) alone and all
+   processes of the sandbox's cgroup.
+
+Peers missing? ``sudo sh benchmarks/install_peers.sh`` installs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.providers.linux import LinuxProvider
+from corral.spec import SandboxSpec
+
+__all__ = ["main"]
+
+PY = os.path.realpath(sys.executable)
+HERE = Path(__file__).resolve().parent
+INSTALL_HINT = "install with: sudo sh benchmarks/install_peers.sh"
+BARE_ENV = {"PATH": "/usr/bin:/bin"}
+MERGED = (("usr/bin", "/bin"), ("usr/lib", "/lib"), ("usr/lib64", "/lib64"),
+          ("usr/sbin", "/sbin"))
+
+Run = Callable[[], Awaitable[dict[str, float]]]
+
+
+@dataclass
+class Row:
+    label: str
+    times: list[float] = field(default_factory=list)
+    goal: str = ""
+    skipped: str = ""
+    base: list[float] = field(default_factory=list)  # the bare time of the same round
+
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    def p90(self) -> float:
+        return statistics.quantiles(self.times, n=10)[-1] if len(self.times) > 1 else self.times[0]
+
+    def ratio(self) -> float:
+        return statistics.median(t / b for t, b in zip(self.times, self.base, strict=True))
+
+    def plus(self) -> float:
+        return statistics.median(t - b for t, b in zip(self.times, self.base, strict=True))
+
+
+# -- commands --------------------------------------------------------------------------
+def _prefix_binds() -> list[str]:
+    """The interpreter's prefix, when /usr does not already hold it."""
+    pre = os.path.realpath(sys.base_prefix)
+    return [] if pre == "/usr" or pre.startswith("/usr/") else [pre]
+
+
+def bwrap_argv(bwrap: str, cmd: list[str]) -> list[str]:
+    """MEASUREMENTS.md §4 'bwrap 0.8' (with --cap-drop ALL, uid/gid 65534: §5 item 7)."""
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--uid", "65534", "--gid", "65534", "--clearenv", "--hostname", "sandbox",
+            "--ro-bind", "/usr", "/usr"]
+    for target, link in MERGED:
+        argv += ["--symlink", target, link]
+    argv += ["--ro-bind", "/etc", "/etc"]
+    for pre in _prefix_binds():
+        argv += ["--ro-bind", pre, pre]
+    return [*argv, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp",
+            *cmd]
+
+
+def nsjail_argv(nsjail: str, cmd: list[str]) -> list[str]:
+    """MEASUREMENTS.md §4 'nsjail' (explicit rlimit MB values: §5 item 4)."""
+    argv = [nsjail, "-Mo", "-Q", "-u", "65534", "-g", "65534", "--hostname", "sandbox",
+            "--cwd", "/tmp", "--time_limit", "0", "--rlimit_as", "4096", "--rlimit_fsize", "64",
+            "--rlimit_nofile", "1024", "-R", "/usr"]
+    for target, link in MERGED:
+        argv += ["-s", f"{target}:{link}"]
+    argv += ["-R", "/etc"]
+    for pre in _prefix_binds():
+        argv += ["-R", pre]
+    return [*argv, "-T", "/tmp", "-T", "/dev", "-R", "/dev/null", "-R", "/dev/urandom", "--",
+            *cmd]
+
+
+def unshare_argv(cmd: list[str]) -> list[str]:
+    """corral's seven namespaces with util-linux unshare, no file system set-up (a floor)."""
+    return ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--net",
+            "--mount", "--ipc", "--uts", "--cgroup", "--mount-proc", "--", *cmd]
+
+
+def find_nsjail() -> str | None:
+    local = HERE / ".peers" / "nsjail"
+    return str(local) if os.access(local, os.X_OK) else shutil.which("nsjail")
+
+
+def _proc(argv: list[str], env: dict[str, str] | None = None) -> Run:
+    async def run() -> dict[str, float]:
+        t = time.perf_counter()
+        r = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, env=env,
+                           timeout=60, check=False)
+        ms = (time.perf_counter() - t) * 1000
+        if r.returncode != 0:
+            raise RuntimeError(f"{argv[0]} exited {r.returncode}: {r.stderr[-400:]!r}")
+        return {"": ms}
+    return run
+
+
+def _probe(argv: list[str]) -> str:
+    """'' if the command works, else why not (for a skipped row)."""
+    try:
+        r = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=60,
+                           check=False)
+    except OSError as e:
+        return str(e)
+    if r.returncode == 0:
+        return ""
+    tail = r.stderr.decode(errors="replace").strip().splitlines()
+    return f"exit {r.returncode}: {tail[-1] if tail else ''}"
+
+
+# -- measuring -------------------------------------------------------------------------
+async def measure(variants: dict[str, Run], rounds: int) -> dict[str, list[float]]:
+    """Run the variants interleaved; keys of the result are 'variant' + sub-label."""
+    out: dict[str, list[float]] = {}
+    names = list(variants)
+    for name in names:  # warm-up
+        await variants[name]()
+    for i in range(rounds):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            for sub, ms in (await variants[name]()).items():
+                out.setdefault(name + sub, []).append(ms)
+    return out
+
+
+def _strict_cold(provider: LinuxProvider, cmd: list[str]) -> Run:
+    n = 0
+
+    async def run() -> dict[str, float]:
+        nonlocal n
+        n += 1
+        t = time.perf_counter()
+        sb = await provider.create(SandboxSpec(tenant_id="bench", run_id=f"cold-{n}"))
+        tc = time.perf_counter()
+        r = await sb.exec(cmd)
+        t1 = time.perf_counter()
+        await sb.destroy()
+        t2 = time.perf_counter()
+        if r.exit_code != 0:
+            raise RuntimeError(f"strict exec exited {r.exit_code}: {r.stderr[-400:]!r}")
+        return {"": (t2 - t) * 1000, " (create+exec)": (t1 - t) * 1000,
+                " (create)": (tc - t) * 1000, " (destroy)": (t2 - t1) * 1000}
+    return run
+
+
+def _in_sandbox(sb: Any, cmd: list[str]) -> Run:
+    async def run() -> dict[str, float]:
+        t = time.perf_counter()
+        r = await sb.exec(cmd)
+        ms = (time.perf_counter() - t) * 1000
+        if r.exit_code != 0:
+            raise RuntimeError(f"exec exited {r.exit_code}: {r.stderr[-400:]!r}")
+        return {"": ms}
+    return run
+
+
+def _rows(times: dict[str, list[float]], labels: dict[str, str]) -> list[Row]:
+    base = times["bare"]
+    return [Row(label, times[key], base=base) for key, label in labels.items() if key in times]
+
+
+# -- the tables ------------------------------------------------------------------------
+async def cold_table(provider: LinuxProvider, rounds: int, args: list[str]) -> list[Row]:
+    cmd = [PY, *args, "-c", "pass"]
+    variants: dict[str, Run] = {"bare": _proc(cmd, BARE_ENV),
+                                "strict": _strict_cold(provider, cmd)}
+    skipped: list[Row] = []
+    bwrap = shutil.which("bwrap")
+    nsjail = find_nsjail()
+    corral = Path(sys.prefix) / "bin" / "corral"
+    peers: list[tuple[str, str | None, Callable[[str], list[str]]]] = [
+        ("bwrap", bwrap, lambda b: bwrap_argv(b, cmd)),
+        ("nsjail", nsjail, lambda b: nsjail_argv(b, cmd)),
+        ("unshare", shutil.which("unshare"), lambda _b: unshare_argv(cmd)),
+        ("cli", str(corral) if corral.exists() else None,
+         lambda b: [b, "run", "--level", "strict", "--", *cmd]),
+    ]
+    for key, binary, build in peers:
+        if binary is None:
+            why = INSTALL_HINT if key in ("bwrap", "nsjail") else f"{key} not found"
+            skipped.append(Row(LABELS[key], goal="peer", skipped=f"missing: {why}"))
+            continue
+        argv = build(binary)
+        why = _probe(argv)
+        if why and key == "cli":
+            why = f"the CLI cannot do it yet ({why})"
+        if why:
+            if key in ("bwrap", "nsjail"):
+                why += f" ({INSTALL_HINT})"
+            skipped.append(Row(LABELS[key], skipped=why))
+            continue
+        variants[key] = _proc(argv, BARE_ENV if key == "unshare" else None)
+    times = await measure(variants, rounds)
+    return _rows(times, LABELS) + skipped
+
+
+LABELS = {
+    "bare": "bare subprocess.run",
+    "strict": "corral strict create+exec+destroy",
+    "strict (create+exec)": "corral strict create+exec (destroy off clock)",
+    "strict (create)": "  of which create alone",
+    "strict (destroy)": "  destroy alone (after the exec)",
+    "bwrap": "bwrap (MEASUREMENTS §4)",
+    "nsjail": "nsjail (MEASUREMENTS §4)",
+    "unshare": "unshare, same 7 namespaces (floor)",
+    "cli": "corral run --level strict (whole CLI)",
+}
+
+
+async def exec_table(provider: LinuxProvider, rounds: int) -> list[Row]:
+    sb = await provider.create(SandboxSpec(tenant_id="bench", run_id="exec"))
+    rows: list[Row] = []
+    try:
+        for title, cmd in (("/bin/true", ["/bin/true"]),
+                           ("python -I -S -c pass", [PY, "-I", "-S", "-c", "pass"])):
+            times = await measure({"bare": _proc(cmd, BARE_ENV),
+                                   "exec": _in_sandbox(sb, cmd)}, rounds)
+            rows += _rows(times, {"bare": f"bare {title}",
+                                  "exec": f"sb.exec {title} (live sandbox)"})
+    finally:
+        await sb.destroy()
+    return rows
+
+
+def private_kib(pid: int) -> int:
+    total = 0
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1])
+    return total
+
+
+def agent_pid(sb: Any) -> int:
+    with open(f"/proc/self/fdinfo/{sb._pidfd}") as f:
+        for line in f:
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+    raise RuntimeError("no Pid: line in the pidfd's fdinfo")
+
+
+async def memory_table(provider: LinuxProvider, k: int) -> tuple[list[int], list[int], int]:
+    """Per sandbox: agent private KiB, all-process private KiB; and the max process count."""
+    sbs: list[Any] = []
+    try:
+        for i in range(k):
+            sbs.append(await provider.create(SandboxSpec(tenant_id="bench", run_id=f"mem-{i}")))
+        agent = [0] * k
+        whole = [0] * k
+        nprocs = 0
+        for _ in range(2):  # right after creation and once settled: keep the peak
+            for i, sb in enumerate(sbs):
+                pid = agent_pid(sb)
+                pids = sb._cg.pids() if sb._cg is not None else [pid]
+                nprocs = max(nprocs, len(pids))
+                agent[i] = max(agent[i], private_kib(pid))
+                whole[i] = max(whole[i], sum(private_kib(p) for p in pids))
+            await asyncio.sleep(0.5)
+        return agent, whole, nprocs
+    finally:
+        for sb in sbs:
+            await sb.destroy()
+
+
+# -- report ----------------------------------------------------------------------------
+def _fmt_row(r: Row) -> str:
+    if r.skipped:
+        return f"  {r.label:<46} {'skipped':>8}  {r.skipped}"
+    if r.label.startswith("  "):  # a part of the row above: no pairing with bare
+        return f"  {r.label:<46} {r.median():8.2f} {r.p90():8.2f} {'-':>7} {'-':>7}  {r.goal}"
+    return (f"  {r.label:<46} {r.median():8.2f} {r.p90():8.2f} {r.plus():+7.2f} "
+            f"{r.ratio():6.2f}x  {r.goal}")
+
+
+def _judge_cold(rows: list[Row], full_goal: bool) -> None:
+    by = {r.label: r for r in rows}
+    peers = [by[LABELS[k]] for k in ("bwrap", "nsjail")]
+    for key in ("strict", "strict (create+exec)"):
+        r = by[LABELS[key]]
+        parts: list[str] = []
+        ok = True
+        if full_goal:
+            within = r.plus() <= 5.0 and r.ratio() <= 1.10
+            ok &= within
+            parts.append(f"<=+5ms & <=1.10x: {'yes' if within else 'no'}")
+        for p in peers:
+            if p.skipped:
+                parts.append(f"vs {p.label.split()[0]}: unchecked (skipped)")
+                ok = False
+            else:
+                ahead = r.ratio() < p.ratio()
+                ok &= ahead
+                parts.append(f"ahead of {p.label.split()[0]}: {'yes' if ahead else 'no'}")
+        tag = "MET" if ok else "NOT MET"
+        info = "" if key == "strict" else " [info]"
+        r.goal = f"{tag}{info} ({'; '.join(parts)})"
+    for r in rows:
+        if not r.goal and not r.skipped:
+            r.goal = ("baseline" if r.label == LABELS["bare"] else
+                      "part of the row above" if r.label.startswith("  ") else "peer")
+
+
+async def run(rounds: int, k: int) -> None:
+    load0 = os.getloadavg()[0]
+    provider = LinuxProvider()
+    try:
+        warm = await provider.create(SandboxSpec(tenant_id="bench", run_id="warm"))
+        await warm.destroy()  # the fork server is running from here on
+        ver = subprocess.run([PY, "-c", "import sys; print(sys.version.split()[0])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+        print(f"corral strict benchmark, {now}; {rounds} interleaved rounds; "
+              f"python {PY} ({ver}); load {load0:.2f}")
+        print("ms per run: median, p90; +ms and ratio: median of pairwise differences/ratios "
+              "against bare in the same round\n")
+        head = f"  {'':<46} {'median':>8} {'p90':>8} {'+ms':>7} {'ratio':>7}  goal"
+        for title, args, full in (("cold `python -c pass`", [], True),
+                                  ("cold `python -I -S -c pass`", ["-I", "-S"], False)):
+            rows = await cold_table(provider, rounds, args)
+            _judge_cold(rows, full)
+            print(title + ("  (goal: within +5 ms and <= 1.10x of bare, ahead of bwrap "
+                           "and nsjail)" if full else "  (goal: ahead of bwrap and nsjail)"))
+            print(head)
+            for r in rows:
+                print(_fmt_row(r))
+            print()
+        rows = await exec_table(provider, rounds)
+        for bare, ex in zip(rows[::2], rows[1::2], strict=True):
+            bare.goal = "baseline"
+            ex.goal = (f"{'MET' if ex.plus() <= 2.0 else 'NOT MET'} "
+                       f"(within 2 ms of bare: {ex.plus():+.2f} ms)")
+        print("exec into one live sandbox  (goal: within 2 ms of the bare command)")
+        print(head)
+        for r in rows:
+            print(_fmt_row(r))
+        print()
+        agent, whole, nprocs = await memory_table(provider, k)
+        worst = max(whole) / 1024
+        print(f"private memory per idle sandbox, {k} alive at once  (goal: <= 4 MiB)")
+        print(f"  agent (pid 1) alone:     median {statistics.median(agent) / 1024:.2f} MiB, "
+              f"max {max(agent) / 1024:.2f} MiB")
+        print(f"  all cgroup processes:    median {statistics.median(whole) / 1024:.2f} MiB, "
+              f"max {worst:.2f} MiB ({nprocs} process(es) per sandbox)")
+        print(f"  {'MET' if worst <= 4.0 else 'NOT MET'} (max {worst:.2f} MiB vs 4 MiB)")
+        print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
+    finally:
+        await provider.aclose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--runs", type=int, default=20, help="interleaved rounds (default 20)")
+    ap.add_argument("--sandboxes", type=int, default=10,
+                    help="idle sandboxes for the memory figure (default 10)")
+    ns = ap.parse_args(argv)
+    if ns.runs < 2 or ns.sandboxes < 1:
+        ap.error("--runs must be >= 2 and --sandboxes >= 1")
+    asyncio.run(run(ns.runs, ns.sandboxes))
+
+
+if __name__ == "__main__":
+    main()
