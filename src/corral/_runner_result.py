@@ -47,6 +47,8 @@ class Outcome(enum.StrEnum):
     SPAWN_ERROR = "spawn-error"
     MEMORY_LIMIT = "memory-limit"
     CPU_LIMIT = "cpu-limit"
+    PROCESSES_LIMIT = "processes-limit"
+    DISK_LIMIT = "disk-limit"
 
 
 #: ``corral run``'s exit status per outcome. ``exit`` is absent: the child's
@@ -61,6 +63,8 @@ OUTCOME_EXIT_STATUS: Final[Mapping[Outcome, int]] = {
     Outcome.OVERFLOW_STDERR: LimitsExceededError.exit_status,  # 137
     Outcome.MEMORY_LIMIT: LimitsExceededError.exit_status,     # 137
     Outcome.CPU_LIMIT: LimitsExceededError.exit_status,        # 137
+    Outcome.PROCESSES_LIMIT: LimitsExceededError.exit_status,  # 137 (strict runs only)
+    Outcome.DISK_LIMIT: LimitsExceededError.exit_status,       # 137 (strict runs only)
     Outcome.SPAWN_ERROR: 127,
 }
 
@@ -149,6 +153,10 @@ class RunResult:
         if o is Outcome.CPU_LIMIT:
             return LimitsExceededError("cpu", limit, self.usage.cpu_ms,
                                        detail=f"child killed by {self.returncode_name()}")
+        if o is Outcome.PROCESSES_LIMIT:
+            return LimitsExceededError("processes", limit, detail="a fork hit the process limit")
+        if o is Outcome.DISK_LIMIT:
+            return LimitsExceededError("disk", limit, detail="the writable area is full")
         if self.spawn_errno in _MISSING_COMMAND_ERRNOS:
             return ConfigInvalidError("command", self.error_message)
         return ProviderError(f"spawn failed: {self.error_message}")

@@ -21,9 +21,7 @@ See ``docs/runner.md`` for what is and is not enforced.
 
 from __future__ import annotations
 
-import asyncio
 import signal
-import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -38,6 +36,7 @@ from ._runner_opts import (
 )
 from ._runner_result import OUTCOME_EXIT_STATUS, Outcome, RunResult, exit_status_of
 from ._runner_tree import TOKEN_VAR, Spawner, spawn_process
+from ._sync import run_sync
 
 if TYPE_CHECKING:
     import os
@@ -156,26 +155,7 @@ def run_bounded(
         max_stdout_bytes=max_stdout_bytes, max_stderr_bytes=max_stderr_bytes,
         node_heap_mb=node_heap_mb, mem_mb=mem_mb, cpu_ms=cpu_ms, cancel=cancel,
         on_stdout=on_stdout, on_stderr=on_stderr, spawner=spawner)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        with asyncio.Runner() as runner:
-            return runner.run(coro)
-    box: list[RunResult | BaseException] = []
-
-    def in_thread() -> None:
-        try:
-            with asyncio.Runner() as runner:
-                box.append(runner.run(coro))
-        except BaseException as e:  # handed to the caller's thread below
-            box.append(e)
-
-    t = threading.Thread(target=in_thread, name="corral-run-bounded")
-    t.start()
-    t.join()
-    if isinstance(box[0], BaseException):
-        raise box[0]
-    return box[0]
+    return run_sync(coro, name="corral-run-bounded")
 
 
 # Outcome and RunResult are documented here, where users import them from.

@@ -104,6 +104,7 @@ def test_bad_options_exit_64(argv: list[str], capsys: pytest.CaptureFixture[str]
     assert "config-invalid" in capsys.readouterr().err
 
 
-def test_strict_level_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--level", "strict", "--", "/bin/true"]) == 69
-    assert "level-not-supported" in capsys.readouterr().err
+def test_strict_only_limits_refused_below_strict(capsys: pytest.CaptureFixture[str]) -> None:
+    # a process or disk limit needs the strict sandbox's cgroup and tmpfs: never ignored
+    assert main(["run", "--max-processes", "4", "--", "/bin/true"]) == 64
+    assert "config-invalid" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from types import FrameType
 from typing import Any, BinaryIO
 
 from .._cancel import CancelToken
-from ..errors import ConfigInvalidError, LevelNotSupportedError
+from ..errors import ConfigInvalidError
 from ..runner import (
     DEFAULT_MAX_STDERR_BYTES,
     DEFAULT_MAX_STDOUT_BYTES,
@@ -67,11 +67,18 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--pass-env", action="append", default=[], metavar="KEY",
                    help="copy a variable from this environment (repeatable)")
     p.add_argument("--cwd", default=None, metavar="DIR",
-                   help="working directory (default: a fresh temp dir, removed afterwards)")
+                   help="working directory (default: a fresh temp dir, removed afterwards; "
+                        "with --level strict: a dir inside the sandbox's /work)")
     p.add_argument("--stdin", default=None, metavar="FILE",
                    help="feed FILE (or - for our stdin) to the child; default: closed")
+    p.add_argument("--max-processes", type=int, default=None, metavar="N",
+                   help="processes alive at once in the sandbox (--level strict only)")
+    p.add_argument("--disk-mb", type=int, default=None, metavar="MIB",
+                   help="size of the sandbox's /work and /tmp (--level strict only)")
     p.add_argument("--level", choices=_LEVELS, default="context-isolated",
-                   help="isolation level (default context-isolated)")
+                   help="isolation level: context-isolated (default; a bounded child process, "
+                        "NOT a security boundary) or strict (the Linux sandbox: namespaces, "
+                        "seccomp, cgroups; --mem-mb/--cpu-ms then cap the whole tree)")
     p.add_argument("--json", action="store_true",
                    help="print the whole result as JSON instead of streaming the output")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
@@ -150,15 +157,17 @@ def _with_signals_cancelling(token: CancelToken, fn: Callable[[], RunResult]) ->
 
 def run(args: argparse.Namespace) -> int:
     """Run the command; return the exit status (see the module docstring)."""
-    if args.level == "strict":
-        raise LevelNotSupportedError(
-            "strict", ("none", "context-isolated"),
-            "corral run does not run at level strict yet; use the linux provider")
     cmd, cmd_args = _command(list(args.argv))
-    if args.cwd is not None and not os.path.isabs(args.cwd):
-        args.cwd = os.path.abspath(args.cwd)  # the CLI's convenience; the library refuses
     token = CancelToken()
     live = not args.json
+    if args.level == "strict":
+        result = _with_signals_cancelling(token, lambda: _run_strict(args, cmd, cmd_args, token))
+        return _finish(args, result)
+    if args.max_processes is not None or args.disk_mb is not None:
+        raise ConfigInvalidError(
+            "--max-processes/--disk-mb", "need --level strict (a cgroup and a private disk)")
+    if args.cwd is not None and not os.path.isabs(args.cwd):
+        args.cwd = os.path.abspath(args.cwd)  # the CLI's convenience; the library refuses
     result = _with_signals_cancelling(token, lambda: run_bounded(
         cmd, cmd_args, timeout_ms=args.timeout, cwd=args.cwd, env=_env(args),
         grace_period_ms=args.grace_ms, stdin=_stdin(args.stdin),
@@ -166,6 +175,28 @@ def run(args: argparse.Namespace) -> int:
         mem_mb=args.mem_mb, cpu_ms=args.cpu_ms, cancel=token,
         on_stdout=_writer(sys.stdout) if live else None,
         on_stderr=_writer(sys.stderr) if live else None))
+    return _finish(args, result)
+
+
+def _run_strict(args: argparse.Namespace, cmd: str, cmd_args: list[str],
+                token: CancelToken) -> RunResult:
+    from ..spec import SandboxLimits
+    from ..strict_run import run_strict
+
+    live = not args.json
+    limits = SandboxLimits(mem_mb=args.mem_mb, cpu_ms=args.cpu_ms,
+                           max_processes=args.max_processes, disk_mb=args.disk_mb)
+    # the sandbox sees the host's /usr and the interpreter's prefix: resolve symlinks
+    # (a venv's bin/python) to the real file, which is bound in
+    return run_strict(
+        os.path.realpath(cmd), cmd_args, timeout_ms=args.timeout, env=_env(args),
+        cwd=args.cwd, stdin=_stdin(args.stdin), max_stdout_bytes=args.max_stdout,
+        max_stderr_bytes=args.max_stderr, limits=limits, cancel=token,
+        on_stdout=_writer(sys.stdout) if live else None,
+        on_stderr=_writer(sys.stderr) if live else None)
+
+
+def _finish(args: argparse.Namespace, result: RunResult) -> int:
     if args.json:
         print(json.dumps(result.to_dict()))
     elif result.outcome is not Outcome.EXIT:

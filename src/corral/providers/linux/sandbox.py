@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 from ..._paths import split_relative
@@ -219,7 +219,10 @@ class LinuxSandbox(Sandbox):
         return None
 
     # -- the contract -------------------------------------------------------------------
-    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None, *,
+                   on_output: Callable[[int, bytes], object] | None = None) -> ExecResult:
+        """The contract's exec; ``on_output(fd, chunk)`` (fd 1 or 2), when given, sees
+        each chunk of output as it arrives (``corral run --level strict`` streams it)."""
         opts = opts or ExecOpts()
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -235,6 +238,8 @@ class LinuxSandbox(Sandbox):
             buf, cap = caps[i]
 
             def take(data: bytes) -> None:
+                if on_output is not None:
+                    on_output(i + 1, data)
                 buf.extend(data)
                 if len(buf) > cap and run is not None and not over:
                     over.append((cap, len(buf)))
