@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The main job: install corral into .venv, show what this host can enforce, then run a
+# program inside the strict sandbox (namespaces, seccomp, cgroups) that tries to look and
+# reach outside, with a 128 MiB memory cap, 64 processes and a 10 s wall clock.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-/usr/bin/python3}
+if ! "$PY" -c 'import ensurepip' 2>/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  fi
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q -e .
+.venv/bin/corral doctor | sed -n '1,/^Providers/p'
+echo "--- corral run --level strict -- python examples/inside.py"
+exec .venv/bin/corral run --level strict --mem-mb 128 --max-processes 64 --timeout 10000 \
+  --stdin examples/inside.py -- .venv/bin/python -I -S -
