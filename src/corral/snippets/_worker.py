@@ -218,6 +218,9 @@ def _facts(g: dict[str, Any], caps: dict[str, int]) -> tuple[dict[str, Any], boo
     for name, value in list(g.items()):
         if name.startswith("_") or isinstance(value, types.ModuleType):
             continue
+        if isinstance(value, type | types.FunctionType | types.BuiltinFunctionType) and not \
+                str(getattr(value, "__module__", "")).startswith(("__main__", PKG)):
+            continue  # imported, not defined by the snippet
         item = _jsonable(value, caps)
         cost = len(json.dumps(item, ensure_ascii=False, default=repr)) + len(name) + 4
         if len(out) >= caps["facts_names"] or size + cost > caps["facts_bytes"]:
@@ -306,7 +309,10 @@ def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         facts, facts_cut = _facts(g, caps)
-    truncated = [n for n, c in (("result", cut), ("facts", facts_cut), ("logs", out.dropped)) if c]
+    errors_cut = any(e["message"].endswith(MARK) or e["traceback"].startswith(MARK)
+                     for e in errors)
+    truncated = [n for n, c in (("result", cut), ("facts", facts_cut), ("logs", out.dropped),
+                                ("errors", errors_cut)) if c]
     return {"facts": facts, "result": result, "errors": errors, "duration_ms": duration,
             "timed_out": timed_out, "truncated": truncated}
 

@@ -313,7 +313,11 @@ class SnippetPool:
         if self._closed:
             raise ProviderError("the snippet pool is closed")
         frame = _frame(job, tenant_id)  # serialise before reserving a slot
-        await self._limiter.acquire()
+        try:
+            await self._limiter.acquire()
+        except asyncio.CancelledError:
+            self._counts["cancelled"] += 1
+            raise
         try:
             slot = await self._take(level, tenant_id)
             self.served.append((tenant_id, level.value, slot.sandbox.id, slot.template_pid))
