@@ -1,6 +1,14 @@
-"""corral: run code nobody trusts behind a real boundary, with hard limits and typed results."""
+"""corral: run code nobody trusts behind a real boundary, with hard limits and typed results.
+
+The value types, errors and the provider contract load eagerly (they are small and
+pure); the front doors (runner, strict runs, dispatch, snippets, protocol) load on
+first use, so that importing corral stays cheap, in the sandbox's fork server too.
+"""
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._cancel import (
     CancelToken as CancelToken,
@@ -23,31 +31,109 @@ from .errors import (
     UnhandledWorkerError as UnhandledWorkerError,
 )
 from .provider import (
+    ProcessHandle as ProcessHandle,
+    ProcessStdin as ProcessStdin,
     Sandbox as Sandbox,
     SandboxProvider as SandboxProvider,
+    pause as pause,
+    restore as restore,
+    resume as resume,
+    snapshot as snapshot,
 )
 from .spec import (
+    DEFAULT_ENTRYPOINT_PATH as DEFAULT_ENTRYPOINT_PATH,
+    Capability as Capability,
     ExecOpts as ExecOpts,
     ExecResult as ExecResult,
+    ExitStatus as ExitStatus,
     HandlerRef as HandlerRef,
     InvocationMode as InvocationMode,
     Level as Level,
     NetworkPolicy as NetworkPolicy,
     ProcessOpts as ProcessOpts,
+    ResourceUsage as ResourceUsage,
+    ResumeInfo as ResumeInfo,
+    SandboxInvocationContext as SandboxInvocationContext,
     SandboxLimits as SandboxLimits,
     SandboxSpec as SandboxSpec,
+    SnapshotHandle as SnapshotHandle,
 )
+
+if TYPE_CHECKING:
+    from .dispatch import (
+        OutputOutcome as OutputOutcome,
+        SuspendedOutcome as SuspendedOutcome,
+        invoke as invoke,
+        invoke_in as invoke_in,
+        invoke_sync as invoke_sync,
+    )
+    from .protocol import (
+        PROTOCOL_VERSION as PROTOCOL_VERSION,
+        SUSPEND_EXIT_CODE as SUSPEND_EXIT_CODE,
+        FrameDecoder as FrameDecoder,
+        SandboxSuspensionRequest as SandboxSuspensionRequest,
+        encode_frame as encode_frame,
+        parse_frame as parse_frame,
+        parse_frames as parse_frames,
+    )
+    from .runner import (
+        RunResult as RunResult,
+        run_bounded as run_bounded,
+        run_bounded_async as run_bounded_async,
+    )
+    from .snippets import (
+        Violation as Violation,
+        sanitize_stack as sanitize_stack,
+        validate_files as validate_files,
+        validate_source as validate_source,
+    )
+    from .strict_run import (
+        run_strict as run_strict,
+        run_strict_async as run_strict_async,
+    )
 
 __version__ = "0.1.0"
 
+# documented where users import it from (its home module is private)
+CancelToken.__module__ = __name__
+
+#: lazily loaded public name -> its module
+_LAZY: dict[str, str] = {
+    "OutputOutcome": ".dispatch",
+    "SuspendedOutcome": ".dispatch",
+    "invoke": ".dispatch",
+    "invoke_in": ".dispatch",
+    "invoke_sync": ".dispatch",
+    "FrameDecoder": ".protocol",
+    "PROTOCOL_VERSION": ".protocol",
+    "SUSPEND_EXIT_CODE": ".protocol",
+    "SandboxSuspensionRequest": ".protocol",
+    "encode_frame": ".protocol",
+    "parse_frame": ".protocol",
+    "parse_frames": ".protocol",
+    "RunResult": ".runner",
+    "run_bounded": ".runner",
+    "run_bounded_async": ".runner",
+    "Violation": ".snippets",
+    "sanitize_stack": ".snippets",
+    "validate_files": ".snippets",
+    "validate_source": ".snippets",
+    "run_strict": ".strict_run",
+    "run_strict_async": ".strict_run",
+}
+
 __all__ = [
     "CancelToken",
+    "Capability",
     "ConfigInvalidError",
     "CorralError",
     "CreateCancelledError",
+    "DEFAULT_ENTRYPOINT_PATH",
     "ErrorCode",
     "ExecOpts",
     "ExecResult",
+    "ExitStatus",
+    "FrameDecoder",
     "HandlerRef",
     "InvalidSnapshotHandleError",
     "InvocationMode",
@@ -56,16 +142,59 @@ __all__ = [
     "LimitsExceededError",
     "NetworkPolicy",
     "OrphanedError",
+    "OutputOutcome",
+    "PROTOCOL_VERSION",
     "PauseNotSupportedError",
+    "ProcessHandle",
     "ProcessOpts",
+    "ProcessStdin",
     "ProviderError",
+    "ResourceUsage",
     "RestoreNotSupportedError",
+    "ResumeInfo",
+    "RunResult",
+    "SUSPEND_EXIT_CODE",
     "Sandbox",
     "SandboxCancelledError",
+    "SandboxInvocationContext",
     "SandboxLimits",
     "SandboxProvider",
     "SandboxSpec",
+    "SandboxSuspensionRequest",
     "SandboxTimeoutError",
+    "SnapshotHandle",
     "SnapshotNotSupportedError",
+    "SuspendedOutcome",
     "UnhandledWorkerError",
+    "Violation",
+    "encode_frame",
+    "invoke",
+    "invoke_in",
+    "invoke_sync",
+    "parse_frame",
+    "parse_frames",
+    "pause",
+    "restore",
+    "resume",
+    "run_bounded",
+    "run_bounded_async",
+    "run_strict",
+    "run_strict_async",
+    "sanitize_stack",
+    "snapshot",
+    "validate_files",
+    "validate_source",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable
 from typing import final
@@ -65,6 +64,8 @@ class CancelToken:
     async def wait_cancelled_async(self) -> None:
         if self.cancelled:
             return
+        import asyncio  # here, not at the top: the sandbox's fork server imports this module
+
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
 
