@@ -1,4 +1,4 @@
-"""Python snippets: the pure validator and the traceback sanitizer.
+"""Python snippets: the pure validator, the traceback sanitizer, and the runner and its pool.
 
 Names load lazily on first use so that importing this package (for example from a
 worker process) stays cheap.
@@ -10,7 +10,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .pool import PoolStatistics as PoolStatistics, SnippetPool as SnippetPool
+    from .runner import (
+        run_snippet as run_snippet,
+        run_snippet_sync as run_snippet_sync,
+        set_max_concurrent_workers as set_max_concurrent_workers,
+        shutdown_snippet_pool as shutdown_snippet_pool,
+        snippet_pool_statistics as snippet_pool_statistics,
+    )
     from .sanitize import sanitize_stack as sanitize_stack
+    from .transcript import (
+        LogLine as LogLine,
+        SnippetError as SnippetError,
+        Transcript as Transcript,
+    )
     from .validate import (
         DEFAULT_ALLOWED_IMPORTS as DEFAULT_ALLOWED_IMPORTS,
         DEFAULT_MAX_SOURCE_BYTES as DEFAULT_MAX_SOURCE_BYTES,
@@ -27,15 +40,29 @@ __all__ = [
     "DEFAULT_MAX_SOURCE_BYTES",
     "FORBIDDEN_ATTRIBUTES",
     "FORBIDDEN_NAMES",
+    "LogLine",
+    "PoolStatistics",
+    "SnippetError",
+    "SnippetPool",
+    "Transcript",
     "Violation",
     "ViolationCode",
+    "run_snippet",
+    "run_snippet_sync",
     "sanitize_stack",
+    "set_max_concurrent_workers",
+    "shutdown_snippet_pool",
+    "snippet_pool_statistics",
     "validate_files",
     "validate_source",
 ]
 
 _HOMES = {name: "validate" for name in __all__}
 _HOMES["sanitize_stack"] = "sanitize"
+_HOMES.update(dict.fromkeys(("PoolStatistics", "SnippetPool"), "pool"))
+_HOMES.update(dict.fromkeys(("LogLine", "SnippetError", "Transcript"), "transcript"))
+_HOMES.update(dict.fromkeys(("run_snippet", "run_snippet_sync", "set_max_concurrent_workers",
+                             "shutdown_snippet_pool", "snippet_pool_statistics"), "runner"))
 
 
 def __getattr__(name: str) -> Any:
