@@ -21,7 +21,10 @@ PUBLIC = [
     "SnapshotNotSupportedError", "SuspendedOutcome", "UnhandledWorkerError", "Violation",
     "encode_frame", "invoke", "invoke_in", "invoke_sync", "parse_frame", "parse_frames",
     "pause", "restore", "resume", "run_bounded", "run_bounded_async", "run_strict",
-    "run_strict_async", "sanitize_stack", "snapshot", "validate_files", "validate_source",
+    "run_strict_async", "sanitize_stack", "LogLine", "PoolStatistics", "SnippetError",
+    "SnippetPool", "Transcript", "run_snippet", "run_snippet_sync", "set_max_concurrent_workers",
+    "shutdown_snippet_pool", "snippet_pool_statistics", "snapshot", "validate_files",
+    "validate_source",
 ]
 
 #: public modules; each declares __all__

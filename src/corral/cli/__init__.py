@@ -21,6 +21,7 @@ __all__ = ["main"]
 #: verb name -> module under corral.cli
 VERBS: dict[str, str] = {
     "doctor": "doctor",
+    "python": "python",
     "run": "run",
 }
 
