@@ -294,6 +294,10 @@ def test_cancel_of_create_rolls_back(linux: Any) -> None:
         except asyncio.CancelledError:
             pass
         await asyncio.sleep(0.1)
+        spares = await p.wait_spares()
+        assert spares <= p.spares
+        assert _leaks(p) == (spares, spares)
+        await p.aclose()
         assert _leaks(p) == (0, 0)
 
     linux(test)
@@ -316,14 +320,14 @@ def test_destroy_is_idempotent_and_final(linux: Any) -> None:
 
 
 def _leaks(p: Any) -> tuple[int, int]:
-    """(children of the zygote, corral cgroups of this process)."""
+    """(children of the zygote, corral cgroups of this process); idle spares count."""
     kids = 0
     zpid = p.zygote_pid
     if zpid is not None:
         with open(f"/proc/{zpid}/task/{zpid}/children") as f:
             kids = len(f.read().split())
     cgs = p._cgroups.list_cgroups() if p._cgroups.support.version != "none" else {}
-    mine = [n for names in cgs.values() for n in names if f"-{os.getpid()}-" in n]
+    mine = [n for n in cgs if f"-{os.getpid()}-" in n]
     return kids, len(mine)
 
 
@@ -337,13 +341,18 @@ def test_no_leaks_after_50_cycles(linux: Any) -> None:
     async def test(p: Any) -> None:
         sb = await p.create(make_spec())   # warm the zygote first
         await sb.destroy()
+        await p.wait_spares()
         before = _mounts_and_fds()
         for _ in range(50):
             async with await p.create(make_spec()) as sb:
                 await sb.exec(["true"])
         await asyncio.sleep(0.2)
-        assert _leaks(p) == (0, 0)
+        spares = await p.wait_spares()
+        assert spares <= p.spares
+        assert _leaks(p) == (spares, spares)
         assert _mounts_and_fds() == before
+        await p.aclose()
+        assert _leaks(p) == (0, 0)
 
     linux(test)
 

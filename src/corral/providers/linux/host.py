@@ -23,9 +23,11 @@ from ...spec import (
 )
 from . import _sys_unsafe as su, mounts
 from .client import Channel, Zygote, kill_pidfd
-from .plan import DEFAULT_LIMITS, LinuxOptions, SandboxPlan, build_plan
+from .images import ImageCache, UnpackedImage, unreachable_part
+from .plan import DEFAULT_LIMITS, LinuxOptions, SandboxPlan, _id_maps, build_plan, check_spec
 from .sandbox import LinuxSandbox
 from .snapshots import SnapshotStore
+from .spares import Launched, Reaper, kill_launched, shape_key
 
 __all__ = ["DEFAULT_STDERR_CAP", "DEFAULT_STDOUT_CAP", "LinuxProvider", "LinuxSandbox"]
 
@@ -48,6 +50,17 @@ class LinuxProvider(SandboxProvider):
             65534 when running as root, the caller's own ids otherwise.
         cgroup_root: a delegated cgroup dir (or v1 mapping) to nest sandboxes in.
         stdout_cap / stderr_cap: per-exec output caps (bytes).
+        image_cache_dir: where ``spec.image`` is unpacked (``images.ImageCache``;
+            default ``images.default_cache_dir()``). An image is taken only with
+            mode ``json-stdio`` or ``handler-image``; its rootfs is bound
+            read-only under the host's system dirs, interpreter and corral.
+        spares: how many pre-warmed spare sandboxes to keep ready (default 1;
+            0: every ``create`` builds its sandbox cold). A spare is built like
+            a cold sandbox before it is asked for, claimed by one ``create``
+            whose plan has the same shape (its limits are written into the
+            spare's cgroup before it is handed out), never reused or shared;
+            see ``spares.py``. Each idle spare holds one agent process and its
+            namespaces and cgroup until claimed or ``aclose``.
 
     Limits the host cannot enforce are refused at ``create`` with
     LevelNotSupportedError naming the missing primitive; so are a missing
@@ -62,11 +75,17 @@ class LinuxProvider(SandboxProvider):
                  outside_uid: int | None = None, outside_gid: int | None = None,
                  cgroup_root: str | None = None, hostname: str = "sandbox",
                  stdout_cap: int = DEFAULT_STDOUT_CAP,
-                 stderr_cap: int = DEFAULT_STDERR_CAP) -> None:
+                 stderr_cap: int = DEFAULT_STDERR_CAP, spares: int = 1,
+                 image_cache_dir: str | None = None) -> None:
         from .cgroups import CgroupManager
+        if isinstance(spares, bool) or not isinstance(spares, int) or not 0 <= spares <= 8:
+            raise ConfigInvalidError("spares", f"must be an integer 0..8, got {spares!r}")
+        self.spares = spares
         self.options = LinuxOptions(outside_uid=outside_uid, outside_gid=outside_gid,
                                     default_limits=default_limits, hostname=hostname)
         self.stdout_cap, self.stderr_cap = stdout_cap, stderr_cap
+        self._image_cache_dir = image_cache_dir
+        self.images: ImageCache | None = None  # made on the first image
         self._host = mounts.detect_host_layout()
         self._cgroups = CgroupManager(root=cgroup_root)
         self.reaped_orphans: tuple[str, ...] = tuple(self._cgroups.reap_orphans())
@@ -80,6 +99,10 @@ class LinuxProvider(SandboxProvider):
         self._prog: bytes | None = None
         self._live: set[LinuxSandbox] = set()
         self._closed = False
+        self._spares: dict[str, list[Launched]] = {}
+        self._building: dict[str, asyncio.Task[Launched]] = {}
+        self._chores: set[asyncio.Future[Any]] = set()
+        self._reaper = Reaper()
 
     # -- helpers -----------------------------------------------------------------
     def _seccomp(self) -> bytes:
@@ -106,11 +129,41 @@ class LinuxProvider(SandboxProvider):
                 await self._zygote.start()
             return self._zygote
 
-    def plan(self, spec: SandboxSpec) -> SandboxPlan:
-        """The plan ``create(spec)`` would apply (refusals included)."""
-        plan = build_plan(spec, options=self.options, host=self._host)
+    def plan(self, spec: SandboxSpec, *, image: UnpackedImage | None = None) -> SandboxPlan:
+        """The plan ``create(spec)`` would apply (refusals included).
+
+        ``image`` is ``spec.image`` unpacked; when not given it is unpacked here
+        (blocking; ``create`` does it in a worker thread).
+        """
+        if spec.image is not None and image is None:
+            check_spec(spec)
+            image = self._unpack(spec.image)
+        plan = build_plan(spec, options=self.options, host=self._host,
+                          rootfs=None if image is None else image.rootfs,
+                          image_env=None if image is None else _env_of(image.config.env))
         self._cgroups.require(plan.limits)
         return plan
+
+    def _unpack(self, image: str) -> UnpackedImage:
+        """Unpack (or find in the cache) ``image``, reachable by the sandbox's user."""
+        if self.images is None:
+            self.images = ImageCache(self._image_cache_dir)
+        unpacked = self.images.unpack(image)
+        (_u, uid_out, _n), (_g, gid_out, _m) = _id_maps(self.options, self._host)
+        blocked = unreachable_part(unpacked.rootfs, uid_out, gid_out)
+        if blocked is not None:
+            raise ConfigInvalidError(
+                "image", f"the sandbox's user (uid {uid_out}) cannot reach {unpacked.rootfs!r}: "
+                f"{blocked!r} is not searchable by it; put the image (or image_cache_dir) "
+                "where it is")
+        return unpacked
+
+    async def _plan_for(self, spec: SandboxSpec) -> SandboxPlan:
+        if spec.image is None:
+            return self.plan(spec)
+        check_spec(spec)  # cheap refusals before any unpacking
+        image = await asyncio.to_thread(self._unpack, spec.image)
+        return self.plan(spec, image=image)
 
     # -- the contract ---------------------------------------------------------------
     async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None
@@ -119,8 +172,98 @@ class LinuxProvider(SandboxProvider):
             raise ProviderError("the provider is closed")
         if not isinstance(spec, SandboxSpec):
             raise ConfigInvalidError("spec", "must be a SandboxSpec")
-        plan = self.plan(spec)
+        plan = await self._plan_for(spec)
         prog = self._seccomp()
+        if cancel is not None and cancel.cancelled:
+            raise CreateCancelledError(f"create cancelled: {cancel.reason}")
+        item: Launched | None = None
+        if self.spares > 0:
+            key = shape_key(plan)
+            item = await self._claim(key, plan, cancel)
+            self._refill(key, plan)
+        if item is None:
+            item = await self._launch(plan, prog, cancel, limits=plan.limits)
+        try:
+            if cancel is not None and cancel.cancelled:
+                raise CreateCancelledError(f"create cancelled: {cancel.reason}")
+            sb = LinuxSandbox(provider=self, sid=item.sid, spec=spec, plan=plan,
+                              channel=item.chan, pidfd=item.pidfd, cgroup=item.cg)
+        except BaseException:
+            await asyncio.shield(kill_launched(item, self._reaper))
+            raise
+        self._live.add(sb)
+        return sb
+
+    # -- pre-warmed spares (see spares.py) -------------------------------------------
+    async def _claim(self, key: str, plan: SandboxPlan, cancel: CancelToken | None
+                     ) -> Launched | None:
+        """A spare of this shape with ``plan``'s limits applied, or None (build cold)."""
+        while True:
+            pool = self._spares.get(key)
+            if pool:
+                item = pool.pop()
+            else:
+                task = self._building.get(key)
+                if task is None:
+                    return None
+                # sooner than a cold launch queued behind it in the zygote
+                await self._race(asyncio.wait([task]), cancel)
+                if task.cancelled() or task.exception() is not None:
+                    return None
+                continue  # the finished build put its spare into the pool
+            if item.chan.is_closed:  # its agent died while idle
+                await kill_launched(item, self._reaper)
+                continue
+            try:
+                if item.cg is not None:
+                    item.cg.apply(plan.limits)   # before anything of the caller runs
+            except Exception:
+                await kill_launched(item, self._reaper)
+                return None  # the cold path reports what is wrong
+            return item
+
+    def _refill(self, key: str, plan: SandboxPlan) -> None:
+        """Keep ``self.spares`` spares of the latest shape built or building."""
+        if self._closed:
+            return
+        for other in [k for k in self._spares if k != key]:
+            for item in self._spares.pop(other):
+                self._track(asyncio.ensure_future(kill_launched(item, self._reaper)))
+        have = len(self._spares.get(key, ())) + (key in self._building)
+        if have < self.spares and key not in self._building:
+            task = asyncio.ensure_future(self._build_spare(key, plan))
+            task.add_done_callback(_retrieve)
+            self._building[key] = task
+
+    async def _build_spare(self, key: str, plan: SandboxPlan) -> Launched:
+        try:
+            item = await self._launch(plan, self._seccomp(), None, limits=SandboxLimits())
+        finally:
+            if self._building.get(key) is asyncio.current_task():
+                del self._building[key]
+        if self._closed:
+            await kill_launched(item, self._reaper)
+            raise ProviderError("the provider is closed")
+        self._spares.setdefault(key, []).append(item)
+        have = len(self._spares[key])
+        if have < self.spares:
+            self._refill(key, plan)
+        return item
+
+    def _track(self, fut: asyncio.Future[Any]) -> None:
+        self._chores.add(fut)
+        fut.add_done_callback(self._chores.discard)
+
+    async def wait_spares(self) -> int:
+        """Wait for in-flight spare builds; returns how many idle spares exist (for tests)."""
+        while self._building or self._chores:
+            await asyncio.wait(list(self._building.values()) + list(self._chores))
+        return sum(len(v) for v in self._spares.values())
+
+    # -- one launch -------------------------------------------------------------------
+    async def _launch(self, plan: SandboxPlan, prog: bytes, cancel: CancelToken | None,
+                      *, limits: SandboxLimits) -> Launched:
+        """Build one sandbox: its cgroup (with ``limits``), namespaces and ready agent."""
         sid = secrets.token_hex(6)
         cg: Any = None
         chan: Channel | None = None
@@ -134,7 +277,7 @@ class LinuxProvider(SandboxProvider):
         try:
             check_cancel()
             if self._cgroups.support.version != "none":
-                cg = self._cgroups.create(sid, plan.limits)
+                cg = self._cgroups.create(sid, limits)
             zygote = await self._zygote_for(prog)
             check_cancel()
             host_end, sb_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -165,8 +308,6 @@ class LinuxProvider(SandboxProvider):
                     raise LevelNotSupportedError("strict", (), err, missing="seccomp")
                 raise ProviderError(err)
             check_cancel()
-            sb = LinuxSandbox(provider=self, sid=sid, spec=spec, plan=plan, channel=chan,
-                              pidfd=pidfd, cgroup=cg)
         except BaseException:
             if chan is not None:
                 chan.close()
@@ -177,8 +318,7 @@ class LinuxProvider(SandboxProvider):
             if cg is not None:
                 _remove_cgroup(cg)
             raise
-        self._live.add(sb)
-        return sb
+        return Launched(sid=sid, chan=chan, pidfd=pidfd, cg=cg)
 
     @staticmethod
     async def _race(aw: Awaitable[_T], cancel: CancelToken | None) -> _T:
@@ -199,10 +339,21 @@ class LinuxProvider(SandboxProvider):
         self._live.discard(sb)
 
     async def aclose(self) -> None:
-        """Destroy every live sandbox, stop the zygote, drop the snapshots. Idempotent."""
+        """Destroy every live sandbox and spare, stop the zygote, drop the snapshots.
+
+        Returns once their processes are gone and their cgroups removed. Idempotent.
+        """
         self._closed = True
+        if self._building:
+            await asyncio.wait(list(self._building.values()))
+        for key in list(self._spares):
+            for item in self._spares.pop(key):
+                await kill_launched(item, self._reaper)
         for sb in list(self._live):
             await sb.destroy()
+        while self._chores:
+            await asyncio.wait(list(self._chores))
+        await self._reaper.drain()
         if self._zygote is not None:
             self._zygote.stop()
             self._zygote = None
@@ -214,6 +365,12 @@ class LinuxProvider(SandboxProvider):
         return self._zygote.proc.pid if self._zygote is not None else None
 
 
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a background build's failure as seen (the next create builds cold)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _remove_cgroup(cg: Any) -> None:
     """Best effort during a rollback: the original error is the one to raise."""
     try:
@@ -222,3 +379,12 @@ def _remove_cgroup(cg: Any) -> None:
     except Exception:
         pass
 
+
+def _env_of(entries: tuple[str, ...]) -> dict[str, str]:
+    """An image config's ``Env`` (``NAME=value`` strings) as a dict."""
+    out: dict[str, str] = {}
+    for e in entries:
+        name, eq, value = e.partition("=")
+        if eq and name and "\0" not in e:
+            out[name] = value
+    return out

@@ -19,9 +19,10 @@ from ...errors import (
 )
 from ...provider import Sandbox
 from ...spec import ExecOpts, ExecResult, ProcessOpts, SandboxSpec, SnapshotHandle
-from .client import Channel, kill_pidfd
+from .client import Channel
 from .plan import SandboxPlan
 from .process import ExitInfo, LinuxProcess, PipeReader, Run, StdinPipe, usage_of
+from .spares import kill_and_remove, only_init_left, wait_exit
 
 if TYPE_CHECKING:
     from .host import LinuxProvider
@@ -64,6 +65,7 @@ class LinuxSandbox(Sandbox):
         self._runs: dict[int, Run] = {}
         self._early: dict[int, ExitInfo] = {}
         self._destroyed = False
+        self._paused = False
         self._cpu_task: asyncio.Task[None] | None = None
         self._cpu_over = 0
         channel._on_event = self._on_event
@@ -127,8 +129,10 @@ class LinuxSandbox(Sandbox):
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         try:
-            h, _p = await self._call({"op": "spawn", "argv": args, "env": e, "cwd": c},
-                                     fds=[in_r, out_w, err_w])
+            req: dict[str, Any] = {"op": "spawn", "argv": args, "env": e, "cwd": c}
+            if self.plan.cpu_rlimit_s is not None:  # per command: spares share no plan
+                req["cpu_s"] = self.plan.cpu_rlimit_s
+            h, _p = await self._call(req, fds=[in_r, out_w, err_w])
         except BaseException:
             for fd in (in_w, out_r, err_r):
                 os.close(fd)
@@ -336,14 +340,30 @@ class LinuxSandbox(Sandbox):
         if self._cg is None or "pause" not in self._provider.capabilities:
             raise PauseNotSupportedError("this host has no cgroup freezer for corral")
         await asyncio.to_thread(self._cg.freeze)
+        self._paused = True
 
     async def resume(self) -> None:
         self._live()
         if self._cg is None or "pause" not in self._provider.capabilities:
             raise PauseNotSupportedError("this host has no cgroup freezer for corral")
         await asyncio.to_thread(self._cg.thaw)
+        self._paused = False
 
     async def destroy(self) -> None:
+        """End the sandbox. Idempotent.
+
+        The promise: once destroy returns, no process of the sandbox executes
+        another instruction of user space, and none can be started. The agent
+        (the pid-namespace init) is SIGKILLed through its pidfd. If the
+        sandbox's cgroup then counts that init as its only task, destroy returns
+        at once (a task with SIGKILL pending never returns to user space, and
+        with no other task nothing can fork). Otherwise destroy waits until the
+        init has exited, which the kernel allows only after it killed and
+        reaped every other process of the namespace. The rest (the init's
+        exit, removing the empty cgroup) finishes on the provider's reaper
+        thread, and ``aclose`` waits for it. If the init does not exit within
+        a few seconds, destroy kills and removes the cgroup itself first.
+        """
         if self._destroyed:
             return
         self._destroyed = True
@@ -351,21 +371,36 @@ class LinuxSandbox(Sandbox):
         if self._cpu_task is not None:
             self._cpu_task.cancel()
         self._chan.close()
+        cg, self._cg = self._cg, None
+        gone = False
         if self._pidfd >= 0:
             pidfd, self._pidfd = self._pidfd, -1
-            kill_pidfd([pidfd])
-        self._on_agent_gone()
-        if self._cg is not None:
-            cg, self._cg = self._cg, None
             try:
-                cg.thaw()
-            except Exception:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:
                 pass
-            await asyncio.to_thread(_kill_and_remove, cg)
-
-
-def _kill_and_remove(cg: Any) -> None:
-    try:
-        cg.kill_all()
-    finally:
-        cg.remove()
+            if self._paused and cg is not None:
+                try:
+                    cg.thaw()  # frozen tasks die only once thawed
+                except Exception:
+                    pass
+            if cg is not None and only_init_left(cg):
+                # the init is the only task and has SIGKILL pending: it never runs
+                # user code again and nothing can fork; its exit finishes off-path
+                self._on_agent_gone()
+                self._provider._reaper.submit(cg, pidfd)
+                return
+            try:
+                gone = await wait_exit(pidfd)
+            except BaseException:
+                if cg is not None:  # cancelled: the reaper still kills and removes it
+                    self._provider._reaper.submit(cg)
+                raise
+            finally:
+                os.close(pidfd)
+        self._on_agent_gone()
+        if cg is not None:
+            if gone:
+                self._provider._reaper.submit(cg)
+            else:
+                await asyncio.to_thread(kill_and_remove, cg)
