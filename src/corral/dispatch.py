@@ -273,6 +273,15 @@ async def _talk(proc: ProcessHandle, data: bytes, tail: _Tail, cap: int) -> Outc
             await asyncio.shield(proc.kill())
 
 
+def _opts(mode: InvocationMode) -> ProcessOpts:
+    """handler-image: the image's entrypoint script is not inside corral's package, so
+    it is told where the host's corral is (the provider binds it at the same path)."""
+    if mode is not InvocationMode.HANDLER_IMAGE:
+        return ProcessOpts(stdin=True)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(entrypoint_script())))
+    return ProcessOpts(stdin=True, env={"CORRAL_PYTHONPATH": root})
+
+
 def _argv(mode: InvocationMode, ref: HandlerRef) -> list[str]:
     if mode is InvocationMode.JSON_STDIO:
         entry = ref.entrypoint_path or entrypoint_script()
@@ -477,7 +486,7 @@ async def invoke_in(
             await sandbox.write_file(path, data)
         if real is InvocationMode.IN_CONTEXT:
             return await _in_context(sandbox, handler_ref, resumes, inv)
-        proc = await sandbox.start_process(_argv(real, handler_ref), ProcessOpts(stdin=True))
+        proc = await sandbox.start_process(_argv(real, handler_ref), _opts(real))
         return await _talk(proc, stdin, tail, max_line_bytes)
 
     return await _bounded(run(), timeout_ms, cancel, "invoke", lambda: bytes(tail.buf))

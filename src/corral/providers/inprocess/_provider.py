@@ -32,6 +32,7 @@ from ...spec import (
     ProcessOpts,
     SandboxSpec,
 )
+from .._image_dir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec, copy_image_dir
 from ._proc import Child, InProcessHandle, spawn
 
 __all__ = ["InProcessProvider", "InProcessSandbox"]
@@ -215,18 +216,30 @@ class InProcessProvider(SandboxProvider):
     that sets a limit, or asks for a network policy other than
     ``unrestricted``, is refused with :class:`ConfigInvalidError`.
 
+    Modes: None, ``in-context`` and ``json-stdio``. ``json-stdio`` may name
+    ``spec.image``: a local directory of the handler's files, copied into the
+    work dir at ``create`` (no root filesystem of its own at this level; see
+    :mod:`corral.providers._image_dir`). ``handler-image`` is refused with
+    ``ConfigInvalidError("mode")``.
+
     Args:
         temp_dir: where sandbox directories are made (default: the system's).
+        max_image_bytes: cap on the file bytes of an image directory.
     """
 
     name = _NAME
     levels = frozenset({Level.NONE})
     capabilities = frozenset({Capability.STREAMING.value})
 
-    def __init__(self, *, temp_dir: str | None = None) -> None:
+    def __init__(self, *, temp_dir: str | None = None,
+                 max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES) -> None:
+        if isinstance(max_image_bytes, bool) or not isinstance(max_image_bytes, int) \
+                or max_image_bytes <= 0:
+            raise ConfigInvalidError("max_image_bytes", "must be a positive integer")
         self.temp_dir = temp_dir
+        self.max_image_bytes = max_image_bytes
 
-    def _validate(self, spec: SandboxSpec) -> None:
+    def _validate(self, spec: SandboxSpec) -> str | None:
         if spec.level != Level.NONE:
             raise LevelNotSupportedError(
                 spec.level.value, [Level.NONE.value],
@@ -240,20 +253,23 @@ class InProcessProvider(SandboxProvider):
             raise ConfigInvalidError(
                 "network", f"provider 'inprocess' (level none) cannot enforce network "
                 f"{spec.network.kind!r}; pass NetworkPolicy.unrestricted()")
-        if spec.image is not None:
-            raise ConfigInvalidError("image", "provider 'inprocess' cannot run images")
-        if spec.mode not in (None, InvocationMode.IN_CONTEXT):
+        if spec.mode is InvocationMode.IN_CONTEXT and spec.image is not None:
             raise ConfigInvalidError(
-                "mode", f"provider 'inprocess' supports mode 'in-context' only, not {spec.mode!r}")
+                "image", "provider 'inprocess' takes an image (a directory of the handler's "
+                "files) only with mode 'json-stdio'; in-context handlers load from the caller")
+        return check_image_spec(spec, _NAME)
 
     async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
-        self._validate(spec)
+        image = self._validate(spec)
         if cancel is not None and cancel.cancelled:
             raise CreateCancelledError(f"create cancelled: {cancel.reason}")
         base = tempfile.mkdtemp(prefix="corral-inprocess-", dir=self.temp_dir)  # mode 0700
         try:
             os.mkdir(os.path.join(base, "work"), 0o700)
             os.mkdir(os.path.join(base, "tmp"), 0o700)
+            if image is not None:
+                await asyncio.to_thread(copy_image_dir, image, os.path.join(base, "work"),
+                                        max_bytes=self.max_image_bytes)
             if cancel is not None and cancel.cancelled:
                 raise CreateCancelledError(f"create cancelled: {cancel.reason}")
         except BaseException:

@@ -30,10 +30,10 @@ import tempfile
 from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, cast, final
 
-from ...errors import ConfigInvalidError
+from ...errors import ConfigInvalidError, ProviderError
 
 __all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_MEMBERS", "ImageCache", "ImageConfig",
-           "UnpackedImage", "default_cache_dir"]
+           "UnpackedImage", "default_cache_dir", "unreachable_part"]
 
 DEFAULT_MAX_BYTES: Final = 1 << 30
 DEFAULT_MAX_MEMBERS: Final = 200_000
@@ -43,9 +43,28 @@ SourceKind = Literal["oci-layout", "oci-archive", "docker-archive", "rootfs"]
 
 
 def default_cache_dir() -> str:
-    """``$XDG_CACHE_HOME/corral/images`` (``~/.cache/corral/images``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    """``$XDG_CACHE_HOME/corral/images`` (``~/.cache/corral/images``); for root without
+    ``XDG_CACHE_HOME``, ``/var/cache/corral/images`` (root's sandboxes run as uid
+    65534, which cannot reach into ``/root``)."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base and os.geteuid() == 0:
+        return "/var/cache/corral/images"
+    base = base or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "corral", "images")
+
+
+def unreachable_part(path: str, uid: int, gid: int) -> str | None:
+    """The first directory on the way to ``path`` (itself included) that user
+    ``uid``/group ``gid`` cannot search, or None when every one allows it."""
+    cur = "/"
+    for part in [p for p in os.path.realpath(path).split("/") if p] + [""]:
+        st = os.stat(cur)
+        bits = (stat.S_IXUSR if st.st_uid == uid else
+                stat.S_IXGRP if st.st_gid == gid else stat.S_IXOTH)
+        if uid != 0 and not st.st_mode & bits:
+            return cur
+        cur = os.path.join(cur, part)
+    return None
 
 
 @final
@@ -483,6 +502,8 @@ class ImageCache:
         src = _Source(path)
         try:
             return self._unpack(src)
+        except OSError as e:  # the cache's own disk or permissions, not the image
+            raise ProviderError(f"cannot unpack {image!r} into {self.root!r}: {e}", e) from e
         finally:
             src.close()
 
@@ -508,7 +529,7 @@ class ImageCache:
                                config=config, source=source)
         if os.path.isdir(result.rootfs):
             return result
-        os.makedirs(self.root, 0o700, exist_ok=True)
+        os.makedirs(self.root, 0o711, exist_ok=True)  # searchable: sandboxes bind entries
         _reap_stale(self.root)
         tmp = tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=self.root)
         try:

@@ -92,17 +92,35 @@ def _stage(sources: Iterable[str]) -> str:
     raise OSError(2, "no directory to stage the sandbox root in")
 
 
+def _bind_rootfs(source: str, root: str, steps: list[Mapping[str, Any]]) -> None:
+    """An image's rootfs under the new root: each top-level entry no other step
+    mounts (the host's system dirs, /etc, /proc, /dev, /work, /tmp ...) is bound
+    read-only; a top-level symlink is recreated with the same text."""
+    taken = {s["target"].split("/")[1] for s in steps
+             if s["kind"] != "rootfs" and s["target"].startswith("/")}
+    for name in sorted(os.listdir(source)):
+        if name in taken or name.startswith("."):
+            continue
+        path = os.path.join(source, name)
+        if os.path.islink(path):
+            os.symlink(os.readlink(path), root + "/" + name)
+        elif os.path.isdir(path) or os.path.isfile(path):
+            _bind(path, root + "/" + name, readonly=True)
+
+
 def init_child(steps: Iterable[Mapping[str, Any]]) -> None:
     """Apply the plan's mount steps and pivot into the new root (sandbox side)."""
     steps = list(steps)
     su.mount(None, "/", None, su.MS_REC | su.MS_PRIVATE, None)
-    root = _stage(s["source"] for s in steps if s["kind"] == "bind")
+    root = _stage(s["source"] for s in steps if s["kind"] in ("bind", "rootfs"))
     su.mount("corral-root", root, "tmpfs", su.MS_NOSUID | su.MS_NODEV,
              "size=1m,nr_inodes=4096,mode=755")
     area = root + _AREA
     for s in steps:
         kind, target = s["kind"], root + s["target"]
-        if kind == "bind":
+        if kind == "rootfs":
+            _bind_rootfs(s["source"], root, steps)
+        elif kind == "bind":
             _bind(s["source"], target, readonly=s["readonly"])
         elif kind == "dir":
             os.makedirs(target, exist_ok=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from ...errors import ConfigInvalidError, LevelNotSupportedError
-from ...spec import Level, SandboxLimits, SandboxSpec
+from ...spec import InvocationMode, Level, SandboxLimits, SandboxSpec
 from . import _sys_unsafe as su
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "MountStep",
     "SandboxPlan",
     "build_plan",
+    "check_spec",
 ]
 
 WORK_DIR: Final = "/work"
@@ -53,7 +54,10 @@ NAMESPACES: Final = (su.CLONE_NEWUSER | su.CLONE_NEWNS | su.CLONE_NEWPID | su.CL
 _RESERVED: Final = ("/proc", "/dev", "/etc", "/tmp", WORK_DIR)
 _WRITABLE: Final = (WORK_DIR, "/tmp")
 
-MountKind = Literal["bind", "tmpfs", "dir", "symlink", "file", "proc", "area", "area_bind"]
+MountKind = Literal["bind", "tmpfs", "dir", "symlink", "file", "proc", "area", "area_bind",
+                    "rootfs"]
+#: the modes that take ``spec.image`` (unpacked by the provider, see images.py)
+_IMAGE_MODES: Final = (InvocationMode.JSON_STDIO, InvocationMode.HANDLER_IMAGE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,7 +69,9 @@ class MountStep:
     ``file`` (``data`` written, then made read-only with the root), ``proc``,
     ``area`` (a tmpfs of ``size_bytes`` outside the root, named ``source``,
     holding the writable subdirs), ``area_bind`` (``source`` = subdir of the area
-    bound read-write at ``target``).
+    bound read-write at ``target``), ``rootfs`` (first, if at all: each top-level
+    entry of the host dir ``source`` that no other step mounts is bound
+    read-only into the new root; symlinks are copied as symlinks).
     """
 
     kind: MountKind
@@ -179,11 +185,18 @@ def _check_level_and_network(spec: SandboxSpec) -> None:
             str(spec.level), ("strict",),
             "only network 'none' (loopback only) is implemented",
             missing=f"network policy {spec.network.kind!r}")
-    if spec.image is not None:
+    if spec.image is not None and spec.mode not in _IMAGE_MODES:
         raise LevelNotSupportedError(
             str(spec.level), ("strict",),
-            "the linux provider runs the host's own binaries read-only; it has no image support",
-            missing=f"container image {spec.image!r}")
+            "the linux provider runs an image only as a handler's root filesystem (mode "
+            "'json-stdio' or 'handler-image'); general-purpose sandboxes use the host's own "
+            "binaries read-only", missing=f"container image {spec.image!r}")
+
+
+def check_spec(spec: SandboxSpec) -> None:
+    """The refusals that need no host facts (level, network, image without a handler
+    mode); the provider runs them before unpacking an image."""
+    _check_level_and_network(spec)
 
 
 def _merged_limits(spec: SandboxSpec, options: LinuxOptions) -> SandboxLimits:
@@ -257,15 +270,31 @@ def _extra_binds(host: HostLayout, options: LinuxOptions,
     return sorted(before), sorted(after)
 
 
-def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout) -> SandboxPlan:
-    """Turn ``spec`` into a plan, or refuse it with one specific error."""
+def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
+               rootfs: str | None = None, image_env: Mapping[str, str] | None = None
+               ) -> SandboxPlan:
+    """Turn ``spec`` into a plan, or refuse it with one specific error.
+
+    ``rootfs`` is the unpacked ``spec.image`` (a host dir; required exactly when
+    the spec names an image): its top-level entries are bound read-only under
+    the host's system dirs, prefixes, corral, /etc, /proc, /dev, /work and /tmp,
+    which all sit where they would without an image. ``image_env`` (the image
+    config's ``Env``) goes over the env base.
+    """
     _check_level_and_network(spec)
+    if (spec.image is None) != (rootfs is None):
+        raise ConfigInvalidError(
+            "image", "the plan needs the unpacked rootfs of exactly the spec's image")
+    if rootfs is not None and (not rootfs.startswith("/") or posixpath.normpath(rootfs) == "/"):
+        raise ConfigInvalidError("image", f"not a usable rootfs dir: {rootfs!r}")
     limits = _merged_limits(spec, options)
     uid_map, gid_map = _id_maps(options, host)
     disk_bytes = (limits.disk_mb or _FALLBACK_DISK_MB) * 1024 * 1024
     before, after = _extra_binds(host, options, with_package=spec.mode is not None)
 
     steps: list[MountStep] = []
+    if rootfs is not None:
+        steps.append(MountStep(kind="rootfs", target="/", source=posixpath.normpath(rootfs)))
     for d in host.system_dirs:
         steps.append(MountStep(kind="bind", target=d, source=d))
     for path, link in host.system_links:
@@ -299,5 +328,6 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout) ->
     return SandboxPlan(
         namespaces=NAMESPACES, uid_map=uid_map, gid_map=gid_map, hostname=options.hostname,
         mounts=tuple(steps), work_dir=WORK_DIR, limits=limits, rlimits=rlimits,
-        cpu_rlimit_s=cpu_s, env_base=dict(ENV_BASE), network=spec.network.kind,
+        cpu_rlimit_s=cpu_s, env_base={**ENV_BASE, **(image_env or {})},
+        network=spec.network.kind,
     )

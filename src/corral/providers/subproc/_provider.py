@@ -39,10 +39,12 @@ from ...spec import (
     Capability,
     ExecOpts,
     ExecResult,
+    InvocationMode,
     Level,
     ProcessOpts,
     SandboxSpec,
 )
+from .._image_dir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec, copy_image_dir
 from ._process import ChunkQueue, SubprocProcess, exit_code_of
 
 __all__ = ["SubprocProvider", "SubprocSandbox"]
@@ -216,6 +218,12 @@ class SubprocProvider(SandboxProvider):
             one raises ``LimitsExceededError("output")``).
         max_process_output_bytes: cap per stream of a started process.
         shutdown_signal / grace_period_ms: how a timed-out command is stopped.
+        max_image_bytes: cap on the file bytes of an image directory.
+
+    Mode ``json-stdio`` takes ``spec.image``: a local directory of the handler's
+    files, copied into the work dir at ``create`` (this level has no root
+    filesystem of its own; see :mod:`corral.providers._image_dir`).
+    ``handler-image`` is refused with ``ConfigInvalidError("mode")``.
     """
 
     name = _NAME
@@ -227,12 +235,14 @@ class SubprocProvider(SandboxProvider):
                  max_stdout_bytes: int = DEFAULT_MAX_STDOUT_BYTES,
                  max_stderr_bytes: int = DEFAULT_MAX_STDERR_BYTES,
                  max_process_output_bytes: int = 64 * 1024 * 1024,
-                 shutdown_signal: int | str = "SIGTERM", grace_period_ms: int = 2000) -> None:
+                 shutdown_signal: int | str = "SIGTERM", grace_period_ms: int = 2000,
+                 max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES) -> None:
         for field, value in (("exec_timeout_ms", exec_timeout_ms),
                              ("process_timeout_ms", process_timeout_ms),
                              ("max_stdout_bytes", max_stdout_bytes),
                              ("max_stderr_bytes", max_stderr_bytes),
-                             ("max_process_output_bytes", max_process_output_bytes)):
+                             ("max_process_output_bytes", max_process_output_bytes),
+                             ("max_image_bytes", max_image_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigInvalidError(field, f"must be a positive integer, got {value!r}")
         if isinstance(grace_period_ms, bool) or not isinstance(grace_period_ms, int) \
@@ -246,8 +256,9 @@ class SubprocProvider(SandboxProvider):
         self.max_process_output_bytes = max_process_output_bytes
         self.shutdown_signal = shutdown_signal
         self.grace_period_ms = grace_period_ms
+        self.max_image_bytes = max_image_bytes
 
-    def _validate(self, spec: SandboxSpec) -> None:
+    def _validate(self, spec: SandboxSpec) -> str | None:
         if spec.level != Level.CONTEXT_ISOLATED:
             raise LevelNotSupportedError(
                 spec.level.value, [Level.CONTEXT_ISOLATED.value],
@@ -262,21 +273,23 @@ class SubprocProvider(SandboxProvider):
             raise ConfigInvalidError(
                 "network", f"provider 'subproc' cannot enforce network {spec.network.kind!r} "
                 "(commands share the host's network); pass NetworkPolicy.unrestricted()")
-        if spec.image is not None:
-            raise ConfigInvalidError("image", "provider 'subproc' cannot run images")
-        if spec.mode is not None:
+        if spec.mode not in (None, InvocationMode.JSON_STDIO, InvocationMode.HANDLER_IMAGE):
             raise ConfigInvalidError(
-                "mode", f"provider 'subproc' runs general-purpose sandboxes only "
-                f"(mode None), not {spec.mode.value!r}")
+                "mode", "provider 'subproc' runs general-purpose sandboxes (mode None) and "
+                f"'json-stdio' handlers, not {spec.mode.value!r}")
+        return check_image_spec(spec, _NAME)
 
     async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
-        self._validate(spec)
+        image = self._validate(spec)
         if cancel is not None and cancel.cancelled:
             raise CreateCancelledError(f"create cancelled: {cancel.reason}")
         base = tempfile.mkdtemp(prefix=_PREFIX, dir=self.temp_dir)  # mode 0700
         try:
             os.mkdir(os.path.join(base, "work"), 0o700)
             os.mkdir(os.path.join(base, "tmp"), 0o700)
+            if image is not None:
+                await asyncio.to_thread(copy_image_dir, image, os.path.join(base, "work"),
+                                        max_bytes=self.max_image_bytes)
             if cancel is not None and cancel.cancelled:
                 raise CreateCancelledError(f"create cancelled: {cancel.reason}")
         except BaseException:
