@@ -365,15 +365,22 @@ class SandboxCgroup:
         elif self.version == "v1":
             cpu_ms = read_int(self._file("cpuacct", "cpuacct.usage")) // 1_000_000
             peak = read_int(self._file("memory", "memory.max_usage_in_bytes"))
-            if self.oom_source == V1_PEAK_FALLBACK:
-                lim = read_int(self._file("memory", "memory.memsw.limit_in_bytes"))
-                top = read_int(self._file("memory", "memory.memsw.max_usage_in_bytes"))
-                ooms = int(0 < lim < 1 << 62 and top >= lim)
-            else:
-                ooms = read_keyed(self._file("memory", "memory.oom_control")).get("oom_kill", 0)
+            ooms = self.oom_kills()
         current = read_int(self._file("pids", "pids.current"))
         return CgroupUsage(cpu_ms=cpu_ms, peak_mem_mb=-(-peak // _MIB), oom_kills=ooms,
                            pids_current=current)
+
+    def oom_kills(self) -> int:
+        """The out-of-memory kill count alone (see ``oom_source``); cheaper than usage()."""
+        if self.version == "v2":
+            return read_keyed(self._file("", "memory.events")).get("oom_kill", 0)
+        if self.version != "v1":
+            return 0
+        if self.oom_source == V1_PEAK_FALLBACK:
+            lim = read_int(self._file("memory", "memory.memsw.limit_in_bytes"))
+            top = read_int(self._file("memory", "memory.memsw.max_usage_in_bytes"))
+            return int(0 < lim < 1 << 62 and top >= lim)
+        return read_keyed(self._file("memory", "memory.oom_control")).get("oom_kill", 0)
 
     def memory_hit(self) -> bool:
         """Whether the kernel killed a process here for memory (see ``oom_source``)."""

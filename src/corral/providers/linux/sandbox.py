@@ -66,6 +66,7 @@ class LinuxSandbox(Sandbox):
         self._early: dict[int, ExitInfo] = {}
         self._destroyed = False
         self._paused = False
+        self._ran = False  # whether any command was started yet
         self._cpu_task: asyncio.Task[None] | None = None
         self._cpu_over = 0
         channel._on_event = self._on_event
@@ -125,6 +126,7 @@ class LinuxSandbox(Sandbox):
         """Start a command; returns (run, stdin fd, stdout fd, stderr fd, spawn error)."""
         args, e, c = _check_argv(argv), self._env(env), self._cwd(cwd)
         self._live()
+        self._ran = True
         in_r, in_w = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -180,7 +182,7 @@ class LinuxSandbox(Sandbox):
         if self._cg is None:
             return 0
         try:
-            return int(self._cg.usage().oom_kills)
+            return int(self._cg.oom_kills())
         except (OSError, ValueError):
             return 0
 
@@ -230,7 +232,8 @@ class LinuxSandbox(Sandbox):
         opts = opts or ExecOpts()
         loop = asyncio.get_running_loop()
         started = loop.time()
-        before = (self._oom_kills(), self._pids_max_events())
+        # counters before this command (a sandbox that never ran one has none yet)
+        before = (self._oom_kills(), self._pids_max_events()) if self._ran else (0, 0)
         run, in_w, out_r, err_r, spawn_err = await self._spawn(argv, opts.env, opts.cwd)
         stdin = StdinPipe(in_w)
         out, err = bytearray(), bytearray()
