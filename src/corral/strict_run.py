@@ -90,7 +90,9 @@ async def run_strict_async(
     own = provider is None
     if provider is None:
         from .providers.linux import LinuxProvider
-        provider = LinuxProvider(stdout_cap=max_stdout_bytes, stderr_cap=max_stderr_bytes)
+        # one run: a pre-warmed spare would be built only to be thrown away
+        provider = LinuxProvider(stdout_cap=max_stdout_bytes, stderr_cap=max_stderr_bytes,
+                                 spares=0)
     started = time.monotonic()
     bufs = (OutputBuffer(max_stdout_bytes, on_stdout, True),
             OutputBuffer(max_stderr_bytes, on_stderr, True))

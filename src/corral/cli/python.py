@@ -13,11 +13,15 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigInvalidError
-from ..snippets.runner import DEFAULT_TIMEOUT_MS, run_snippet_sync, shutdown_snippet_pool
-from ..snippets.transcript import Transcript, thaw
+
+if TYPE_CHECKING:
+    from ..snippets.transcript import Transcript
+
+#: --timeout when not given (the snippet runner's own default; a test keeps them equal)
+DEFAULT_TIMEOUT_MS = 5000
 
 __all__ = ["add_parser", "render", "run"]
 
@@ -72,6 +76,8 @@ def _payload(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _fact(value: Any) -> str:
+    from ..snippets.transcript import thaw
+
     return json.dumps(thaw(value), ensure_ascii=False)
 
 
@@ -103,6 +109,9 @@ def render(t: Transcript) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the snippet; print the transcript; exit 0, 1 or 124."""
+    # imported here, not at the top: every verb's module loads to build the parser
+    from ..snippets.runner import run_snippet_sync, shutdown_snippet_pool
+
     files = _payload(args)
     try:
         transcript = run_snippet_sync(files=files, level=args.level, timeout_ms=args.timeout,
