@@ -127,3 +127,27 @@ def test_after_destroy_no_process_of_the_sandbox_runs(linux: Any, spares: int) -
         assert [n for n in cgs if f"-{os.getpid()}-" in n] == []
 
     linux(test, spares=spares)
+
+
+@pytest.mark.parametrize("spares", [0, 1])
+def test_the_sandbox_cgroup_is_the_root_of_its_cgroup_namespace(linux: Any, spares: int
+                                                                  ) -> None:
+    async def test(p: Any) -> None:
+        for _ in range(2):
+            async with await p.create(make_spec()) as sb:
+                if sb._cg is None:
+                    pytest.skip("no cgroups here")
+                r = await sb.exec(["cat", "/proc/self/cgroup"])
+                inside = {ln.split(":")[1]: ln.split(":", 2)[2]
+                          for ln in r.stdout.decode().splitlines()}
+                (agent,) = sb._cg.pids()
+                with open(f"/proc/{agent}/cgroup") as f:
+                    outside = {ln.split(":")[1]: ln.split(":", 2)[2]
+                               for ln in f.read().splitlines()}
+                for key in sb._cg.dirs:
+                    ctrl = {"unified": ""}.get(key, key)
+                    ctrl = next(c for c in outside if ctrl in c.split(","))
+                    assert inside[ctrl] == "/"
+                    assert outside[ctrl].endswith("/" + sb._cg.name)
+
+    linux(test, spares=spares)

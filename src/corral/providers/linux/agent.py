@@ -239,11 +239,16 @@ class _Agent:
                 self.reap()
 
 
-def main(sock_fd: int, plan: Mapping[str, Any], seccomp_prog: bytes) -> None:
-    """Contain this process per ``plan``, then serve; never returns."""
+def main(sock_fd: int, plan: Mapping[str, Any], seccomp_prog: bytes, *,
+         placed_fd: int) -> None:
+    """Contain this process per ``plan``, then serve; never returns.
+
+    ``placed_fd``: read end of a pipe that says when this process is in the
+    sandbox's cgroup (see ``contain.contain``)."""
     sock = socket.socket(fileno=sock_fd)
     try:
-        contain.contain(plan, keep_fd=sock_fd, seccomp_prog=seccomp_prog)
+        contain.contain(plan, keep_fd=sock_fd, seccomp_prog=seccomp_prog,
+                        placed_fd=placed_fd)
     except BaseException as e:
         try:
             sock.sendall(json.dumps({"error": f"sandbox setup failed: {e}"}).encode() + b"\n")

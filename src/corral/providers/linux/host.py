@@ -255,9 +255,11 @@ class LinuxProvider(SandboxProvider):
         fut.add_done_callback(self._chores.discard)
 
     async def wait_spares(self) -> int:
-        """Wait for in-flight spare builds; returns how many idle spares exist (for tests)."""
+        """Wait for background work (spare builds, removals of destroyed sandboxes'
+        cgroups); returns how many idle spares exist. For tests and benchmarks."""
         while self._building or self._chores:
             await asyncio.wait(list(self._building.values()) + list(self._chores))
+        await self._reaper.drain()
         return sum(len(v) for v in self._spares.values())
 
     # -- one launch -------------------------------------------------------------------
