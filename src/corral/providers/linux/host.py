@@ -355,7 +355,7 @@ class LinuxProvider(SandboxProvider):
             await sb.destroy()
         while self._chores:
             await asyncio.wait(list(self._chores))
-        await self._reaper.drain()
+        await self._reaper.stop()
         if self._zygote is not None:
             self._zygote.stop()
             self._zygote = None
