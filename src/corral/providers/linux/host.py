@@ -182,6 +182,8 @@ class LinuxProvider(SandboxProvider):
             item = await self._claim(key, plan, cancel)
             self._refill(key, plan)
         if item is None:
+            if self._closed:  # aclose ran while this create waited for a spare
+                raise ProviderError("the provider is closed")
             item = await self._launch(plan, prog, cancel, limits=plan.limits)
         try:
             if cancel is not None and cancel.cancelled:

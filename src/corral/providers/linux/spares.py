@@ -17,9 +17,15 @@ Why: on cgroup v1 (and v2 without ``favordynmods``) the first move of a
 process into a cgroup after an idle spell waits for an RCU grace period
 (9-19 ms measured here), more than the rest of a launch together.
 
-**Reaper.** :meth:`LinuxSandbox.destroy` returns once every process of the
-sandbox has exited; removing the (then empty) cgroup directories happens
-here, on one provider-owned thread, and ``aclose`` waits for it.
+**Reaper.** :meth:`LinuxSandbox.destroy` returns once no process of the
+sandbox can run again (see its docstring); waiting for the init's exit and
+removing the then empty cgroup directories happens here, on one
+provider-owned thread, and ``aclose`` waits for it.
+
+Measured on the project VM (cgroup v1, 2 cores; /tmp/perf scratch scripts,
+median of 20-30): cold create 19-21 ms before this work, ~11-12 ms after
+(launcher moves the init into its cgroup while the init sets up); create
+with a spare 0.2-0.5 ms; destroy 3.4-3.8 ms before, 0.1-0.2 ms after.
 """
 
 from __future__ import annotations
