@@ -103,6 +103,8 @@ class LinuxProvider(SandboxProvider):
         self._building: dict[str, asyncio.Task[Launched]] = {}
         self._chores: set[asyncio.Future[Any]] = set()
         self._reaper = Reaper()
+        self._plans: dict[tuple[Any, ...], SandboxPlan] = {}  # create's cache (image-less)
+        self._keys: dict[int, tuple[SandboxPlan, str]] = {}   # id(plan) -> its shape key
 
     # -- helpers -----------------------------------------------------------------
     def _seccomp(self) -> bytes:
@@ -160,7 +162,14 @@ class LinuxProvider(SandboxProvider):
 
     async def _plan_for(self, spec: SandboxSpec) -> SandboxPlan:
         if spec.image is None:
-            return self.plan(spec)
+            # build_plan reads only these fields of a spec without an image
+            ckey = (spec.level, spec.network, spec.mode, spec.limits)
+            hit = self._plans.get(ckey)
+            if hit is None:
+                if len(self._plans) >= 64:
+                    self._plans.clear()
+                hit = self._plans[ckey] = self.plan(spec)
+            return hit
         check_spec(spec)  # cheap refusals before any unpacking
         image = await asyncio.to_thread(self._unpack, spec.image)
         return self.plan(spec, image=image)
@@ -178,7 +187,12 @@ class LinuxProvider(SandboxProvider):
             raise CreateCancelledError(f"create cancelled: {cancel.reason}")
         item: Launched | None = None
         if self.spares > 0:
-            key = shape_key(plan)
+            known = self._keys.get(id(plan))
+            if known is None or known[0] is not plan:
+                if len(self._keys) >= 64:
+                    self._keys.clear()
+                known = self._keys[id(plan)] = (plan, shape_key(plan))
+            key = known[1]
             item = await self._claim(key, plan, cancel)
             self._refill(key, plan)
         if item is None:
