@@ -105,7 +105,7 @@ def test_files_stay_inside(linux: Any) -> None:
             await sb.exec(["ln", "-s", "/etc", "link"])
             with pytest.raises(ConfigInvalidError):
                 await sb.read_file("link/passwd")
-            with pytest.raises(ConfigInvalidError, match="no such file"):
+            with pytest.raises(FileNotFoundError):
                 await sb.read_file("missing.txt")
 
     linux(test)
@@ -243,7 +243,7 @@ def test_snapshot_restore_and_bad_handles(linux: Any) -> None:
             await sb.write_file("new.txt", b"n")
             await sb.restore(h)
             assert await sb.read_file("d/keep.txt") == b"v1"
-            with pytest.raises(ConfigInvalidError):
+            with pytest.raises(FileNotFoundError):
                 await sb.read_file("new.txt")
             await other.restore(h)   # any sandbox of the same provider
             assert await other.read_file("d/keep.txt") == b"v1"

@@ -75,6 +75,12 @@ async def check_files(k: Kit) -> None:
         await sb.write_file("text.txt", "h\u00e9llo")
         got = await sb.read_file("text.txt")
         expect(got == "h\u00e9llo".encode(), f"str data must be written as UTF-8: got {got!r}")
+        try:
+            await within(sb.read_file("no/such/file.txt"), 10.0, "read_file of a missing file")
+        except FileNotFoundError:
+            pass
+        else:
+            raise AssertionError("read_file of a missing file must raise FileNotFoundError")
         if not k.processes:
             return
         r = await k.run(sb, "import hashlib; print(hashlib.sha256(open('big.bin','rb').read())"

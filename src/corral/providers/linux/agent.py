@@ -11,12 +11,30 @@ stdout and stderr pipe ends as SCM_RIGHTS, so output flows straight from
 the command to the host, never through the agent. Commands start with
 posix_spawn in a new session (their own process group, no controlling
 terminal), with fds 0/1/2 only and default signal dispositions.
+
+A ``fork_call`` request starts a process the same way but without execve:
+the agent forks and the child calls one of :data:`FORK_ENTRIES` (an
+in-process entry point preloaded in the zygote, e.g. the snippet worker's
+template loop), so the child shares the zygote's loaded pages instead of
+starting an interpreter. The child gets what a spawned command gets (new
+session, the passed pipes on 0/1/2 and no other descriptor, the request's
+env as ``os.environ``, the cwd, the CPU rlimit, a fresh interpreter's signal
+dispositions) and keeps what the agent has (namespaces, no capabilities,
+no_new_privs, seccomp, rlimits, not dumpable). Its memory is a copy of the
+agent's; the zygote runs with an empty environment and holds no secrets.
+
+Imports: after containment the agent drops corral's import root from
+``sys.path`` and empties the ``__path__`` of corral's packages
+(:func:`seal_imports`), so no import, lazy or not, in the agent or a forked
+child can load code from the sandbox's writable area (where a host import
+root under ``/work`` or ``/tmp`` would land).
 """
 
 from __future__ import annotations
 
 import array
 import errno
+import io
 import json
 import os
 import resource
@@ -24,18 +42,35 @@ import select
 import signal
 import socket
 import stat
-from collections.abc import Mapping
+import sys
+import traceback
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from ..._paths import read_file_under, split_relative, write_file_under
 from ...errors import ConfigInvalidError
 from . import contain, snapshots
 
-__all__ = ["main"]
+__all__ = ["FORK_ENTRIES", "main", "seal_imports"]
 
 _MAX_FDS: Final = 3
 _RESET_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT,
                          signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP)
+#: what ``fork_call`` may run: ``module:function``, called with the request's args (a
+#: list of str); the module must already be loaded (preloaded in the zygote)
+FORK_ENTRIES: Final = frozenset({"corral.snippets._worker:main"})
+
+
+def seal_imports() -> None:
+    """No import from corral's import root from now on (see the module docstring)."""
+    import corral
+    pkg = os.path.dirname(os.path.abspath(str(corral.__file__)))
+    root = os.path.dirname(pkg)
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) not in (root, pkg)]
+    for name, module in list(sys.modules.items()):
+        if (name == "corral" or name.startswith("corral.")) and hasattr(module, "__path__"):
+            module.__path__ = []
+    sys.path_importer_cache.clear()
 
 
 class _Agent:
@@ -88,6 +123,8 @@ class _Agent:
             op = h["op"]
             if op == "spawn":
                 self.send({"id": rid, **self.spawn(h)})
+            elif op == "fork_call":
+                self.send({"id": rid, **self.fork_call(h)})
             elif op == "kill":
                 self.kill(int(h["pid"]), int(h.get("sig", signal.SIGKILL)))
                 self.send({"id": rid, "ok": True})
@@ -111,8 +148,11 @@ class _Agent:
             self.send({"id": rid, "error": "config-invalid", "field": e.field,
                        "reason": e.reason})
         except FileNotFoundError as e:
-            self.send({"id": rid, "error": "config-invalid", "field": "path",
-                       "reason": f"no such file: {e.filename or h.get('path')!r}"})
+            if op == "read":  # the contract: a missing file is the builtin FileNotFoundError
+                self.send({"id": rid, "error": "not-found", "path": str(h.get("path"))})
+            else:
+                self.send({"id": rid, "error": "config-invalid", "field": "path",
+                           "reason": f"no such file: {e.filename or h.get('path')!r}"})
         except OSError as e:
             self.send({"id": rid, "error": "os", "errno": e.errno or 0, "reason": str(e)})
 
@@ -135,9 +175,7 @@ class _Agent:
                 raise OSError(errno.EBADF, "spawn needs three descriptors")
             argv = [str(a) for a in h["argv"]]
             env = {str(k): str(v) for k, v in h["env"].items()}
-            cwd = self.work
-            if h.get("cwd"):
-                cwd = os.path.join(self.work, *split_relative(h["cwd"], root_alias=self.work))
+            cwd = self._cwd(h)
             try:
                 prog = self._resolve(argv[0], env.get("PATH", ""))
             except FileNotFoundError:
@@ -165,6 +203,86 @@ class _Agent:
         finally:
             for fd in fds:
                 os.close(fd)
+
+    def _cwd(self, h: Mapping[str, Any]) -> str:
+        if h.get("cwd"):
+            return os.path.join(self.work, *split_relative(h["cwd"], root_alias=self.work))
+        return self.work
+
+    def fork_call(self, h: Mapping[str, Any]) -> dict[str, Any]:
+        fds, self.fds = self.fds[:_MAX_FDS], self.fds[_MAX_FDS:]
+        try:
+            if len(fds) != _MAX_FDS:
+                raise OSError(errno.EBADF, "fork_call needs three descriptors")
+            entry = str(h["entry"])
+            if entry not in FORK_ENTRIES:
+                raise ConfigInvalidError("entry", f"not an in-process entry point: {entry!r}")
+            modname, _, fname = entry.partition(":")
+            module = sys.modules.get(modname)
+            if module is None:
+                raise ConfigInvalidError("entry", f"{modname} is not preloaded in this sandbox")
+            func = getattr(module, fname)
+            args = [str(a) for a in h.get("args", ())]
+            env = {str(k): str(v) for k, v in h["env"].items()}
+            cwd = self._cwd(h)
+            cpu_s = h.get("cpu_s", self.cpu_s)
+            pid = os.fork()
+            if pid == 0:
+                self._become(func, [entry, *args], env, cwd, fds, cpu_s)
+            self.children.add(pid)
+            return {"pid": pid}
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _become(self, func: Callable[[list[str]], object], argv: list[str],
+                env: dict[str, str], cwd: str, fds: list[int], cpu_s: int | None) -> None:
+        """The forked child of ``fork_call``: set up like a spawned command, call
+        ``func(argv[1:])``, exit. Never returns."""
+        code = 70
+        try:
+            signal.set_wakeup_fd(-1)
+            self.sock.detach()  # closed below: the object must not close a reused number
+            os.setsid()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0] + 1)
+            for sig in (signal.SIGCHLD, signal.SIGHUP, signal.SIGTERM, signal.SIGXCPU):
+                signal.signal(sig, signal.SIG_DFL)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as a fresh interpreter has them
+                signal.signal(sig, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            if cpu_s:
+                resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)
+            sys.argv = argv
+            sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+                io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding="utf-8")
+            sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+                io.BufferedWriter(io.FileIO(1, "wb", closefd=False)), encoding="utf-8")
+            sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+                io.BufferedWriter(io.FileIO(2, "wb", closefd=False)), encoding="utf-8",
+                errors="backslashreplace", line_buffering=True)
+            self.buf = bytearray()
+            func(argv[1:])
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            try:
+                traceback.print_exc()
+            except BaseException:
+                pass
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except BaseException:
+                    pass
+            os._exit(code)
 
     def kill(self, pid: int, sig: int) -> None:
         if pid <= 1:
@@ -255,6 +373,7 @@ def main(sock_fd: int, plan: Mapping[str, Any], seccomp_prog: bytes, *,
         finally:
             os._exit(71)
     try:
+        seal_imports()
         _Agent(sock, plan).serve()
     except BaseException:
         pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
@@ -103,6 +104,9 @@ class LinuxSandbox(Sandbox):
         self._live()
         h, p, _fds = await self._chan.request(header, payload, fds)
         if "error" in h:
+            if h["error"] == "not-found":
+                raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox",
+                                        str(h.get("path")))
             if h["error"] == "config-invalid":
                 raise ConfigInvalidError(str(h.get("field", "?")), str(h.get("reason", "")))
             if h["error"] == "os":
