@@ -263,7 +263,8 @@ def test_require_names_what_is_missing() -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="drops to uid 65534 from root")
-def test_unprivileged_without_delegation_is_refused_by_name() -> None:
+def test_unprivileged_without_delegation_is_refused_by_name(
+        nobody_python: tuple[str, str]) -> None:
     code = ("from corral.providers.linux.cgroups import CgroupManager\n"
             "from corral.spec import SandboxLimits\n"
             "from corral.errors import LevelNotSupportedError\n"
@@ -272,8 +273,8 @@ def test_unprivileged_without_delegation_is_refused_by_name() -> None:
             "    m.require(SandboxLimits(mem_mb=64))\n"
             "except LevelNotSupportedError as e:\n"
             "    print(e.missing)\n")
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    r = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {src!r})\n"
+    py, src = nobody_python
+    r = subprocess.run([py, "-I", "-c", f"import sys; sys.path.insert(0, {src!r})\n"
                         + code], user=65534, group=65534, capture_output=True, timeout=30,
                        check=True)
     out = r.stdout.decode()

@@ -23,13 +23,14 @@ UNSHARE_OPT = {"user": "-U", "mount": "-m", "pid": "-p", "net": "-n", "ipc": "-i
                "cgroup": "-C"}
 
 
-def run_probe_json(*prelude: str, **kw: object) -> dict[str, object]:
+def run_probe_json(*prelude: str, py: str = sys.executable, src: str = SRC,
+                   **kw: object) -> dict[str, object]:
     """probe() in a fresh interpreter (optionally after ``prelude``), as JSON."""
-    code = "\n".join([f"import sys; sys.path.insert(0, {SRC!r})", *prelude,
+    code = "\n".join([f"import sys; sys.path.insert(0, {src!r})", *prelude,
                       "import json",
                       "from corral.providers.linux import hostinfo",
                       "print(json.dumps(hostinfo.probe().to_dict()))"])
-    r = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, timeout=60,
+    r = subprocess.run([py, "-I", "-c", code], capture_output=True, timeout=60,
                        check=True, **kw)  # type: ignore[call-overload]
     out: dict[str, object] = json.loads(r.stdout)
     return out
@@ -60,9 +61,10 @@ def test_namespace_verdict_agrees_with_util_linux(kind: str) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="drops to uid 65534 from root")
-def test_unprivileged_view_agrees_with_util_linux() -> None:
+def test_unprivileged_view_agrees_with_util_linux(nobody_python: tuple[str, str]) -> None:
     as_nobody = {"user": 65534, "group": 65534, "extra_groups": []}
-    d = run_probe_json(**as_nobody)
+    py, src = nobody_python
+    d = run_probe_json(py=py, src=src, **as_nobody)
     assert d["is_root"] is False and d["uid"] == 65534
     control = subprocess.run(["unshare", "-U", "true"], capture_output=True, timeout=30,
                              **as_nobody)  # type: ignore[call-overload]

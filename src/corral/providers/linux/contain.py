@@ -58,7 +58,7 @@ def contain(plan: Mapping[str, Any], *, keep_fd: int, seccomp_prog: bytes,
         raise OSError(22, "no seccomp filter: refusing to run unfiltered")
     os.umask(0o022)
     # 1. the file system view: private mounts, new read-only root, /work, /tmp, /proc, /dev
-    mounts.init_child(plan["mounts"])
+    mounts.init_child(plan["mounts"], source_fds=plan.get("source_fds", {}))
     # 2. identity and network
     su.sethostname(plan["hostname"])
     su.loopback_up()

@@ -108,8 +108,15 @@ def _bind_rootfs(source: str, root: str, steps: list[Mapping[str, Any]]) -> None
             _bind(path, root + "/" + name, readonly=True)
 
 
-def init_child(steps: Iterable[Mapping[str, Any]]) -> None:
-    """Apply the plan's mount steps and pivot into the new root (sandbox side)."""
+def init_child(steps: Iterable[Mapping[str, Any]], *,
+               source_fds: Mapping[str, int] | None = None) -> None:
+    """Apply the plan's mount steps and pivot into the new root (sandbox side).
+
+    ``source_fds`` maps a bind source to an ``O_PATH`` descriptor opened before
+    the sandbox took its own uid; binding from ``/proc/self/fd/N`` reaches a
+    source whose host path that uid could not walk (a 0700 home dir).
+    """
+    fds = source_fds or {}
     steps = list(steps)
     su.mount(None, "/", None, su.MS_REC | su.MS_PRIVATE, None)
     root = _stage(s["source"] for s in steps if s["kind"] in ("bind", "rootfs"))
@@ -121,7 +128,9 @@ def init_child(steps: Iterable[Mapping[str, Any]]) -> None:
         if kind == "rootfs":
             _bind_rootfs(s["source"], root, steps)
         elif kind == "bind":
-            _bind(s["source"], target, readonly=s["readonly"])
+            fd = fds.get(s["source"])
+            _bind(s["source"] if fd is None else f"/proc/self/fd/{fd}", target,
+                  readonly=s["readonly"])
         elif kind == "dir":
             os.makedirs(target, exist_ok=True)
             os.chmod(target, s["mode"])

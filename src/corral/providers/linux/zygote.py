@@ -75,6 +75,12 @@ def _write_maps(pid: int, plan: Mapping[str, Any]) -> None:
             f.write(f"{inside} {outside} {count}\n")
 
 
+def _open_bind_sources(steps: Any) -> dict[str, int]:
+    """An O_PATH descriptor per bind source; the mounts bind from these."""
+    return {s["source"]: os.open(s["source"], os.O_PATH | os.O_CLOEXEC)
+            for s in steps if s["kind"] == "bind"}
+
+
 def _child(req: Mapping[str, Any], agent_fd: int, w: int, r: int, prog: bytes) -> None:
     """C1: never returns.
 
@@ -101,6 +107,11 @@ def _child(req: Mapping[str, Any], agent_fd: int, w: int, r: int, prog: bytes) -
         os.write(w, b"U")
         if os.read(r, 1) != b"M":
             raise OSError(1, "the zygote could not write the id maps")
+        stage = "binds"
+        # still the caller's own uid here: open what will be bound in now, while the
+        # host's permissions on the way there are ours (a checkout under a 0700 home);
+        # after setresuid the sandbox's uid could not walk to them
+        plan = {**plan, "source_fds": _open_bind_sources(plan["mounts"])}
         stage = "setid"
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
