@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import Via
+from dispatch_support import Via
 
 from corral.dispatch import OutputOutcome, SuspendedOutcome
 from corral.errors import (

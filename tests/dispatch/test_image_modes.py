@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LINUX_WHY, entrypoint_member, shared_cache, shared_tmp
+from dispatch_support import LINUX_WHY, entrypoint_member, shared_cache, shared_tmp
 from imagebuild import Member, oci_layout
 
 from corral.dispatch import OutputOutcome, invoke

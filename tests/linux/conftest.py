@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
-from collections.abc import Awaitable, Callable
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import corral
 from corral.spec import SandboxLimits, SandboxSpec
 
 
@@ -62,3 +66,26 @@ def linux() -> Callable[..., None]:
     if SKIP_REASON:
         pytest.skip(SKIP_REASON)
     return run_with_provider
+
+
+@pytest.fixture(scope="session")
+def nobody_python() -> Iterator[tuple[str, str]]:
+    """(interpreter, import root) that uid 65534 can reach, for tests that drop to it.
+
+    The checkout (and its venv) may sit under a 0700 home such as /root, which
+    another uid cannot walk: copy the corral package to a world-readable temp
+    dir and use the venv's real interpreter file. Removed after the session.
+    """
+    root = tempfile.mkdtemp(prefix="corral-nobody-")
+    try:
+        os.chmod(root, 0o755)
+        shutil.copytree(Path(corral.__file__).parent, Path(root) / "corral",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for d, dirs, files in os.walk(root):
+            for name in dirs:
+                os.chmod(os.path.join(d, name), 0o755)
+            for name in files:
+                os.chmod(os.path.join(d, name), 0o644)
+        yield os.path.realpath(sys.executable), root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
