@@ -6,7 +6,10 @@ Warm: ``run_snippet("1+1")`` through a :class:`SnippetPool` whose slots for the
 tenant were created beforehand: p50/p99 latency of sequential runs, and runs per
 second with 2 and 8 concurrent callers (the pool's default bound, the CPU count).
 Memory: private memory (Private_Clean + Private_Dirty of /proc/PID/smaps_rollup)
-of every process of one idle warm slot (the sandbox's cgroup lists them).
+of every process of one idle warm slot (``LinuxSandbox.host_pids()``), and the
+slot-exclusive memory: pages mapped by no process outside the slot (pagemap +
+/proc/kpagecount; needs root, else -1), which also counts the pages the agent
+and its forked template share with each other.
 Cold: create a strict sandbox, write the worker, run it once on the same job
 (``python -I -S``, nothing preloaded), destroy the sandbox.
 Goals (issue 5, two cores): p50 <= 5 ms, >= 200 runs/s, <= 2 MiB private per warm slot.
@@ -18,18 +21,20 @@ import argparse
 import asyncio
 import json
 import os
+import struct
 import sys
 import time
 from typing import Any
 
 from corral.protocol import FrameOk, OutputFrame, parse_frame
-from corral.providers.linux import LinuxProvider
+from corral.providers.linux import LinuxProvider, LinuxSandbox
 from corral.snippets.pool import WORKER_FILE, SnippetPool, _frame, _worker_source
 from corral.snippets.runner import _job, run_snippet
 from corral.snippets.validate import DEFAULT_ALLOWED_IMPORTS
 from corral.spec import ExecOpts, SandboxLimits, SandboxSpec
 
 SNIPPET = "1+1"
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def private_kib(pid: int) -> int:
@@ -44,19 +49,60 @@ def private_kib(pid: int) -> int:
     return total
 
 
-def slot_memory(pool: SnippetPool) -> list[tuple[int, int, str]]:
-    """(host pid, private KiB, command) of each process of one idle slot."""
+def _pfns(pid: int) -> dict[int, int]:
+    """Resident page frame number -> how many of this process's pages map it (needs root)."""
+    out: dict[int, int] = {}
+    with open(f"/proc/{pid}/maps", encoding="ascii") as maps, \
+            open(f"/proc/{pid}/pagemap", "rb") as pm:
+        for line in maps:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if line.rstrip().endswith("[vsyscall]"):
+                continue
+            pm.seek(lo // PAGE * 8)
+            raw = pm.read((hi - lo) // PAGE * 8)
+            for (entry,) in struct.iter_unpack("Q", raw):
+                if entry >> 63 and entry & ((1 << 55) - 1):  # present, PFN visible
+                    pfn = entry & ((1 << 55) - 1)
+                    out[pfn] = out.get(pfn, 0) + 1
+    return out
+
+
+def exclusive_kib(pids: list[int]) -> int:
+    """KiB of the pages mapped only by ``pids`` (together): what freeing the slot
+    returns, counting pages its processes share with each other once. -1 if the
+    kernel does not show page frames (not root)."""
+    try:
+        counts: dict[int, int] = {}
+        for pid in pids:
+            for pfn, n in _pfns(pid).items():
+                counts[pfn] = counts.get(pfn, 0) + n
+        total = 0
+        with open("/proc/kpagecount", "rb") as kc:
+            for pfn, n in counts.items():
+                kc.seek(pfn * 8)
+                (mapped,) = struct.unpack("Q", kc.read(8))
+                if mapped <= n:
+                    total += 1
+        return total * PAGE // 1024
+    except (OSError, struct.error):
+        return -1
+
+
+def slot_memory(pool: SnippetPool) -> tuple[list[tuple[int, int, str]], int]:
+    """(host pid, private KiB, command) of each process of one idle slot, and the
+    slot-exclusive KiB of them all."""
     slot = next(s for q in pool._idle.values() for s in q)
-    cgroup = slot.sandbox._cg  # the linux provider's cgroup: its pids are host pids
+    assert isinstance(slot.sandbox, LinuxSandbox)
+    pids = slot.sandbox.host_pids()
     out = []
-    for pid in sorted(cgroup.pids()):
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")[:60]
         except OSError:
             cmd = "?"
         out.append((pid, private_kib(pid), cmd))
-    return out
+    return out, exclusive_kib(pids)
 
 
 def pct(values: list[float], p: float) -> float:
@@ -87,8 +133,10 @@ async def warm(runs: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             await asyncio.gather(*(caller() for _ in range(callers)))
             rates[callers] = per * callers / (time.perf_counter() - t0)
-        mem = slot_memory(pool)
+        await asyncio.sleep(0.5)
+        mem, exclusive = slot_memory(pool)
         return {"p50": pct(lat, 50), "p99": pct(lat, 99), "rates": rates, "mem": mem,
+                "exclusive_kib": exclusive,
                 "max_workers": pool.statistics().max_workers}
 
 
@@ -135,6 +183,7 @@ def main() -> None:
         ("runs/s, 2 callers", w["rates"][2], 1000 / c50, ">= 200"),
         ("runs/s, 8 callers", w["rates"][8], 1000 / c50 * (os.cpu_count() or 1), ">= 200"),
         ("private MiB per warm slot", mem_kib / 1024, float("nan"), "<= 2"),
+        ("  slot-exclusive MiB", w["exclusive_kib"] / 1024, float("nan"), ""),
     ]
     if args.json:
         print(json.dumps({"warm": {k: v for k, v in w.items()}, "cold_ms": c}, default=str))

@@ -295,14 +295,6 @@ def private_kib(pid: int) -> int:
     return total
 
 
-def agent_pid(sb: Any) -> int:
-    with open(f"/proc/self/fdinfo/{sb._pidfd}") as f:
-        for line in f:
-            if line.startswith("Pid:"):
-                return int(line.split()[1])
-    raise RuntimeError("no Pid: line in the pidfd's fdinfo")
-
-
 async def memory_table(provider: LinuxProvider, k: int) -> tuple[list[int], list[int], int]:
     """Per sandbox: agent private KiB, all-process private KiB; and the max process count."""
     sbs: list[Any] = []
@@ -314,8 +306,8 @@ async def memory_table(provider: LinuxProvider, k: int) -> tuple[list[int], list
         nprocs = 0
         for _ in range(2):  # right after creation and once settled: keep the peak
             for i, sb in enumerate(sbs):
-                pid = agent_pid(sb)
-                pids = sb._cg.pids() if sb._cg is not None else [pid]
+                pids = sb.host_pids()  # the agent first
+                pid = pids[0]
                 nprocs = max(nprocs, len(pids))
                 agent[i] = max(agent[i], private_kib(pid))
                 whole[i] = max(whole[i], sum(private_kib(p) for p in pids))

@@ -1,12 +1,15 @@
 """The warm snippet pool: bounded, FIFO, per-tenant sandboxes with a fork-per-run template.
 
-Built on the generic provider contract only. A *slot* is a sandbox created
-ahead of time (for one tenant; a fresh *spare* is bound to the first tenant
-that takes it and never serves another) holding a long-lived template
-process (:mod:`corral.snippets._worker`, ``python -I -S``) started with
-``start_process``. Per job the template forks a fresh child that runs the
-snippet, so no process ever runs code twice and the template never runs
-caller code. The host speaks to the template in the frames of
+Built on the generic provider contract, plus one linux-only shortcut. A
+*slot* is a sandbox created ahead of time (for one tenant; a fresh *spare*
+is bound to the first tenant that takes it and never serves another)
+holding a long-lived template process (:mod:`corral.snippets._worker`). In a
+linux (strict) sandbox the template is forked from the sandbox's agent
+(``LinuxSandbox.start_python_template``) after the worker was preloaded into
+the provider's fork server, so it shares those pages; elsewhere it is
+``python -I -S`` started with ``start_process``. Per job the template forks
+a fresh child that runs the snippet, so no process ever runs code twice and
+the template never runs caller code. The host speaks to the template in the frames of
 :mod:`corral.protocol` (one ``invoke`` in, one ``output`` out).
 
 Following anyio's ``to_process``: the job is serialised before a slot is
@@ -59,6 +62,7 @@ _MAX_REPLY_BYTES: Final = 4 * 1024 * 1024
 #: Headroom over ``mem_mb`` for the template itself (a strict sandbox's cgroup cap).
 _TEMPLATE_MB: Final = 64
 _START_TIMEOUT_S: Final = 30.0
+_WORKER_MODULE: Final = "corral.snippets._worker"
 
 
 @final
@@ -215,11 +219,10 @@ class SnippetPool:
         spec = SandboxSpec(tenant_id=tenant or "corral-snippet-spare", level=level,
                            run_id=f"snippet-slot-{next(self._ids)}", limits=limits,
                            network=network)
+        forked = level == Level.STRICT and await self._preload_into(provider)
         sandbox = await provider.create(spec)
         try:
-            await sandbox.write_file(WORKER_FILE, _worker_source())
-            argv = [sys.executable, "-I", "-S", WORKER_FILE, "--preload", self._preload]
-            process = await sandbox.start_process(argv, ProcessOpts(stdin=True, env={}))
+            process = await self._start_template(sandbox, forked)
             slot = _Slot(sandbox, process, level)
             try:
                 pong = await asyncio.wait_for(slot.call(_frame({"op": "ping"}, spec.tenant_id)),
@@ -233,6 +236,35 @@ class SnippetPool:
             raise
         self._counts["created"] += 1
         return slot
+
+    async def _preload_into(self, provider: SandboxProvider) -> bool:
+        """Preload the worker into a linux provider's fork server (once); whether
+        templates can be forked there."""
+        from ..providers.linux.host import LinuxProvider
+        if not isinstance(provider, LinuxProvider):
+            return False
+        names = [_WORKER_MODULE, *self._preload.split(",")]
+        try:
+            missing = await provider.preload_python([n for n in names if n])
+        except ProviderError:
+            return False
+        return _WORKER_MODULE not in missing
+
+    async def _start_template(self, sandbox: Sandbox, forked: bool) -> ProcessHandle:
+        """The slot's template: forked from a linux sandbox's agent (sharing the fork
+        server's preloaded pages), or else a fresh ``python -I -S`` of the worker file."""
+        opts = ProcessOpts(stdin=True, env={})
+        if forked:
+            from ..providers.linux.sandbox import LinuxSandbox
+            if isinstance(sandbox, LinuxSandbox):
+                try:
+                    return await sandbox.start_python_template(
+                        ["--preload", self._preload], opts, entry=_WORKER_MODULE + ":main")
+                except ConfigInvalidError:
+                    pass  # not preloaded in this sandbox (its fork server restarted)
+        await sandbox.write_file(WORKER_FILE, _worker_source())
+        argv = [sys.executable, "-I", "-S", WORKER_FILE, "--preload", self._preload]
+        return await sandbox.start_process(argv, opts)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

@@ -230,6 +230,11 @@ class _Agent:
             if pid == 0:
                 self._become(func, [entry, *args], env, cwd, fds, cpu_s)
             self.children.add(pid)
+            if cpu_s:  # in place before the reply, as for a spawned command
+                try:
+                    resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+                except OSError:
+                    pass  # already gone
             return {"pid": pid}
         finally:
             for fd in fds:
@@ -259,11 +264,11 @@ class _Agent:
             os.environ.clear()
             os.environ.update(env)
             sys.argv = argv
-            sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+            sys.stdin = io.TextIOWrapper(
                 io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding="utf-8")
-            sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+            sys.stdout = io.TextIOWrapper(
                 io.BufferedWriter(io.FileIO(1, "wb", closefd=False)), encoding="utf-8")
-            sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+            sys.stderr = io.TextIOWrapper(
                 io.BufferedWriter(io.FileIO(2, "wb", closefd=False)), encoding="utf-8",
                 errors="backslashreplace", line_buffering=True)
             self.buf = bytearray()

@@ -196,7 +196,8 @@ class Zygote:
         try:
             self.proc = subprocess.Popen(
                 boot_argv(import_root, child_end.fileno()), pass_fds=[child_end.fileno()],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd="/")
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd="/",
+                env={})  # every sandbox process is a fork of it: none of the host's env
         except OSError as e:
             host_end.close()
             raise ProviderError("cannot start the sandbox fork server", e) from None
@@ -222,6 +223,13 @@ class Zygote:
             kill_pidfd(fds)
             raise ProviderError(f"sandbox launch failed: {h.get('error', 'no pidfd')}")
         return int(h["pid"]), fds[0]
+
+    async def preload(self, modules: Sequence[str]) -> list[str]:
+        """Import ``modules`` into the fork server (shared by every later sandbox);
+        returns the names it could not import."""
+        h, _p, fds = await self.channel.request({"op": "preload", "modules": list(modules)})
+        _close_all(fds)
+        return [str(m) for m in h.get("missing", ())]
 
     def stop(self) -> None:
         """Close the socket (the zygote exits on EOF) and reap it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import socket
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, Final, TypeVar, final
 
 from ..._cancel import CancelToken
@@ -105,6 +105,8 @@ class LinuxProvider(SandboxProvider):
         self._reaper = Reaper()
         self._plans: dict[tuple[Any, ...], SandboxPlan] = {}  # create's cache (image-less)
         self._keys: dict[int, tuple[SandboxPlan, str]] = {}   # id(plan) -> its shape key
+        self._preloaded: set[str] = set()  # modules the current zygote imported
+        self._plock: asyncio.Lock | None = None
 
     # -- helpers -----------------------------------------------------------------
     def _seccomp(self) -> bytes:
@@ -129,6 +131,7 @@ class LinuxProvider(SandboxProvider):
                     self._zygote.stop()
                 self._zygote = Zygote(self._host.package_root, prog)
                 await self._zygote.start()
+                self._preloaded = set()
             return self._zygote
 
     def plan(self, spec: SandboxSpec, *, image: UnpackedImage | None = None) -> SandboxPlan:
@@ -209,6 +212,30 @@ class LinuxProvider(SandboxProvider):
             raise
         self._live.add(sb)
         return sb
+
+    async def preload_python(self, modules: Sequence[str]) -> list[str]:
+        """Import ``modules`` into the fork server, so sandboxes created from now on
+        share their pages (a python template started with
+        :meth:`LinuxSandbox.start_python_template` needs its entry point preloaded).
+
+        Idle spares built before are replaced. Returns the names that could not be
+        imported. Modules load from the host's interpreter and corral's import root,
+        outside any sandbox; only pass names of trusted code.
+        """
+        if self._closed:
+            raise ProviderError("the provider is closed")
+        names = [str(m) for m in modules]
+        if self._plock is None:
+            self._plock = asyncio.Lock()
+        async with self._plock:
+            if not set(names) - self._preloaded:
+                return []
+            missing = await (await self._zygote_for(self._seccomp())).preload(names)
+            self._preloaded.update(set(names) - set(missing))
+            for key in list(self._spares):  # forked before: they lack the new modules
+                for item in self._spares.pop(key):
+                    self._track(asyncio.ensure_future(kill_launched(item, self._reaper)))
+            return missing
 
     # -- pre-warmed spares (see spares.py) -------------------------------------------
     async def _claim(self, key: str, plan: SandboxPlan, cancel: CancelToken | None

@@ -16,8 +16,16 @@ agent's socket end as SCM_RIGHTS). For each request:
 3. the zygote opens a pidfd for C2 (race-free: nobody can reap C2 before the
    zygote, which is its subreaper) and sends it to the host.
 
+A ``preload`` request (``{"op": "preload", "modules": [...]}``) imports
+modules into the zygote and freezes the GC again, so every sandbox forked
+afterwards shares their pages; the snippet pool preloads its worker this way
+(see ``agent.FORK_ENTRIES``). A module that cannot be imported is skipped and
+named in the reply.
+
 The zygote exits when the host closes its socket (the host exited or
-``aclose``). It reaps every orphan (it is a child subreaper).
+``aclose``). It reaps every orphan (it is a child subreaper). It is started
+with an empty environment (``client.Zygote``): every sandbox process forked
+from it, a python template included, holds a copy of its memory.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import array
 import base64
 import gc
+import importlib
 import json
 import os
 import signal
@@ -175,6 +184,19 @@ def _create(req: Mapping[str, Any], agent_fd: int, prog: bytes
         os.close(w2)
 
 
+def _preload(modules: object) -> list[str]:
+    """Import ``modules`` (names) here, then freeze the GC; returns the names that failed."""
+    missing: list[str] = []
+    for name in modules if isinstance(modules, list) else ():
+        try:
+            importlib.import_module(str(name))
+        except Exception:  # any failure: the module is not preloaded
+            missing.append(str(name))
+    gc.collect()
+    gc.freeze()
+    return missing
+
+
 def serve(fd: int) -> None:
     """Serve create requests on the socket ``fd`` until it closes."""
     su.set_child_subreaper()
@@ -200,6 +222,11 @@ def serve(fd: int) -> None:
             del buf[: nl + 1]
             if "seccomp" in req:
                 prog = base64.b64decode(req["seccomp"])
+            if req.get("op") == "preload":
+                sock.sendall(json.dumps({"id": req.get("id"), "ok": True,
+                                         "missing": _preload(req.get("modules", ()))}
+                                        ).encode() + b"\n")
+                continue
             if req.get("op") != "create":
                 continue
             agent_fd = fds.pop(0) if fds else -1
