@@ -138,31 +138,36 @@ async def run_strict_async(
 def _result(res: ExecResult | BaseException, bufs: tuple[OutputBuffer, OutputBuffer],
             overflow: list[Outcome], cancel: CancelToken | None, timeout_ms: int,
             duration_ms: float) -> RunResult:
-    out, err = (b"".join(b.chunks) for b in bufs)
-    common: dict[str, Any] = {
-        "stdout_bytes": out, "stderr_bytes": err, "stdout_truncated": bufs[0].truncated,
-        "stderr_truncated": bufs[1].truncated, "duration_ms": duration_ms, "cwd": "/work"}
+    def common() -> dict[str, Any]:
+        out, err = (b"".join(b.chunks) for b in bufs)
+        return {"stdout_bytes": out, "stderr_bytes": err, "stdout_truncated": bufs[0].truncated,
+                "stderr_truncated": bufs[1].truncated, "duration_ms": duration_ms,
+                "cwd": "/work"}
+
     if overflow:
         cap = bufs[0 if overflow[0] is Outcome.OVERFLOW_STDOUT else 1].cap
-        return RunResult(outcome=overflow[0], limit_value=cap, **common)
+        return RunResult(outcome=overflow[0], limit_value=cap, **common())
     if isinstance(res, ExecResult):
         code = res.exit_code
+        for buf, data in zip(bufs, (res.stdout, res.stderr), strict=True):
+            if data and not buf.total:  # never streamed: the reason a command could not start
+                buf.feed(data)
         return RunResult(outcome=Outcome.EXIT, exit_code=code if code >= 0 else None,
                          signal=signal_name(-code) if code < 0 else None, returncode=code,
-                         usage=res.usage, **common)
+                         usage=res.usage, **common())
     if isinstance(res, SandboxTimeoutError):
         return RunResult(outcome=Outcome.TIMEOUT, limit_value=timeout_ms,
                          usage=ResourceUsage(wall_ms=int(duration_ms)),
-                         **common)
+                         **common())
     if isinstance(res, LimitsExceededError):
         if res.limit == "output":  # the provider's own cap, when a shared provider's is lower
             which = Outcome.OVERFLOW_STDERR if bufs[1].truncated else Outcome.OVERFLOW_STDOUT
             return RunResult(outcome=which, limit_value=res.limit_value,
-                             **common)
+                             **common())
         return RunResult(outcome=_LIMIT_OUTCOME[res.limit], limit_value=res.limit_value,
-                         **common)
+                         **common())
     assert cancel is not None and cancel.cancelled
-    return RunResult(outcome=Outcome.CANCELLED, **common)
+    return RunResult(outcome=Outcome.CANCELLED, **common())
 
 
 def run_strict(command: str, args: Sequence[str] = (), **kwargs: Any) -> RunResult:

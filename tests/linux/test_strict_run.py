@@ -98,3 +98,12 @@ def test_cli_strict_exit_status_per_outcome(capsys: pytest.CaptureFixture[str]) 
     assert main(["run", "--level", "strict", "--", PY, "-I", "-S", "-c",
                  "raise SystemExit(7)"]) == 7
     capsys.readouterr()
+
+
+def test_command_missing_inside_exits_127_with_the_reason() -> None:
+    seen: list[bytes] = []
+    r = run_strict("/opt/not/in/the/sandbox", timeout_ms=5_000, on_stderr=seen.append)
+    assert r.outcome is Outcome.EXIT
+    assert r.exit_code == 127
+    assert b"No such file" in r.stderr_bytes
+    assert b"".join(seen) == r.stderr_bytes  # streamed too, as a live run shows it
