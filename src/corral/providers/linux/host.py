@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import socket
 from collections.abc import Awaitable, Sequence
@@ -24,7 +25,15 @@ from ...spec import (
 from . import _sys_unsafe as su, mounts
 from .client import Channel, Zygote, kill_pidfd
 from .images import ImageCache, UnpackedImage, unreachable_part
-from .plan import DEFAULT_LIMITS, LinuxOptions, SandboxPlan, _id_maps, build_plan, check_spec
+from .plan import (
+    DEFAULT_LIMITS,
+    LinuxOptions,
+    SandboxPlan,
+    _extra_binds,
+    _id_maps,
+    build_plan,
+    check_spec,
+)
 from .sandbox import LinuxSandbox
 from .snapshots import SnapshotStore
 from .spares import Launched, Reaper, kill_launched, shape_key
@@ -61,6 +70,13 @@ class LinuxProvider(SandboxProvider):
             spare's cgroup before it is handed out), never reused or shared;
             see ``spares.py``. Each idle spare holds one agent process and its
             namespaces and cgroup until claimed or ``aclose``.
+        ro_binds: more host paths (absolute, existing) bound read-only at the
+            same path in every sandbox: another interpreter's prefix, a
+            toolchain. A path under the host's system dirs is visible already;
+            one that would hide the sandbox's own /proc, /dev, /etc, /work or
+            /tmp is refused (ConfigInvalidError naming ``ro_binds``). Sources
+            are opened before the sandbox takes its uid, so a path under a
+            0700 home dir binds in; the sandbox reads it as its outside uid.
 
     Limits the host cannot enforce are refused at ``create`` with
     LevelNotSupportedError naming the missing primitive; so are a missing
@@ -76,17 +92,20 @@ class LinuxProvider(SandboxProvider):
                  cgroup_root: str | None = None, hostname: str = "sandbox",
                  stdout_cap: int = DEFAULT_STDOUT_CAP,
                  stderr_cap: int = DEFAULT_STDERR_CAP, spares: int = 1,
-                 image_cache_dir: str | None = None) -> None:
+                 image_cache_dir: str | None = None, ro_binds: Sequence[str] = ()) -> None:
         from .cgroups import CgroupManager
         if isinstance(spares, bool) or not isinstance(spares, int) or not 0 <= spares <= 8:
             raise ConfigInvalidError("spares", f"must be an integer 0..8, got {spares!r}")
         self.spares = spares
         self.options = LinuxOptions(outside_uid=outside_uid, outside_gid=outside_gid,
-                                    default_limits=default_limits, hostname=hostname)
+                                    default_limits=default_limits, hostname=hostname,
+                                    extra_ro_binds=_checked_ro_binds(ro_binds))
         self.stdout_cap, self.stderr_cap = stdout_cap, stderr_cap
         self._image_cache_dir = image_cache_dir
         self.images: ImageCache | None = None  # made on the first image
         self._host = mounts.detect_host_layout()
+        if self.options.extra_ro_binds:  # refuse what would hide a sandbox dir now
+            _extra_binds(self._host, self.options, with_package=False)
         self._cgroups = CgroupManager(root=cgroup_root)
         self.reaped_orphans: tuple[str, ...] = tuple(self._cgroups.reap_orphans())
         self.snapshots = SnapshotStore()
@@ -423,6 +442,20 @@ def _remove_cgroup(cg: Any) -> None:
         cg.remove()
     except Exception:
         pass
+
+
+def _checked_ro_binds(paths: Sequence[str]) -> tuple[str, ...]:
+    """``ro_binds`` as a tuple of absolute paths that exist on the host."""
+    if isinstance(paths, (str, bytes)):
+        raise ConfigInvalidError("ro_binds", "must be a sequence of paths, not one string")
+    out: list[str] = []
+    for p in paths:
+        if not isinstance(p, str) or not p.startswith("/") or "\0" in p:
+            raise ConfigInvalidError("ro_binds", f"not an absolute host path: {p!r}")
+        if not os.path.exists(p):
+            raise ConfigInvalidError("ro_binds", f"{p!r} does not exist on the host")
+        out.append(p)
+    return tuple(out)
 
 
 def _env_of(entries: tuple[str, ...]) -> dict[str, str]:
