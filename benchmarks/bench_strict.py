@@ -1,6 +1,6 @@
 """corral's strict level against bare, bwrap, nsjail and unshare, side by side.
 
-Usage: .venv/bin/python benchmarks/bench_strict.py [--runs N] [--sandboxes K]
+Usage: .venv/bin/python benchmarks/bench_strict.py [--runs N] [--sandboxes K] [--python PATH]
 
 Method (as shared/research/MEASUREMENTS.md): every variant of one table runs
 once per round, interleaved (A B C ..., the order reversed every other round),
@@ -10,8 +10,9 @@ is the median of the pairwise ratios against the bare run of the same round,
 the ratios of one run, not absolute figures across runs.
 
 Tables:
-1. cold start: ``python -c pass`` and ``python -I -S -c pass`` (python = the
-   real interpreter, ``os.path.realpath(sys.executable)``) bare
+1. cold start: ``python -c pass`` and ``python -I -S -c pass`` (python =
+   ``--python``, by default the real interpreter,
+   ``os.path.realpath(sys.executable)``) bare
    (subprocess.run), under corral strict (library call with a warm provider,
    i.e. the fork server already running: create + exec + destroy, and
    create + exec with destroy off the clock), under bwrap and nsjail in
@@ -23,6 +24,10 @@ Tables:
    sandbox, for K sandboxes alive at once: the agent (pid 1) alone and all
    processes of the sandbox's cgroup.
 
+Another interpreter (``--python``): its prefixes outside /usr are bound
+read-only into every variant: corral's provider gets ``ro_binds`` when its
+default plan does not already show them, bwrap ``--ro-bind`` and nsjail ``-R``.
+
 Peers missing? ``sudo sh benchmarks/install_peers.sh`` installs them.
 """
 
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
 import os
 import shutil
 import statistics
@@ -47,7 +53,6 @@ from corral.spec import SandboxSpec
 
 __all__ = ["main"]
 
-PY = os.path.realpath(sys.executable)
 HERE = Path(__file__).resolve().parent
 INSTALL_HINT = "install with: sudo sh benchmarks/install_peers.sh"
 BARE_ENV = {"PATH": "/usr/bin:/bin"}
@@ -79,14 +84,43 @@ class Row:
         return statistics.median(t - b for t, b in zip(self.times, self.base, strict=True))
 
 
+@dataclass(frozen=True)
+class Interp:
+    """The interpreter the cold and exec tables run."""
+
+    path: str
+    version: str
+    #: its real prefixes that /usr does not hold (bound read-only into every sandbox)
+    binds: tuple[str, ...]
+
+
+def probe_interp(path: str) -> Interp:
+    """Ask ``path`` for its version and prefixes (with ``site``, as ``python -c`` runs)."""
+    code = ("import json, sys; print(json.dumps([sys.version.split()[0], sys.prefix, "
+            "sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]))")
+    out = subprocess.run([path, "-I", "-c", code], capture_output=True, text=True, env=BARE_ENV,
+                         timeout=60, check=True).stdout
+    ver, *prefixes = json.loads(out)
+    binds: list[str] = []
+    for pre in sorted({os.path.realpath(p) for p in prefixes}):
+        if not _under(pre, "/usr") and not any(_under(pre, b) for b in binds):
+            binds.append(pre)
+    return Interp(path=path, version=ver, binds=tuple(binds))
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def not_shown_by(provider: LinuxProvider, paths: tuple[str, ...]) -> tuple[str, ...]:
+    """The paths that no bind of the provider's default plan makes visible."""
+    plan = provider.plan(SandboxSpec(tenant_id="bench", run_id="plan"))
+    shown = [m.target for m in plan.mounts if m.kind == "bind"]
+    return tuple(p for p in paths if not any(_under(p, t) for t in shown))
+
+
 # -- commands --------------------------------------------------------------------------
-def _prefix_binds() -> list[str]:
-    """The interpreter's prefix, when /usr does not already hold it."""
-    pre = os.path.realpath(sys.base_prefix)
-    return [] if pre == "/usr" or pre.startswith("/usr/") else [pre]
-
-
-def bwrap_argv(bwrap: str, cmd: list[str]) -> list[str]:
+def bwrap_argv(bwrap: str, cmd: list[str], binds: tuple[str, ...]) -> list[str]:
     """MEASUREMENTS.md §4 'bwrap 0.8' (with --cap-drop ALL, uid/gid 65534: §5 item 7)."""
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--uid", "65534", "--gid", "65534", "--clearenv", "--hostname", "sandbox",
@@ -94,13 +128,13 @@ def bwrap_argv(bwrap: str, cmd: list[str]) -> list[str]:
     for target, link in MERGED:
         argv += ["--symlink", target, link]
     argv += ["--ro-bind", "/etc", "/etc"]
-    for pre in _prefix_binds():
+    for pre in binds:
         argv += ["--ro-bind", pre, pre]
     return [*argv, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp",
             *cmd]
 
 
-def nsjail_argv(nsjail: str, cmd: list[str]) -> list[str]:
+def nsjail_argv(nsjail: str, cmd: list[str], binds: tuple[str, ...]) -> list[str]:
     """MEASUREMENTS.md §4 'nsjail' (explicit rlimit MB values: §5 item 4)."""
     argv = [nsjail, "-Mo", "-Q", "-u", "65534", "-g", "65534", "--hostname", "sandbox",
             "--cwd", "/tmp", "--time_limit", "0", "--rlimit_as", "4096", "--rlimit_fsize", "64",
@@ -108,7 +142,7 @@ def nsjail_argv(nsjail: str, cmd: list[str]) -> list[str]:
     for target, link in MERGED:
         argv += ["-s", f"{target}:{link}"]
     argv += ["-R", "/etc"]
-    for pre in _prefix_binds():
+    for pre in binds:
         argv += ["-R", pre]
     return [*argv, "-T", "/tmp", "-T", "/dev", "-R", "/dev/null", "-R", "/dev/urandom", "--",
             *cmd]
@@ -216,8 +250,8 @@ def _rows(times: dict[str, list[float]], labels: dict[str, str]) -> list[Row]:
 
 # -- the tables ------------------------------------------------------------------------
 async def cold_table(provider: LinuxProvider, cold: LinuxProvider | None, rounds: int,
-                     args: list[str]) -> list[Row]:
-    cmd = [PY, *args, "-c", "pass"]
+                     py: Interp, args: list[str], cli_ok: bool) -> list[Row]:
+    cmd = [py.path, *args, "-c", "pass"]
     variants: dict[str, Run] = {"bare": _proc(cmd, BARE_ENV),
                                 "strict": _strict_cold(provider, cmd)}
     if cold is not None:
@@ -228,13 +262,17 @@ async def cold_table(provider: LinuxProvider, cold: LinuxProvider | None, rounds
     nsjail = find_nsjail()
     corral = Path(sys.prefix) / "bin" / "corral"
     peers: list[tuple[str, str | None, Callable[[str], list[str]]]] = [
-        ("bwrap", bwrap, lambda b: bwrap_argv(b, cmd)),
-        ("nsjail", nsjail, lambda b: nsjail_argv(b, cmd)),
+        ("bwrap", bwrap, lambda b: bwrap_argv(b, cmd, py.binds)),
+        ("nsjail", nsjail, lambda b: nsjail_argv(b, cmd, py.binds)),
         ("unshare", shutil.which("unshare"), lambda _b: unshare_argv(cmd)),
         ("cli", str(corral) if corral.exists() else None,
          lambda b: [b, "run", "--level", "strict", "--", *cmd]),
     ]
     for key, binary, build in peers:
+        if key == "cli" and not cli_ok:
+            skipped.append(Row(LABELS[key], key, skipped="the CLI has no ro_binds option: "
+                               f"{py.path} is not visible in its sandbox"))
+            continue
         if binary is None:
             why = INSTALL_HINT if key in ("bwrap", "nsjail") else f"{key} not found"
             skipped.append(Row(LABELS[key], key, goal="peer", skipped=f"missing: {why}"))
@@ -271,12 +309,12 @@ LABELS = {
 }
 
 
-async def exec_table(provider: LinuxProvider, rounds: int) -> list[Row]:
+async def exec_table(provider: LinuxProvider, rounds: int, py: Interp) -> list[Row]:
     sb = await provider.create(SandboxSpec(tenant_id="bench", run_id="exec"))
     rows: list[Row] = []
     try:
         for title, cmd in (("/bin/true", ["/bin/true"]),
-                           ("python -I -S -c pass", [PY, "-I", "-S", "-c", "pass"])):
+                           ("python -I -S -c pass", [py.path, "-I", "-S", "-c", "pass"])):
             times = await measure({"bare": _proc(cmd, BARE_ENV),
                                    "exec": _in_sandbox(sb, cmd)}, rounds)
             rows += _rows(times, {"bare": f"bare {title}",
@@ -366,33 +404,39 @@ def _judge_cold(rows: list[Row], full_goal: bool) -> None:
                       if r.key == "cli" else "peer")
 
 
-async def run(rounds: int, k: int) -> None:
+async def run(rounds: int, k: int, python: str) -> None:
     load0 = os.getloadavg()[0]
+    py = probe_interp(python)
     provider = LinuxProvider()
+    ro_binds = not_shown_by(provider, py.binds)
+    if ro_binds:
+        await provider.aclose()
+        provider = LinuxProvider(ro_binds=ro_binds)
     spares = getattr(provider, "spares", 0)
     cold: LinuxProvider | None = None
     if spares:  # the same, building every sandbox on request: the cold path
-        cold = LinuxProvider(spares=0)  # type: ignore[call-arg,unused-ignore]
+        cold = LinuxProvider(spares=0, ro_binds=ro_binds)
     try:
         for prov in (provider, cold):
             if prov is not None:  # the fork server is running from here on
                 warm = await prov.create(SandboxSpec(tenant_id="bench", run_id="warm"))
                 await warm.destroy()
-        ver = subprocess.run([PY, "-c", "import sys; print(sys.version.split()[0])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
         now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
         print(f"corral strict benchmark, {now}; {rounds} interleaved rounds; "
-              f"python {PY} ({ver}); load {load0:.2f}")
+              f"python {py.path} ({py.version}); load {load0:.2f}")
         print("ms per run: median, p90; +ms and ratio: median of pairwise differences/ratios "
               "against bare in the same round")
-        print(f"corral strict = LinuxProvider() (spares={spares}: a pre-warmed sandbox; its "
+        made = f"LinuxProvider(ro_binds={ro_binds!r})" if ro_binds else "LinuxProvider()"
+        print(f"corral strict = {made} (spares={spares}: a pre-warmed sandbox; its "
               "background refill is awaited off the clock after each run)" if spares else
-              "corral strict = LinuxProvider() (no spares: every create is cold)")
+              f"corral strict = {made} (no spares: every create is cold)")
+        if py.binds:
+            print(f"bound read-only for bwrap and nsjail: {', '.join(py.binds)}")
         print()
         head = f"  {'':<46} {'median':>8} {'p90':>8} {'+ms':>7} {'ratio':>7}  goal"
         for title, args, full in (("cold `python -c pass`", [], True),
                                   ("cold `python -I -S -c pass`", ["-I", "-S"], False)):
-            rows = await cold_table(provider, cold, rounds, args)
+            rows = await cold_table(provider, cold, rounds, py, args, cli_ok=not ro_binds)
             _judge_cold(rows, full)
             print(title + ("  (goal: within +5 ms and <= 1.10x of bare, ahead of bwrap "
                            "and nsjail)" if full else "  (goal: ahead of bwrap and nsjail)"))
@@ -400,7 +444,7 @@ async def run(rounds: int, k: int) -> None:
             for r in rows:
                 print(_fmt_row(r))
             print()
-        rows = await exec_table(provider, rounds)
+        rows = await exec_table(provider, rounds, py)
         for bare, ex in zip(rows[::2], rows[1::2], strict=True):
             bare.goal = "baseline"
             ex.goal = (f"{'MET' if ex.plus() <= 2.0 else 'NOT MET'} "
@@ -432,10 +476,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=int, default=20, help="interleaved rounds (default 20)")
     ap.add_argument("--sandboxes", type=int, default=10,
                     help="idle sandboxes for the memory figure (default 10)")
+    ap.add_argument("--python", default=os.path.realpath(sys.executable), metavar="PATH",
+                    help="the interpreter to start (default: the real file behind "
+                    "sys.executable, %(default)s)")
     ns = ap.parse_args(argv)
     if ns.runs < 2 or ns.sandboxes < 1:
         ap.error("--runs must be >= 2 and --sandboxes >= 1")
-    asyncio.run(run(ns.runs, ns.sandboxes))
+    if not os.access(ns.python, os.X_OK):
+        ap.error(f"--python {ns.python!r} is not an executable file")
+    asyncio.run(run(ns.runs, ns.sandboxes, ns.python))
 
 
 if __name__ == "__main__":
