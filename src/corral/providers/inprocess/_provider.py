@@ -6,18 +6,12 @@ import asyncio
 import contextlib
 import inspect
 import os
-import shutil
-import stat
-import tempfile
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar, final
 
 from ..._cancel import CancelToken
-from ..._paths import read_file_under, split_relative, write_file_under
 from ...errors import (
     ConfigInvalidError,
-    CreateCancelledError,
     LevelNotSupportedError,
     ProviderError,
     SandboxTimeoutError,
@@ -32,7 +26,8 @@ from ...spec import (
     ProcessOpts,
     SandboxSpec,
 )
-from .._image_dir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec, copy_image_dir
+from .._hostdir import HostDirSandbox, make_sandbox_dir, remove_sandbox_dir
+from .._image_dir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec
 from ._proc import Child, InProcessHandle, spawn
 
 __all__ = ["InProcessProvider", "InProcessSandbox"]
@@ -44,23 +39,8 @@ _NAME: Final = "inprocess"
 _BOOTSTRAP_FROM_HOST: Final = ("PATH",)
 
 
-def _rmtree(path: str) -> None:
-    """Remove ``path`` even if the code in it made directories unwritable."""
-
-    def fix(func: Callable[..., Any], p: str, _exc: object) -> None:
-        parent = os.path.dirname(p)
-        with contextlib.suppress(OSError):
-            os.chmod(parent, stat.S_IRWXU)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, stat.S_IRWXU)
-        func(p)
-
-    if os.path.lexists(path):
-        shutil.rmtree(path, onerror=fix)
-
-
 @final
-class InProcessSandbox(Sandbox):
+class InProcessSandbox(HostDirSandbox):
     """A sandbox that is only a private temp dir and child processes of the caller.
 
     Files live in ``<tmp>/work`` (the commands' cwd and ``HOME``); ``TMPDIR``
@@ -70,38 +50,16 @@ class InProcessSandbox(Sandbox):
     """
 
     def __init__(self, spec: SandboxSpec, base: str) -> None:
-        self.id = f"{_NAME}-{uuid.uuid4().hex}"
-        self.spec = spec
-        self.base = base
-        self.work_dir = os.path.join(base, "work")
-        self.tmp_dir = os.path.join(base, "tmp")
+        super().__init__(spec, base, provider_name=_NAME)
         self._children: set[Child] = set()
-        self._destroyed = False
 
     # -- helpers -------------------------------------------------------------
-    def _alive(self, what: str) -> None:
-        if self._destroyed:
-            raise ProviderError(f"{what}: sandbox {self.id} was destroyed")
-
     def _env(self, env: Any) -> dict[str, str]:
         out = {k: os.environ[k] for k in _BOOTSTRAP_FROM_HOST if k in os.environ}
         out.update(HOME=self.work_dir, TMPDIR=self.tmp_dir, LANG="C.UTF-8")
         if env is not None:
             out.update(env)
         return out
-
-    def _cwd(self, cwd: str | None) -> str:
-        if cwd is None:
-            return self.work_dir
-        try:
-            parts = split_relative(cwd, root_alias=self.work_dir)
-        except ConfigInvalidError as e:
-            raise ConfigInvalidError("cwd", e.reason) from None
-        path = os.path.join(self.work_dir, *parts)
-        real = os.path.realpath(path)
-        if not real.startswith(os.path.realpath(self.work_dir) + os.sep) or not os.path.isdir(real):
-            raise ConfigInvalidError("cwd", f"not a directory inside the sandbox: {cwd!r}")
-        return real
 
     async def _spawn(self, argv: Sequence[str], *, cwd: str | None, env: Any, stdin: bool,
                      keep: bool) -> Child:
@@ -149,17 +107,6 @@ class InProcessSandbox(Sandbox):
             if child.proc.returncode is not None:
                 self._children.discard(child)
 
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        self._alive("write_file")
-        raw = data.encode() if isinstance(data, str) else bytes(data)
-        await asyncio.to_thread(write_file_under, self.work_dir, path, raw,
-                                root_alias=self.work_dir)
-
-    async def read_file(self, path: str) -> bytes:
-        self._alive("read_file")
-        return await asyncio.to_thread(read_file_under, self.work_dir, path,
-                                       root_alias=self.work_dir)
-
     async def start_process(self, argv: Sequence[str],
                             opts: ProcessOpts | None = None) -> ProcessHandle:
         self._alive("start_process")
@@ -192,7 +139,7 @@ class InProcessSandbox(Sandbox):
                 await asyncio.wait_for(child.wait(), 10.0)
             with contextlib.suppress(Exception):
                 await child.finish_pipes(2.0)
-        await asyncio.to_thread(_rmtree, self.base)
+        await remove_sandbox_dir(self.base)
 
 
 async def _feed(child: Child, data: bytes) -> None:
@@ -261,18 +208,7 @@ class InProcessProvider(SandboxProvider):
 
     async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
         image = self._validate(spec)
-        if cancel is not None and cancel.cancelled:
-            raise CreateCancelledError(f"create cancelled: {cancel.reason}")
-        base = tempfile.mkdtemp(prefix="corral-inprocess-", dir=self.temp_dir)  # mode 0700
-        try:
-            os.mkdir(os.path.join(base, "work"), 0o700)
-            os.mkdir(os.path.join(base, "tmp"), 0o700)
-            if image is not None:
-                await asyncio.to_thread(copy_image_dir, image, os.path.join(base, "work"),
-                                        max_bytes=self.max_image_bytes)
-            if cancel is not None and cancel.cancelled:
-                raise CreateCancelledError(f"create cancelled: {cancel.reason}")
-        except BaseException:
-            _rmtree(base)
-            raise
+        base = await make_sandbox_dir(prefix="corral-inprocess-", temp_dir=self.temp_dir,
+                                      image=image, max_image_bytes=self.max_image_bytes,
+                                      cancel=cancel)
         return InProcessSandbox(spec, base)

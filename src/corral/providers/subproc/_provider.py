@@ -17,20 +17,16 @@ import asyncio
 import contextlib
 import os
 import shutil
-import tempfile
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Final, final
 
 from ..._cancel import CancelToken
-from ..._paths import read_file_under, split_relative, write_file_under
 from ..._runner_core import BoundedRun
 from ..._runner_opts import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES, make_options
 from ..._runner_result import Outcome, RunResult
-from ..._runner_tree import remove_tree, spawn_process
+from ..._runner_tree import spawn_process
 from ...errors import (
     ConfigInvalidError,
-    CreateCancelledError,
     LevelNotSupportedError,
     ProviderError,
 )
@@ -44,7 +40,8 @@ from ...spec import (
     ProcessOpts,
     SandboxSpec,
 )
-from .._image_dir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec, copy_image_dir
+from .._hostdir import HostDirSandbox, make_sandbox_dir, remove_sandbox_dir
+from .._image_dir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec
 from ._process import ChunkQueue, SubprocProcess, exit_code_of
 
 __all__ = ["SubprocProvider", "SubprocSandbox"]
@@ -64,23 +61,14 @@ def _check_argv(argv: Sequence[str]) -> list[str]:
 
 
 @final
-class SubprocSandbox(Sandbox):
+class SubprocSandbox(HostDirSandbox):
     """A private work dir plus the process trees of the commands run in it."""
 
     def __init__(self, spec: SandboxSpec, base: str, provider: SubprocProvider) -> None:
-        self.id = f"{_NAME}-{uuid.uuid4().hex}"
-        self.spec = spec
-        self.base = base
-        self.work_dir = os.path.join(base, "work")
-        self.tmp_dir = os.path.join(base, "tmp")
+        super().__init__(spec, base, provider_name=_NAME)
         self._p = provider
         self._runs: set[BoundedRun] = set()
         self._procs: set[SubprocProcess] = set()
-        self._destroyed = False
-
-    def _alive(self, what: str) -> None:
-        if self._destroyed:
-            raise ProviderError(f"{what}: sandbox {self.id} was destroyed")
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         out = {"HOME": self.work_dir, "TMPDIR": self.tmp_dir}
@@ -88,18 +76,6 @@ class SubprocSandbox(Sandbox):
             out["PATH"] = os.environ["PATH"]
         out.update(env or {})
         return out
-
-    def _cwd(self, cwd: str | None) -> str:
-        if cwd is None:
-            return self.work_dir
-        try:
-            parts = split_relative(cwd, root_alias=self.work_dir)
-        except ConfigInvalidError as e:
-            raise ConfigInvalidError("cwd", e.reason) from None
-        real = os.path.realpath(os.path.join(self.work_dir, *parts))
-        if not real.startswith(os.path.realpath(self.work_dir) + os.sep) or not os.path.isdir(real):
-            raise ConfigInvalidError("cwd", f"not a directory inside the sandbox: {cwd!r}")
-        return real
 
     def _command(self, argv0: str, cwd: str, env: Mapping[str, str]) -> str:
         if os.path.isabs(argv0):
@@ -155,17 +131,6 @@ class SubprocSandbox(Sandbox):
         return ExecResult(stdout=result.stdout_bytes, stderr=result.stderr_bytes,
                           exit_code=exit_code_of(result), usage=result.usage)
 
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        self._alive("write_file")
-        raw = data.encode() if isinstance(data, str) else bytes(data)
-        await asyncio.to_thread(write_file_under, self.work_dir, path, raw,
-                                root_alias=self.work_dir)
-
-    async def read_file(self, path: str) -> bytes:
-        self._alive("read_file")
-        return await asyncio.to_thread(read_file_under, self.work_dir, path,
-                                       root_alias=self.work_dir)
-
     async def start_process(self, argv: Sequence[str],
                             opts: ProcessOpts | None = None) -> ProcessHandle:
         self._alive("start_process")
@@ -194,7 +159,7 @@ class SubprocSandbox(Sandbox):
         for run in runs:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(run.wait_finished(), 10.0)
-        await asyncio.to_thread(remove_tree, self.base)
+        await remove_sandbox_dir(self.base)
 
 
 @final
@@ -281,18 +246,6 @@ class SubprocProvider(SandboxProvider):
 
     async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
         image = self._validate(spec)
-        if cancel is not None and cancel.cancelled:
-            raise CreateCancelledError(f"create cancelled: {cancel.reason}")
-        base = tempfile.mkdtemp(prefix=_PREFIX, dir=self.temp_dir)  # mode 0700
-        try:
-            os.mkdir(os.path.join(base, "work"), 0o700)
-            os.mkdir(os.path.join(base, "tmp"), 0o700)
-            if image is not None:
-                await asyncio.to_thread(copy_image_dir, image, os.path.join(base, "work"),
-                                        max_bytes=self.max_image_bytes)
-            if cancel is not None and cancel.cancelled:
-                raise CreateCancelledError(f"create cancelled: {cancel.reason}")
-        except BaseException:
-            remove_tree(base)
-            raise
+        base = await make_sandbox_dir(prefix=_PREFIX, temp_dir=self.temp_dir, image=image,
+                                      max_image_bytes=self.max_image_bytes, cancel=cancel)
         return SubprocSandbox(spec, base, self)
