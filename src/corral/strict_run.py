@@ -54,6 +54,7 @@ async def run_strict_async(
     on_stdout: OutputCallback | None = None,
     on_stderr: OutputCallback | None = None,
     provider: LinuxProvider | None = None,
+    ro_binds: Sequence[str] = (),
     tenant_id: str = "corral-run",
 ) -> RunResult:
     """Run ``command args`` once in a fresh strict sandbox; return how it ended.
@@ -72,6 +73,8 @@ async def run_strict_async(
         on_stdout / on_stderr: called with each chunk (up to the cap) as it arrives.
         provider: a LinuxProvider to reuse (its fork server stays warm);
             default: a private one, closed when the run ends.
+        ro_binds: more host paths the private provider shows read-only (another
+            interpreter's prefix, a toolchain); with ``provider``, set them there.
 
     Raises:
         LevelNotSupportedError: this host cannot give the strict level (or a
@@ -92,7 +95,9 @@ async def run_strict_async(
         from .providers.linux import LinuxProvider
         # one run: a pre-warmed spare would be built only to be thrown away
         provider = LinuxProvider(stdout_cap=max_stdout_bytes, stderr_cap=max_stderr_bytes,
-                                 spares=0)
+                                 spares=0, ro_binds=tuple(ro_binds))
+    elif ro_binds:
+        raise ConfigInvalidError("ro_binds", "give them to the provider you pass in")
     started = time.monotonic()
     bufs = (OutputBuffer(max_stdout_bytes, on_stdout, True),
             OutputBuffer(max_stderr_bytes, on_stderr, True))

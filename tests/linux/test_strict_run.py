@@ -107,3 +107,21 @@ def test_command_missing_inside_exits_127_with_the_reason() -> None:
     assert r.exit_code == 127
     assert b"No such file" in r.stderr_bytes
     assert b"".join(seen) == r.stderr_bytes  # streamed too, as a live run shows it
+
+
+def test_cli_ro_bind_shows_a_host_dir_read_only(capsys: pytest.CaptureFixture[str]) -> None:
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="corral-robind-")
+    try:
+        os.chmod(d, 0o755)
+        with open(os.path.join(d, "f"), "w") as f:
+            f.write("hello")
+        code = (f"import os; print(open({d!r} + '/f').read());"
+                f" print(os.access({d!r}, os.W_OK))")
+        assert main(["run", "--level", "strict", "--json", "--ro-bind", d, "--",
+                     PY, "-I", "-S", "-c", code]) == 0
+        assert json.loads(capsys.readouterr().out)["stdout"] == "hello\nFalse\n"
+    finally:
+        import shutil
+        shutil.rmtree(d)

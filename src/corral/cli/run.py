@@ -73,6 +73,8 @@ def add_parser(subparsers: Any) -> None:
                    help="feed FILE (or - for our stdin) to the child; default: closed")
     p.add_argument("--max-processes", type=int, default=None, metavar="N",
                    help="processes alive at once in the sandbox (--level strict only)")
+    p.add_argument("--ro-bind", action="append", default=[], metavar="PATH",
+                   help="show a host path read-only inside (--level strict only; repeatable)")
     p.add_argument("--disk-mb", type=int, default=None, metavar="MIB",
                    help="size of the sandbox's /work and /tmp (--level strict only)")
     p.add_argument("--level", choices=_LEVELS, default="context-isolated",
@@ -163,9 +165,9 @@ def run(args: argparse.Namespace) -> int:
     if args.level == "strict":
         result = _with_signals_cancelling(token, lambda: _run_strict(args, cmd, cmd_args, token))
         return _finish(args, result)
-    if args.max_processes is not None or args.disk_mb is not None:
-        raise ConfigInvalidError(
-            "--max-processes/--disk-mb", "need --level strict (a cgroup and a private disk)")
+    if args.max_processes is not None or args.disk_mb is not None or args.ro_bind:
+        raise ConfigInvalidError("--max-processes/--disk-mb/--ro-bind",
+                                 "need --level strict (a cgroup, a private disk, a root)")
     if args.cwd is not None and not os.path.isabs(args.cwd):
         args.cwd = os.path.abspath(args.cwd)  # the CLI's convenience; the library refuses
     result = _with_signals_cancelling(token, lambda: run_bounded(
@@ -192,6 +194,7 @@ def _run_strict(args: argparse.Namespace, cmd: str, cmd_args: list[str],
         os.path.realpath(cmd), cmd_args, timeout_ms=args.timeout, env=_env(args),
         cwd=args.cwd, stdin=_stdin(args.stdin), max_stdout_bytes=args.max_stdout,
         max_stderr_bytes=args.max_stderr, limits=limits, cancel=token,
+        ro_binds=[os.path.abspath(p) for p in args.ro_bind],
         on_stdout=_writer(sys.stdout) if live else None,
         on_stderr=_writer(sys.stderr) if live else None)
 
