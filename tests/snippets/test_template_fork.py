@@ -1,7 +1,7 @@
-"""Strict snippet slots fork their template from the sandbox's agent (no execve): the
-template is set up like a spawned command, keeps the sandbox's containment, holds no
-descriptor, env or import path of the agent's, and never imports code planted by
-sandboxed code in the writable area (/work, /tmp), nor does the agent."""
+"""Strict snippet slots fork one worker per job from the sandbox's agent (no execve, no
+long-lived template): the worker is set up like a spawned command, keeps the sandbox's
+containment, holds no descriptor, env or import path of the agent's, and never imports
+code planted by sandboxed code in the writable area (/work, /tmp), nor does the agent."""
 
 from __future__ import annotations
 
@@ -42,24 +42,56 @@ def _status(pid: int) -> dict[str, str]:
         return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
 
 
-def test_template_is_a_contained_fork_of_the_agent() -> None:
+def test_a_warm_slot_is_its_agent_alone() -> None:
     async def check(pool: SnippetPool) -> None:
         await pool.prewarm(tenant_id="a")
         slot = _slot(pool, "a")
-        agent, template = slot.sandbox.host_pids()
-        assert slot.template_pid != 1  # the template's pid inside the sandbox
-        with open(f"/proc/{agent}/cmdline", "rb") as f1, \
-                open(f"/proc/{template}/cmdline", "rb") as f2:
-            assert f1.read() == f2.read()  # forked, not exec'd
-        assert os.getsid(template) == template and os.getpgid(template) == template
-        st = _status(template)
-        assert st["NoNewPrivs"].strip() == "1" and st["Seccomp"].strip() == "2"
-        assert int(st["CapEff"], 16) == 0 and int(st["CapBnd"], 16) == 0
-        assert int(st["PPid"]) == agent or st["PPid"].strip() == "0"
-        fds = sorted(int(fd) for fd in os.listdir(f"/proc/{template}/fd"))
-        assert fds == [0, 1, 2]
-        with open(f"/proc/{template}/environ", "rb") as f:
-            assert _HOST_CANARY.encode() not in f.read()
+        assert len(slot.sandbox.host_pids()) == 1  # no template: the agent only
+        assert slot.server_pid == 1
+        t = await run_snippet("1+1", pool=pool, tenant_id="a")
+        assert t.result == "2"
+        await asyncio.sleep(0.05)
+        assert len(slot.sandbox.host_pids()) == 1  # the run's process is gone
+
+    _pool_test(check)
+
+
+def test_the_per_job_worker_is_a_contained_fork_of_the_agent() -> None:
+    async def check(pool: SnippetPool) -> None:
+        await pool.prewarm(tenant_id="a")
+        slot = _slot(pool, "a")
+        (agent,) = slot.sandbox.host_pids()
+        # a worker waiting for its job (stdin still open), as the pool starts one
+        proc = await slot.sandbox.start_python_fork(["--once"], ProcessOpts(stdin=True, env={}))
+        try:
+            _agent, worker = slot.sandbox.host_pids()
+            with open(f"/proc/{agent}/cmdline", "rb") as f1, \
+                    open(f"/proc/{worker}/cmdline", "rb") as f2:
+                assert f1.read() == f2.read()  # forked, not exec'd
+
+            def set_up() -> bool:  # the child sets itself up after the agent replied
+                fds = sorted(int(fd) for fd in os.listdir(f"/proc/{worker}/fd"))
+                return os.getsid(worker) == worker and fds == [0, 1, 2]
+
+            for _ in range(500):
+                if set_up():
+                    break
+                await asyncio.sleep(0.01)
+            assert os.getsid(worker) == worker and os.getpgid(worker) == worker
+            st = _status(worker)
+            assert st["NoNewPrivs"].strip() == "1" and st["Seccomp"].strip() == "2"
+            assert int(st["CapEff"], 16) == 0 and int(st["CapBnd"], 16) == 0
+            assert int(st["PPid"]) == agent or st["PPid"].strip() == "0"
+            fds = sorted(int(fd) for fd in os.listdir(f"/proc/{worker}/fd"))
+            assert fds == [0, 1, 2]
+            with open(f"/proc/{worker}/environ", "rb") as f:
+                assert _HOST_CANARY.encode() not in f.read()
+            await proc.stdin.write(b'{"v":1,"kind":"invoke","input":{"op":"ping"}}\n')
+            await proc.stdin.close()
+            assert b'"pong": true' in await anext(proc.stdout)
+            assert (await proc.wait()).exit_code == 0
+        finally:
+            await proc.kill()
 
     os.environ[_HOST_CANARY] = "host-only"
     try:
@@ -68,7 +100,7 @@ def test_template_is_a_contained_fork_of_the_agent() -> None:
         del os.environ[_HOST_CANARY]
 
 
-def test_what_a_run_sees_of_its_template() -> None:
+def test_what_a_run_sees_of_its_process() -> None:
     src = """
 import os, sys
 fds = []
@@ -146,7 +178,7 @@ for name in ('colorsys', 'gzip', 'bz2', 'lzma', 'this_is_planted',
         res = await slot.sandbox.exec(["/bin/sh", "-c", _plant_script(_ROOT)],
                                       ExecOpts(timeout_ms=10_000))
         assert res.exit_code == 0, res.stderr
-        # a run (fresh child of the template) imports every planted name
+        # a run (a fresh fork of the agent) imports every planted name
         t = await run_snippet(probe, pool=pool, tenant_id="a", _unsafe_skip_validation=True)
         assert not t.errors, t.errors
         found = t.to_dict()["facts"]["found"]
@@ -165,7 +197,7 @@ for name in ('colorsys', 'gzip', 'bz2', 'lzma', 'this_is_planted',
     _pool_test(check)
 
 
-def test_start_python_template_refuses_unknown_or_unloaded_entries() -> None:
+def test_start_python_fork_refuses_unknown_or_unloaded_entries() -> None:
     from corral.providers.linux import LinuxProvider
 
     async def main() -> None:
@@ -174,25 +206,24 @@ def test_start_python_template_refuses_unknown_or_unloaded_entries() -> None:
             sb = await provider.create(SandboxSpec(tenant_id="t", run_id="r",
                                                    limits=SandboxLimits(cpu_ms=5000)))
             with pytest.raises(ConfigInvalidError) as e1:
-                await sb.start_python_template([], entry="os:system")
+                await sb.start_python_fork([], entry="os:system")
             assert e1.value.field == "entry"
             with pytest.raises(ConfigInvalidError) as e2:  # not preloaded in this sandbox
-                await sb.start_python_template([])
+                await sb.start_python_fork([])
             assert e2.value.field == "entry"
             await sb.destroy()
             assert sb.host_pids() == []
             assert await provider.preload_python(["corral.snippets._worker"]) == []
             sb = await provider.create(SandboxSpec(tenant_id="t", run_id="r2",
                                                    limits=SandboxLimits(cpu_ms=5000)))
-            proc = await sb.start_python_template([], ProcessOpts(stdin=True))
-            _agent, template = sb.host_pids()
-            with open(f"/proc/{template}/limits", encoding="ascii") as f:
+            proc = await sb.start_python_fork(["--once"], ProcessOpts(stdin=True))
+            _agent, worker = sb.host_pids()
+            with open(f"/proc/{worker}/limits", encoding="ascii") as f:
                 cpu = next(line for line in f if line.startswith("Max cpu time"))
             assert cpu.split()[3] == "6", cpu  # cpu_ms 5000 -> 6 s, as for a command
-            await proc.stdin.write(b'{"v":1,"kind":"invoke","input":{"op":"ping"}}\n')
-            line = await anext(proc.stdout)
-            assert b'"pong":true' in line
+            await proc.stdin.write(b'{"v":1,"kind":"invoke","input":{"op":"nope"}}\n')
             await proc.stdin.close()
+            assert b'"refused"' in await anext(proc.stdout)  # an unknown op is refused
             status = await proc.wait()
             assert status.exit_code == 0
             await sb.destroy()

@@ -10,7 +10,10 @@ stdout. ``input`` is ``{"op": "ping"}`` or ``{"op": "run", "files":
 
 Per ``run`` the template forks a fresh child that runs the payload and
 streams log lines and, last, its results over a private pipe; the template
-itself never runs caller code. The child: new session, stdio on /dev/null,
+itself never runs caller code. Called as ``main(["--once"])`` in a fresh fork
+of a strict sandbox's agent, the worker is that child itself: it reads one
+invoke frame on stdin and streams the records on stdout (:func:`serve_once`);
+the host collects them with :class:`Collector`. The child: new session, stdio on /dev/null,
 rlimits (address space, file size 0, core 0, CPU), a soft timer that raises
 inside the snippet, and a hard SIGKILL of its process group from the
 template at ``timeout + grace``. The payload is served from memory under
@@ -38,15 +41,17 @@ import traceback
 import types
 from importlib.abc import Loader, MetaPathFinder
 from importlib.machinery import ModuleSpec
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["main", "run_child", "serve"]
+__all__ = ["Collector", "main", "run_child", "serve", "serve_once"]
 
 PKG = "__payload__"
 CAPS = {"log_lines": 1000, "log_bytes": 65536, "line_chars": 4096, "facts_bytes": 65536,
         "facts_names": 256, "value_chars": 1024, "items": 100, "depth": 6, "result_chars": 4096,
         "message_chars": 4096, "traceback_chars": 16384}
 MARK = "…[truncated]"
+#: a job frame read by ``--once`` (the host caps payloads at 1 MiB)
+_MAX_JOB_BYTES = 8 * 1024 * 1024
 _real_import = builtins.__import__
 _SELF = __file__
 
@@ -330,8 +335,12 @@ def _capture_logging(logging: Any, stream: _Stream) -> None:
     logging.lastResort.setLevel(logging.WARNING)
 
 
-def _child(files: dict[str, str], options: dict[str, Any], fd: int) -> None:
-    os.setsid()
+def _child(files: dict[str, str], options: dict[str, Any], fd: int, *,
+           new_session: bool = True) -> None:
+    """Set up this fresh process for one run (session, stdio, rlimits) and run it;
+    its records go to ``fd``."""
+    if new_session:
+        os.setsid()
     null = os.open(os.devnull, os.O_RDWR)
     for target in (0, 1, 2):
         os.dup2(null, target)
@@ -346,13 +355,71 @@ def _child(files: dict[str, str], options: dict[str, Any], fd: int) -> None:
         cap = vm + int(options["mem_mb"]) * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     out = _Out(fd, {**CAPS, **options.get("caps", {})})
+    out.send({"go": True})  # the worker is set up: from here on, what happens is the run's
     out.send({"end": run_child(files, options, out)})
+
+
+class Collector:
+    """Turns a run's record stream (log lines, ``end``) into its output: used by the
+    template for its children, and by the host for a run forked straight from a
+    sandbox's agent (``--once``). Bounded: :meth:`feed` says when to stop reading."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.caps = {**CAPS, **options.get("caps", {})}
+        self.timeout_ms = options.get("timeout_ms", 0)
+        self.logs: list[dict[str, str]] = []
+        self.end: dict[str, Any] | None = None
+        self.reply: dict[str, Any] | None = None  # a --once child's pong or refusal
+        self.started = False
+        self._buf, self._total = b"", 0
+
+    def feed(self, chunk: bytes) -> bool:
+        """Take some output; False once there is more than any honest run writes."""
+        self._total += len(chunk)
+        self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            if "log" in rec and len(self.logs) < self.caps["log_lines"]:
+                stream, text = rec["log"]
+                self.logs.append({"stream": str(stream), "text": str(text)})
+            elif "end" in rec:
+                self.end = rec["end"]
+            elif "go" in rec:
+                self.started = True
+            elif not self.started and ("pong" in rec or "refused" in rec):
+                self.reply = rec
+        cap: int = self.caps["log_bytes"] * 4 + self.caps["facts_bytes"] * 4 + 1_048_576
+        return self._total <= cap
+
+    def finish(self, code: int, killed: bool, elapsed_ms: float) -> dict[str, Any]:
+        """The run's output, given how its process ended (exit code, negative: signal)."""
+        end = self.end
+        if end is None:
+            how = f"signal {-code}" if code < 0 else f"exit status {code}"
+            error: dict[str, Any] = {
+                "type": "WorkerCrashed", "line": None, "path": None, "traceback": "",
+                "message": f"the snippet's process ended with {how} before finishing",
+                "exit_code": code}
+            if killed:
+                error = {"type": "TimeoutError", "line": None, "path": None, "traceback": "",
+                         "message": f"the snippet ran past its {self.timeout_ms} ms timeout "
+                         "and was killed"}
+            end = {"facts": {}, "result": None, "duration_ms": elapsed_ms, "timed_out": killed,
+                   "truncated": [], "errors": [error]}
+        end["logs"] = self.logs
+        return end
 
 
 def _run(job: dict[str, Any]) -> dict[str, Any]:
     files = {str(p): str(s) for p, s in job["files"]}
     options = dict(job["options"])
-    caps = {**CAPS, **options.get("caps", {})}
+    collector = Collector(options)
     r, w = os.pipe()
     t0 = time.monotonic()
     pid = os.fork()
@@ -366,9 +433,7 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         os._exit(code)
     os.close(w)
     deadline = t0 + (options["timeout_ms"] + options["grace_ms"]) / 1000
-    logs: list[dict[str, str]] = []
-    end: dict[str, Any] | None = None
-    buf, total, killed = b"", 0, False
+    killed = False
     poller = select.poll()
     poller.register(r, select.POLLIN)
     while True:
@@ -379,20 +444,7 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         chunk = os.read(r, 65536)
         if not chunk:
             break
-        total += len(chunk)
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if "log" in rec and len(logs) < caps["log_lines"]:
-                stream, text = rec["log"]
-                logs.append({"stream": str(stream), "text": str(text)})
-            elif "end" in rec:
-                end = rec["end"]
-        if total > caps["log_bytes"] * 4 + caps["facts_bytes"] * 4 + 1_048_576:
+        if not collector.feed(chunk):
             killed = True
             break
     os.close(r)
@@ -400,21 +452,7 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
     _, status = os.waitpid(pid, 0)
     _killpg(pid)  # anything the child started and left behind
     elapsed = (time.monotonic() - t0) * 1000
-    if end is None:
-        code = os.waitstatus_to_exitcode(status)
-        how = f"signal {-code}" if code < 0 else f"exit status {code}"
-        error: dict[str, Any] = {
-            "type": "WorkerCrashed", "line": None, "path": None, "traceback": "",
-            "message": f"the snippet's process ended with {how} before finishing",
-            "exit_code": code}
-        if killed:
-            error = {"type": "TimeoutError", "line": None, "path": None, "traceback": "",
-                     "message": f"the snippet ran past its {options['timeout_ms']} ms timeout "
-                     "and was killed"}
-        end = {"facts": {}, "result": None, "duration_ms": elapsed, "timed_out": killed,
-               "truncated": [], "errors": [error]}
-    end["logs"] = logs
-    return end
+    return collector.finish(os.waitstatus_to_exitcode(status), killed, elapsed)
 
 
 def _killpg(pgid: int) -> None:
@@ -443,10 +481,7 @@ def serve(preload: list[str]) -> None:
     stdin = sys.stdin.buffer
     while line := stdin.readline():
         try:
-            frame = json.loads(line)
-            job = frame["input"]
-            if frame.get("v") != 1 or frame.get("kind") != "invoke" or not isinstance(job, dict):
-                raise ValueError("expected an invoke frame with an object input")
+            job = _job_of(line)
             if job.get("op") == "ping":
                 output: dict[str, Any] = {"pong": True, "pid": os.getpid()}
             elif job.get("op") == "run":
@@ -460,7 +495,51 @@ def serve(preload: list[str]) -> None:
         _write({"v": 1, "kind": "output", "output": output})
 
 
+def _job_of(data: bytes) -> dict[str, Any]:
+    frame = json.loads(data)
+    job = frame["input"]
+    if frame.get("v") != 1 or frame.get("kind") != "invoke" or not isinstance(job, dict):
+        raise ValueError("expected an invoke frame with an object input")
+    return job
+
+
+def serve_once() -> NoReturn:
+    """One job, in this process (a fresh fork of the sandbox's agent, ``--once``): read
+    one invoke frame from stdin to EOF, run it here and write its records (``go``, log
+    lines, ``end``) on stdout; the host collects them (:class:`Collector`). Never
+    returns: the process exits when the run is over."""
+    chunks, size = [], 0
+    while chunk := os.read(0, 1 << 16):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > _MAX_JOB_BYTES:
+            break
+    reply: dict[str, Any] | None = None
+    try:
+        job = _job_of(b"".join(chunks))
+        if job.get("op") == "ping":
+            reply = {"pong": True, "pid": os.getpid()}
+        elif job.get("op") != "run":
+            raise ValueError(f"unknown op {job.get('op')!r}")
+        files = {str(p): str(s) for p, s in job["files"]} if reply is None else {}
+        options = dict(job["options"]) if reply is None else {}
+    except (ValueError, KeyError, TypeError) as exc:
+        reply = {"refused": str(exc)[:500]}
+    code = 0
+    try:
+        if reply is not None:
+            os.write(1, json.dumps(reply).encode() + b"\n")
+        else:
+            fd = os.dup(1)  # the record pipe; 0/1/2 go to /dev/null
+            _child(files, options, fd, new_session=False)  # a session leader already
+    except BaseException:
+        code = 70
+    os._exit(code)
+
+
 def main(argv: list[str]) -> int:
+    if "--once" in argv:
+        serve_once()
     preload = argv[argv.index("--preload") + 1].split(",") if "--preload" in argv else []
     serve([p for p in preload if p])
     return 0

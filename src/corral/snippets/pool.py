@@ -1,16 +1,19 @@
-"""The warm snippet pool: bounded, FIFO, per-tenant sandboxes with a fork-per-run template.
+"""The warm snippet pool: bounded, FIFO, per-tenant sandboxes; one fresh process per run.
 
 Built on the generic provider contract, plus one linux-only shortcut. A
 *slot* is a sandbox created ahead of time (for one tenant; a fresh *spare*
-is bound to the first tenant that takes it and never serves another)
-holding a long-lived template process (:mod:`corral.snippets._worker`). In a
-linux (strict) sandbox the template is forked from the sandbox's agent
-(``LinuxSandbox.start_python_template``) after the worker was preloaded into
-the provider's fork server, so it shares those pages; elsewhere it is
-``python -I -S`` started with ``start_process``. Per job the template forks
-a fresh child that runs the snippet, so no process ever runs code twice and
-the template never runs caller code. The host speaks to the template in the frames of
-:mod:`corral.protocol` (one ``invoke`` in, one ``output`` out).
+is bound to the first tenant that takes it and never serves another). In a
+linux (strict) sandbox the slot holds no process but the sandbox's agent:
+the worker (:mod:`corral.snippets._worker`) is preloaded into the provider's
+fork server, and per job the agent forks a fresh worker
+(``LinuxSandbox.start_python_fork``, ``--once``) that reads the job on its
+stdin, runs it and exits; the host collects its records and kills it at
+timeout + grace. Elsewhere the slot holds a long-lived template
+(``python -I -S`` started with ``start_process``) that forks a fresh child
+per job and never runs caller code itself. Either way no process ever runs
+code twice. The host speaks to a template in the frames of
+:mod:`corral.protocol` (one ``invoke`` in, one ``output`` out); a forked
+worker reads one ``invoke`` frame.
 
 Following anyio's ``to_process``: the job is serialised before a slot is
 reserved; the reply line is capped; any failure kills and discards the slot
@@ -34,7 +37,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 from ..errors import ConfigInvalidError, ProviderError, UnhandledWorkerError
 from ..protocol import (
@@ -49,6 +52,10 @@ from ..protocol import (
 from ..provider import ProcessHandle, Sandbox, SandboxProvider
 from ..spec import Level, NetworkPolicy, ProcessOpts, SandboxLimits, SandboxSpec
 from ._limiter import FifoLimiter
+from ._worker import Collector
+
+if TYPE_CHECKING:
+    from ..providers.linux.sandbox import LinuxSandbox
 
 __all__ = ["GRACE_MS", "PoolStatistics", "SnippetPool", "WORKER_FILE"]
 
@@ -63,6 +70,7 @@ _MAX_REPLY_BYTES: Final = 4 * 1024 * 1024
 _TEMPLATE_MB: Final = 64
 _START_TIMEOUT_S: Final = 30.0
 _WORKER_MODULE: Final = "corral.snippets._worker"
+_FORK_OPTS: Final = ProcessOpts(stdin=True, env={})
 
 
 @final
@@ -84,12 +92,12 @@ class PoolStatistics:
 
 
 class _Slot:
-    """One warm sandbox and its template process."""
+    """One warm sandbox and its template process (which forks a child per run)."""
 
     def __init__(self, sandbox: Sandbox, process: ProcessHandle, level: Level) -> None:
         self.sandbox, self.process, self.level = sandbox, process, level
         self.tenant: str | None = None
-        self.template_pid = 0
+        self.server_pid = 0  # the template's pid inside the sandbox
         self.last_used = time.monotonic()
         self._out = aiter(process.stdout)
         self._decoder = FrameDecoder(_MAX_REPLY_BYTES)
@@ -102,7 +110,11 @@ class _Slot:
             async for chunk in self.process.stderr:
                 self._stderr = (self._stderr + chunk)[-4096:]
 
-    async def call(self, frame: bytes) -> Any:
+    @property
+    def alive(self) -> bool:
+        return True  # a dead template shows on the next call
+
+    async def call(self, frame: bytes, job: Mapping[str, Any]) -> Any:
         """Send one invoke frame, return its output; ErrorFrame/EOF/garbage raise
         UnhandledWorkerError."""
         await self.process.stdin.write(frame)
@@ -133,6 +145,80 @@ class _Slot:
             await self.process.kill()
         with contextlib.suppress(Exception):
             await self.sandbox.destroy()
+
+
+class _ForkSlot:
+    """One warm strict sandbox whose agent forks a fresh worker per job
+    (``LinuxSandbox.start_python_fork`` of ``_worker.py --once``): the slot holds no
+    process but the agent. The host collects the run's records and kills the run's
+    process group at timeout + grace."""
+
+    def __init__(self, sandbox: LinuxSandbox, level: Level) -> None:
+        self.sandbox, self.level = sandbox, level
+        self.tenant: str | None = None
+        self.server_pid = 1  # the agent
+        self.last_used = time.monotonic()
+
+    @property
+    def alive(self) -> bool:
+        return self.sandbox.alive
+
+    async def call(self, frame: bytes, job: Mapping[str, Any]) -> Any:
+        """Fork one worker, hand it ``frame``, return the run's output. A worker that
+        cannot start or refuses the job, or an agent that exits, raise
+        UnhandledWorkerError; a run whose process dies is a WorkerCrashed output."""
+        options = dict(job.get("options") or {})
+        collector = Collector(options)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            proc = await self.sandbox.start_python_fork(["--once"], _FORK_OPTS,
+                                                        entry=_WORKER_MODULE + ":main")
+        except (ProviderError, ConfigInvalidError) as e:
+            raise UnhandledWorkerError(f"cannot start the snippet's process: {e}") from None
+        killed = False
+        try:
+            try:
+                await proc.stdin.write(frame)
+            except ProviderError:
+                pass  # it died first: its exit says how
+            await proc.stdin.close()
+            grace = options.get("timeout_ms", 10_000) + options.get("grace_ms", GRACE_MS)
+            try:
+                async with asyncio.timeout_at(started + grace / 1000):
+                    async for chunk in proc.stdout:
+                        if not collector.feed(chunk):
+                            killed = True
+                            break
+            except TimeoutError:
+                killed = True
+            if killed:
+                await proc.kill()
+            status = await proc.wait()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await proc.kill()
+            raise
+        if not self.sandbox.alive:
+            raise UnhandledWorkerError("the slot's sandbox agent exited during the run",
+                                       exit_code=status.exit_code)
+        if collector.reply is not None:
+            if "refused" in collector.reply:
+                raise UnhandledWorkerError(f"the snippet worker refused the job: "
+                                           f"{collector.reply['refused']}")
+            return collector.reply
+        if not collector.started and collector.end is None:
+            raise UnhandledWorkerError("the snippet worker exited before the run started",
+                                       exit_code=status.exit_code)
+        return collector.finish(status.exit_code, killed,
+                                round((loop.time() - started) * 1000, 3))
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.sandbox.destroy()
+
+
+_AnySlot = _Slot | _ForkSlot
 
 
 def _worker_source() -> str:
@@ -175,14 +261,15 @@ class SnippetPool:
         self.idle_ttl_s = idle_ttl_s
         self._preload = ",".join(sorted(preload if preload is not None
                                         else DEFAULT_ALLOWED_IMPORTS | {"traceback", "ast"}))
-        self._idle: dict[tuple[Level, str | None], deque[_Slot]] = {}
+        self._idle: dict[tuple[Level, str | None], deque[_AnySlot]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._warming: dict[Level, int] = {}
         self._ids = itertools.count(1)
         self._counts = dict.fromkeys(
             ("completed", "cancelled", "timed_out", "crashed", "replaced", "created"), 0)
         self._closed = False
-        #: (tenant, level, sandbox id, template pid) per run served; for tests and audits
+        #: (tenant, level, sandbox id, pid of the slot's server inside its sandbox: the
+        #: template, or 1 for a strict slot's agent) per run served; for tests and audits
         self.served: deque[tuple[str, str, str, int]] = deque(maxlen=1000)
 
     # -- configuration and state ----------------------------------------------------
@@ -208,7 +295,7 @@ class SnippetPool:
         return self._providers[level]
 
     # -- slots -----------------------------------------------------------------------
-    async def _new_slot(self, level: Level, tenant: str | None) -> _Slot:
+    async def _new_slot(self, level: Level, tenant: str | None) -> _AnySlot:
         provider = self._provider(level)
         limits, network = SandboxLimits(), NetworkPolicy.none()
         if level == Level.STRICT:
@@ -222,19 +309,39 @@ class SnippetPool:
         forked = level == Level.STRICT and await self._preload_into(provider)
         sandbox = await provider.create(spec)
         try:
-            process = await self._start_template(sandbox, forked)
-            slot = _Slot(sandbox, process, level)
-            try:
-                pong = await asyncio.wait_for(slot.call(_frame({"op": "ping"}, spec.tenant_id)),
-                                              _START_TIMEOUT_S)
-                slot.template_pid = int(pong["pid"])
-            except BaseException:
-                await slot.close()
-                raise
+            slot: _AnySlot | None = await self._fork_slot(sandbox) if forked else None
+            if slot is None:
+                template = _Slot(sandbox, await self._start_template(sandbox), level)
+                try:
+                    pong = await asyncio.wait_for(
+                        template.call(_frame({"op": "ping"}, spec.tenant_id), {}),
+                        _START_TIMEOUT_S)
+                    template.server_pid = int(pong["pid"])
+                except BaseException:
+                    await template.close()
+                    raise
+                slot = template
         except BaseException:
             await sandbox.destroy()
             raise
         self._counts["created"] += 1
+        return slot
+
+    @staticmethod
+    async def _fork_slot(sandbox: Sandbox) -> _ForkSlot | None:
+        """A fork-per-job slot on a linux sandbox, or None (its agent lacks the worker:
+        the fork server restarted since the preload)."""
+        from ..providers.linux.sandbox import LinuxSandbox
+        if not isinstance(sandbox, LinuxSandbox):
+            return None
+        slot = _ForkSlot(sandbox, Level.STRICT)
+        try:
+            await asyncio.wait_for(slot.call(_frame({"op": "ping"}, sandbox.spec.tenant_id), {}),
+                                   _START_TIMEOUT_S)
+        except UnhandledWorkerError:
+            if not sandbox.alive:
+                raise
+            return None
         return slot
 
     async def _preload_into(self, provider: SandboxProvider) -> bool:
@@ -250,21 +357,11 @@ class SnippetPool:
             return False
         return _WORKER_MODULE not in missing
 
-    async def _start_template(self, sandbox: Sandbox, forked: bool) -> ProcessHandle:
-        """The slot's template: forked from a linux sandbox's agent (sharing the fork
-        server's preloaded pages), or else a fresh ``python -I -S`` of the worker file."""
-        opts = ProcessOpts(stdin=True, env={})
-        if forked:
-            from ..providers.linux.sandbox import LinuxSandbox
-            if isinstance(sandbox, LinuxSandbox):
-                try:
-                    return await sandbox.start_python_template(
-                        ["--preload", self._preload], opts, entry=_WORKER_MODULE + ":main")
-                except ConfigInvalidError:
-                    pass  # not preloaded in this sandbox (its fork server restarted)
+    async def _start_template(self, sandbox: Sandbox) -> ProcessHandle:
+        """A template slot's process: ``python -I -S`` of the worker file."""
         await sandbox.write_file(WORKER_FILE, _worker_source())
         argv = [sys.executable, "-I", "-S", WORKER_FILE, "--preload", self._preload]
-        return await sandbox.start_process(argv, opts)
+        return await sandbox.start_process(argv, ProcessOpts(stdin=True, env={}))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -289,7 +386,7 @@ class SnippetPool:
         for _ in range(self.spares - have):
             self._spawn(self._warm_spare(level))
 
-    def _put(self, slot: _Slot) -> None:
+    def _put(self, slot: _AnySlot) -> None:
         slot.last_used = time.monotonic()
         self._idle.setdefault((slot.level, slot.tenant), deque()).append(slot)
         self._retire()
@@ -305,10 +402,12 @@ class SnippetPool:
                 self._idle[(s.level, s.tenant)].remove(s)
                 self._spawn(s.close())
 
-    async def _take(self, level: Level, tenant: str) -> _Slot:
+    async def _take(self, level: Level, tenant: str) -> _AnySlot:
         self._retire()
         for key in ((level, tenant), (level, None)):
             queue = self._idle.get(key)
+            while queue and not queue[-1].alive:  # its sandbox died while idle
+                self._discard(queue.pop())
             if queue:
                 slot = queue.pop()  # most recently used first
                 if key[1] is None:
@@ -320,7 +419,7 @@ class SnippetPool:
         self._top_up(level)
         return slot
 
-    def _discard(self, slot: _Slot) -> None:
+    def _discard(self, slot: _AnySlot) -> None:
         self._counts["replaced"] += 1
         self._spawn(slot.close())
         self._top_up(slot.level)
@@ -352,10 +451,10 @@ class SnippetPool:
             raise
         try:
             slot = await self._take(level, tenant_id)
-            self.served.append((tenant_id, level.value, slot.sandbox.id, slot.template_pid))
+            self.served.append((tenant_id, level.value, slot.sandbox.id, slot.server_pid))
             wait_s = (timeout_ms + GRACE_MS + _BACKSTOP_MS) / 1000
             try:
-                output = await asyncio.wait_for(slot.call(frame), wait_s)
+                output = await asyncio.wait_for(slot.call(frame, job), wait_s)
             except asyncio.CancelledError:
                 self._counts["cancelled"] += 1
                 self._discard(slot)

@@ -14,12 +14,13 @@ terminal), with fds 0/1/2 only and default signal dispositions.
 
 A ``fork_call`` request starts a process the same way but without execve:
 the agent forks and the child calls one of :data:`FORK_ENTRIES` (an
-in-process entry point preloaded in the zygote, e.g. the snippet worker's
-template loop), so the child shares the zygote's loaded pages instead of
-starting an interpreter. The child gets what a spawned command gets (new
-session, the passed pipes on 0/1/2 and no other descriptor, the request's
-env as ``os.environ``, the cwd, the CPU rlimit, a fresh interpreter's signal
-dispositions) and keeps what the agent has (namespaces, no capabilities,
+in-process entry point preloaded in the zygote, e.g. the snippet worker,
+which runs one snippet and exits), so the child shares the zygote's loaded
+pages instead of starting an interpreter. When it exits, the agent SIGKILLs
+its process group (whatever it started and left behind). The child gets what
+a spawned command gets (new session, the passed pipes on 0/1/2 and no other
+descriptor, the request's env as ``os.environ``, the cwd, the CPU rlimit, a
+fresh interpreter's signal dispositions) and keeps what the agent has (namespaces, no capabilities,
 no_new_privs, seccomp, rlimits, not dumpable). Its memory is a copy of the
 agent's; the zygote runs with an empty environment and holds no secrets.
 
@@ -81,6 +82,7 @@ class _Agent:
         self.buf = bytearray()
         self.fds: list[int] = []
         self.children: set[int] = set()
+        self.forked: set[int] = set()  # fork_call children: their group dies with them
 
     # -- I/O ------------------------------------------------------------------
     def send(self, header: Mapping[str, Any], payload: bytes = b"") -> None:
@@ -230,6 +232,7 @@ class _Agent:
             if pid == 0:
                 self._become(func, [entry, *args], env, cwd, fds, cpu_s)
             self.children.add(pid)
+            self.forked.add(pid)
             if cpu_s:  # in place before the reply, as for a spawned command
                 try:
                     resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
@@ -308,6 +311,12 @@ class _Agent:
                 return
             if pid == 0:
                 return
+            if pid in self.forked:  # whatever it started and left behind
+                self.forked.discard(pid)
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
             if pid in self.children:
                 self.children.discard(pid)
                 cpu_ms = int((ru.ru_utime + ru.ru_stime) * 1000)

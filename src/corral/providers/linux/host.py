@@ -235,7 +235,7 @@ class LinuxProvider(SandboxProvider):
     async def preload_python(self, modules: Sequence[str]) -> list[str]:
         """Import ``modules`` into the fork server, so sandboxes created from now on
         share their pages (a python template started with
-        :meth:`LinuxSandbox.start_python_template` needs its entry point preloaded).
+        :meth:`LinuxSandbox.start_python_fork` needs its entry point preloaded).
 
         Idle spares built before are replaced. Returns the names that could not be
         imported. Modules load from the host's interpreter and corral's import root,

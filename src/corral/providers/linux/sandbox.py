@@ -326,20 +326,27 @@ class LinuxSandbox(Sandbox):
             stdin.close_now()
         return LinuxProcess(run, stdin, out_r, err_r, self._kill_run, started, opts.timeout_ms)
 
-    async def start_python_template(self, args: Sequence[str] = (),
-                                    opts: ProcessOpts | None = None, *,
-                                    entry: str = "corral.snippets._worker:main"
-                                    ) -> LinuxProcess:
+    @property
+    def alive(self) -> bool:
+        """Whether the sandbox's agent still serves (not destroyed, not exited)."""
+        return not self._destroyed and not self._chan.is_closed
+
+    async def start_python_fork(self, args: Sequence[str] = (),
+                                opts: ProcessOpts | None = None, *,
+                                entry: str = "corral.snippets._worker:main"
+                                ) -> LinuxProcess:
         """Like :meth:`start_process`, but the process is a fork of the sandbox's agent
         calling ``entry(args)`` instead of an exec'd interpreter: it shares the pages
-        the fork server preloaded (:meth:`LinuxProvider.preload_python`), so it costs
-        far less memory than a fresh ``python``. Not part of the provider contract.
+        the fork server preloaded (:meth:`LinuxProvider.preload_python`), so it starts
+        in about a millisecond and costs far less memory than a fresh ``python``. Not
+        part of the provider contract.
 
         The child is set up as a command is (new session, the pipes on 0/1/2 and no
         other descriptor, ``opts.env`` over the plan's base env, the cwd, the CPU
         rlimit) and keeps the sandbox's containment; ``sys.path`` holds only the
-        interpreter's own read-only dirs. ``entry`` must be one of the agent's
-        ``FORK_ENTRIES`` and preloaded, else ConfigInvalidError("entry").
+        interpreter's own read-only dirs. When it exits, its process group is
+        killed. ``entry`` must be one of the agent's ``FORK_ENTRIES`` and
+        preloaded, else ConfigInvalidError("entry").
         """
         opts = opts or ProcessOpts()
         started = asyncio.get_running_loop().time()
