@@ -16,6 +16,13 @@ agent's socket end as SCM_RIGHTS). For each request:
 3. the zygote opens a pidfd for C2 (race-free: nobody can reap C2 before the
    zygote, which is its subreaper) and sends it to the host.
 
+Both forks are bare libc forks (``_sys_unsafe.fork_bare``), without Python's
+at-fork machinery (thread and lock re-initialisation, the ``threading``,
+``logging`` and ``random`` hooks): the zygote is single-threaded and holds no
+lock, and the hooks would dirty ~0.2 MiB of pages that every agent then
+holds privately. Processes the agent forks later (commands, ``fork_call``)
+go through ``os.fork`` as usual.
+
 A ``preload`` request (``{"op": "preload", "modules": [...]}``) imports
 modules into the zygote and freezes the GC again, so every sandbox forked
 afterwards shares their pages; the snippet pool preloads its worker this way
@@ -126,7 +133,7 @@ def _child(req: Mapping[str, Any], agent_fd: int, w: int, r: int, prog: bytes) -
         os.setresuid(0, 0, 0)
         stage = "fork"
         placed_r, placed_w = os.pipe2(os.O_CLOEXEC)
-        c2 = os.fork()
+        c2 = su.fork_bare()
         if c2 == 0:
             for fd in (w, r, placed_w, *procs):
                 os.close(fd)
@@ -157,7 +164,7 @@ def _create(req: Mapping[str, Any], agent_fd: int, prog: bytes
     """Launch one sandbox: (reply, pidfd of its pid 1 or -1, pid of C1 to reap after replying)."""
     r1, w1 = os.pipe()
     r2, w2 = os.pipe()
-    pid = os.fork()
+    pid = su.fork_bare()
     if pid == 0:
         os.close(r1)
         os.close(w2)
