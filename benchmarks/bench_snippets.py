@@ -9,7 +9,7 @@ Memory: private memory (Private_Clean + Private_Dirty of /proc/PID/smaps_rollup)
 of every process of one idle warm slot (``LinuxSandbox.host_pids()``), and the
 slot-exclusive memory: pages mapped by no process outside the slot (pagemap +
 /proc/kpagecount; needs root, else -1), which also counts the pages the agent
-and its forked template share with each other.
+and a template share with each other (a strict slot is its agent alone).
 Cold: create a strict sandbox, write the worker, run it once on the same job
 (``python -I -S``, nothing preloaded), destroy the sandbox.
 Goals (issue 5, two cores): p50 <= 5 ms, >= 200 runs/s, <= 2 MiB private per warm slot.

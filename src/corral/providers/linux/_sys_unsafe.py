@@ -43,6 +43,7 @@ __all__ = [
     "machine_arch",
     "mount",
     "pivot_root",
+    "preresolve",
     "seccomp_install",
     "set_child_subreaper",
     "set_dumpable",
@@ -130,6 +131,16 @@ def _nr(name: str) -> int:
     if nrs is None:
         raise OSError(errno.ENOSYS, f"{name}: no syscall number for {machine_arch()}")
     return nrs[name]
+
+
+def preresolve() -> None:
+    """Look up every libc function this module calls, in the default handle: a process
+    forked afterwards finds them cached instead of building (and writing) its own."""
+    lc = _libc(None)
+    for name in ("fork", "unshare", "mount", "umount2", "syscall", "sethostname", "prctl",
+                 "capset"):
+        getattr(lc, name)
+    lc.syscall.restype = ctypes.c_long
 
 
 def fork_bare(*, libc: Any = None) -> int:

@@ -207,6 +207,7 @@ def _preload(modules: object) -> list[str]:
 def serve(fd: int) -> None:
     """Serve create requests on the socket ``fd`` until it closes."""
     su.set_child_subreaper()
+    su.preresolve()  # shared by every sandbox, not built in each
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGCHLD, _reap)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
