@@ -18,7 +18,7 @@ Tables:
    create + exec with destroy off the clock), under bwrap and nsjail in
    MEASUREMENTS.md §4's configurations, under plain unshare with the same
    namespaces (a floor: no file system set-up), and as a whole
-   ``corral run --level strict`` CLI process when the CLI supports it.
+   ``corral run --level strict`` CLI process (with ``--ro-bind`` for another interpreter).
 2. exec into one live sandbox vs the same command run bare.
 3. private memory (Private_Clean + Private_Dirty of smaps_rollup) per idle
    sandbox, for K sandboxes alive at once: the agent (pid 1) alone and all
@@ -250,7 +250,7 @@ def _rows(times: dict[str, list[float]], labels: dict[str, str]) -> list[Row]:
 
 # -- the tables ------------------------------------------------------------------------
 async def cold_table(provider: LinuxProvider, cold: LinuxProvider | None, rounds: int,
-                     py: Interp, args: list[str], cli_ok: bool) -> list[Row]:
+                     py: Interp, args: list[str], cli_binds: tuple[str, ...]) -> list[Row]:
     cmd = [py.path, *args, "-c", "pass"]
     variants: dict[str, Run] = {"bare": _proc(cmd, BARE_ENV),
                                 "strict": _strict_cold(provider, cmd)}
@@ -266,13 +266,10 @@ async def cold_table(provider: LinuxProvider, cold: LinuxProvider | None, rounds
         ("nsjail", nsjail, lambda b: nsjail_argv(b, cmd, py.binds)),
         ("unshare", shutil.which("unshare"), lambda _b: unshare_argv(cmd)),
         ("cli", str(corral) if corral.exists() else None,
-         lambda b: [b, "run", "--level", "strict", "--", *cmd]),
+         lambda b: [b, "run", "--level", "strict",
+                    *(f"--ro-bind={p}" for p in cli_binds), "--", *cmd]),
     ]
     for key, binary, build in peers:
-        if key == "cli" and not cli_ok:
-            skipped.append(Row(LABELS[key], key, skipped="the CLI has no ro_binds option: "
-                               f"{py.path} is not visible in its sandbox"))
-            continue
         if binary is None:
             why = INSTALL_HINT if key in ("bwrap", "nsjail") else f"{key} not found"
             skipped.append(Row(LABELS[key], key, goal="peer", skipped=f"missing: {why}"))
@@ -436,7 +433,7 @@ async def run(rounds: int, k: int, python: str) -> None:
         head = f"  {'':<46} {'median':>8} {'p90':>8} {'+ms':>7} {'ratio':>7}  goal"
         for title, args, full in (("cold `python -c pass`", [], True),
                                   ("cold `python -I -S -c pass`", ["-I", "-S"], False)):
-            rows = await cold_table(provider, cold, rounds, py, args, cli_ok=not ro_binds)
+            rows = await cold_table(provider, cold, rounds, py, args, cli_binds=ro_binds)
             _judge_cold(rows, full)
             print(title + ("  (goal: within +5 ms and <= 1.10x of bare, ahead of bwrap "
                            "and nsjail)" if full else "  (goal: ahead of bwrap and nsjail)"))
