@@ -13,53 +13,45 @@ and destroys the sandbox (always, in ``finally``). The modes (``spec.mode``):
   :data:`~corral.spec.DEFAULT_ENTRYPOINT_PATH`) with ``python -I``.
 
 The table of frames and exit codes -> outcomes and errors is in
-``docs/handlers.md`` and in :func:`decide`.
+``docs/handlers.md`` and in :func:`decide` (defined with the outcome types in
+:mod:`corral._dispatch_outcome`; the in-context mode is
+:mod:`corral._dispatch_in_context`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import sys
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias, TypeVar, final
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from typing import Any, Final, TypeVar
 
 from ._cancel import CancelToken
+from ._dispatch_in_context import in_context
+from ._dispatch_outcome import (
+    Outcome,
+    OutputOutcome,
+    ProtocolViolation,
+    SuspendedOutcome,
+    decide,
+    read_result,
+)
 from .errors import (
     ConfigInvalidError,
-    CorralError,
-    ErrorCode,
-    LimitsExceededError,
     ProviderError,
     SandboxCancelledError,
     SandboxTimeoutError,
-    UnhandledWorkerError,
-    error_from_code,
 )
-from .handler import HandlerContext, build_context, entrypoint_script, format_target
-from .handler.base import call_handler, load_handler, result_frame
+from .handler import entrypoint_script, format_target
 from .protocol import (
     DEFAULT_MAX_LINE_BYTES,
-    SUSPEND_EXIT_CODE,
-    ErrorBody,
-    ErrorFrame,
     FrameDecoder,
-    FrameErr,
-    FrameOk,
     InvokeFrame,
-    OutputFrame,
     ProtocolContext,
-    ProtocolError,
     ResumeFrame,
-    StdoutFrame,
-    SuspendFrame,
     WireFrame,
     encode_frame,
-    parse_frame,
 )
 from .provider import ProcessHandle, Sandbox, SandboxProvider
 from .spec import (
@@ -91,113 +83,9 @@ DEFAULT_INVOKE_TIMEOUT_MS: Final = 30_000
 #: how much of the handler's stderr an UnhandledWorkerError keeps (the last bytes)
 DEFAULT_STDERR_TAIL_BYTES: Final = 8192
 
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OutputOutcome:
-    """The handler returned ``value`` (decoded JSON)."""
-
-    value: Any
-    kind: Literal["output"] = field(default="output", init=False)
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SuspendedOutcome:
-    """The handler waits durably on ``token_id``; re-invoke with it in ``resumed``."""
-
-    token_id: str
-    kind: Literal["suspended"] = field(default="suspended", init=False)
-
-
-Outcome: TypeAlias = OutputOutcome | SuspendedOutcome
-
-
-class ProtocolViolation(Exception):
-    """The ``__cause__`` of the ``ProviderError`` a malformed frame stream raises.
-
-    ``error`` is the decoder's :class:`~corral.protocol.ProtocolError` when the
-    line did not parse, ``None`` for a well-formed frame in the wrong place (a
-    second result, or a host-to-handler frame). Never raised on its own.
-    """
-
-    def __init__(self, message: str, error: ProtocolError | None = None) -> None:
-        super().__init__(message)
-        self.error = error
-
-
-# ---------------------------------------------------------------- frames -> outcome
-
-
-def _error_from_body(body: ErrorBody, exit_code: int | None, stderr_tail: str) -> CorralError:
-    details = body.details or {}
-    if body.code == ErrorCode.UNHANDLED_WORKER:
-        return UnhandledWorkerError(body.message, exit_code=exit_code, stderr_tail=stderr_tail)
-    if body.code == ErrorCode.CONFIG_INVALID:
-        fld, reason = details.get("field"), details.get("reason")
-        if isinstance(fld, str) and isinstance(reason, str):
-            return ConfigInvalidError(fld, reason)
-    if body.code == ErrorCode.LIMITS_EXCEEDED:
-        limit, value, seen = (details.get(k) for k in ("limit", "limit_value", "observed"))
-        if (limit in ("memory", "cpu", "disk", "processes", "output")
-                and type(value) is int and type(seen) is int):
-            return LimitsExceededError(limit, value, seen)
-    return error_from_code(body.code, body.message)  # unknown codes: ProviderError
-
-
-def decide(frame: StdoutFrame | None, *, exit_code: int | None, stderr_tail: str = "") -> Outcome:
-    """Turn the one result frame (or none) and the exit code into an outcome or error.
-
-    ``exit_code`` is None in-context (no process). See ``docs/handlers.md``.
-    """
-    def unhandled(msg: str) -> UnhandledWorkerError:
-        return UnhandledWorkerError(msg, exit_code=exit_code, stderr_tail=stderr_tail)
-
-    if isinstance(frame, ErrorFrame):
-        raise _error_from_body(frame.error, exit_code, stderr_tail)
-    if isinstance(frame, OutputFrame):
-        if exit_code in (None, 0):
-            return OutputOutcome(value=frame.output)
-        raise unhandled(f"the handler wrote an output frame but exited with code {exit_code}")
-    if isinstance(frame, SuspendFrame):
-        if exit_code in (None, SUSPEND_EXIT_CODE):
-            return SuspendedOutcome(token_id=frame.token_id)
-        raise unhandled(f"the handler wrote a suspend frame but exited with code {exit_code}, "
-                        f"not {SUSPEND_EXIT_CODE}")
-    if exit_code == SUSPEND_EXIT_CODE:
-        raise unhandled(f"the handler exited with code {SUSPEND_EXIT_CODE} (suspended) "
-                        "without a suspend frame")
-    raise unhandled(f"the handler exited with code {exit_code} without a result frame")
-
-
-def _violation(message: str, error: ProtocolError | None = None) -> ProviderError:
-    return ProviderError(message, ProtocolViolation(message, error))
-
-
-async def _read_result(chunks: AsyncIterator[bytes], cap: int) -> StdoutFrame | None:
-    """The one result frame of a stdout stream; any protocol violation raises at once."""
-    decoder = FrameDecoder(cap)
-    result: StdoutFrame | None = None
-
-    def take(res: FrameOk | FrameErr) -> None:
-        nonlocal result
-        if isinstance(res, FrameErr):
-            e = res.error
-            raise _violation(f"malformed frame from the handler ({e.kind}): {e.message}", e)
-        frame: WireFrame = res.frame
-        if isinstance(frame, InvokeFrame | ResumeFrame):
-            raise _violation(f"the handler wrote a host-to-handler {frame.kind!r} frame")
-        if result is not None:
-            raise _violation(f"the handler wrote a second result frame ({frame.kind!r} after "
-                             f"{result.kind!r})")
-        result = frame
-
-    async for chunk in chunks:
-        for res in decoder.feed(chunk):
-            take(res)
-    for res in decoder.close():
-        take(res)
-    return result
+for _obj in (OutputOutcome, ProtocolViolation, SuspendedOutcome, decide):
+    _obj.__module__ = __name__  # documented here, where users import them from
+del _obj
 
 
 # ---------------------------------------------------------------- bounding
@@ -261,7 +149,7 @@ async def _talk(proc: ProcessHandle, data: bytes, tail: _Tail, cap: int) -> Outc
     feeder = asyncio.ensure_future(_feed(proc, data))
     errs = asyncio.ensure_future(tail.pump(proc.stderr))
     try:
-        frame = await _read_result(proc.stdout, cap)
+        frame = await read_result(proc.stdout, cap)
         status = await proc.wait()
         await errs
         await feeder
@@ -289,80 +177,6 @@ def _argv(mode: InvocationMode, ref: HandlerRef) -> list[str]:
     entry = ref.entrypoint_path or DEFAULT_ENTRYPOINT_PATH
     target = [format_target(ref)] if ref.module_path is not None else []
     return [sys.executable, "-I", entry, *target]
-
-
-# ---------------------------------------------------------------- in-context
-
-
-def _roundtrip(frame: WireFrame) -> Any:
-    res = parse_frame(encode_frame(frame))
-    assert isinstance(res, FrameOk)  # the encoder writes only frames the decoder accepts
-    return res.frame
-
-
-def _exit_error(exc: SystemExit) -> UnhandledWorkerError:
-    code = exc.code if isinstance(exc.code, int) else 1
-    return UnhandledWorkerError(f"the in-context handler called exit({exc.code!r})",
-                                exit_code=code)
-
-
-async def _call_in_context(fn: Callable[..., Any], payload: Any,
-                           ctx: HandlerContext) -> StdoutFrame:
-    """Async handlers run on the caller's loop; sync ones in a daemon thread.
-    ``exit()`` in a handler must not end the caller: it becomes unhandled-worker."""
-    if inspect.iscoroutinefunction(fn):
-        try:
-            try:
-                value = await fn(payload, ctx)
-            except SystemExit as exc:
-                raise _exit_error(exc) from None
-        except Exception as exc:
-            err = exc
-            return result_frame(lambda: _reraise(err))
-        return result_frame(lambda: value)
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[StdoutFrame] = loop.create_future()
-
-    def settle(frame: StdoutFrame) -> None:
-        if not fut.done():
-            fut.set_result(frame)
-
-    def sync_call(payload: Any, ctx: HandlerContext) -> Any:
-        try:
-            return fn(payload, ctx)
-        except SystemExit as exc:
-            raise _exit_error(exc) from None
-
-    def run() -> None:
-        frame = result_frame(lambda: call_handler(sync_call, payload, ctx))
-        with contextlib.suppress(RuntimeError):  # the caller's loop is gone (timed out)
-            loop.call_soon_threadsafe(settle, frame)
-
-    threading.Thread(target=run, name="corral-in-context", daemon=True).start()
-    return await fut
-
-
-def _reraise(exc: BaseException) -> Any:
-    raise exc
-
-
-async def _in_context(sandbox: Sandbox, ref: HandlerRef, resumes: list[ResumeFrame],
-                      inv: InvokeFrame) -> Outcome:
-    call: Callable[..., Awaitable[Any]] | None = getattr(sandbox, "call", None)
-    if call is None:
-        raise ConfigInvalidError(
-            "mode", f"{type(sandbox).__name__} cannot call handlers in-context; "
-            "use 'json-stdio', or the inprocess provider")
-    assert ref.module_path is not None
-    module = ref.module_path
-    work = getattr(sandbox, "work_dir", None)
-    if isinstance(work, str) and module.endswith(".py") and not os.path.isabs(module):
-        module = os.path.join(work, module)  # a file given through ``files=``
-    fn = load_handler(module, ref.attribute)
-    inv = _roundtrip(inv)  # the handler sees the values a pipe would give it
-    ctx = build_context(inv, [_roundtrip(r) for r in resumes])
-    frame = await call(_call_in_context, fn, inv.input, ctx)
-    return decide(_roundtrip(frame), exit_code=None)
 
 
 # ---------------------------------------------------------------- the front door
@@ -485,7 +299,7 @@ async def invoke_in(
         for path, data in (files or {}).items():
             await sandbox.write_file(path, data)
         if real is InvocationMode.IN_CONTEXT:
-            return await _in_context(sandbox, handler_ref, resumes, inv)
+            return await in_context(sandbox, handler_ref, resumes, inv)
         proc = await sandbox.start_process(_argv(real, handler_ref), _opts(real))
         return await _talk(proc, stdin, tail, max_line_bytes)
 
