@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
-import socket
-from collections.abc import Awaitable, Sequence
-from typing import Any, Final, TypeVar, final
+from collections.abc import Sequence
+from typing import Any, Final, final
 
 from ..._cancel import CancelToken
 from ...errors import (
@@ -23,7 +21,8 @@ from ...spec import (
     SandboxSpec,
 )
 from . import _sys_unsafe as su, mounts
-from .client import Channel, Zygote, kill_pidfd
+from ._launch import launch, race
+from .client import Zygote
 from .images import ImageCache, UnpackedImage, unreachable_part
 from .plan import (
     DEFAULT_LIMITS,
@@ -42,7 +41,6 @@ __all__ = ["DEFAULT_STDERR_CAP", "DEFAULT_STDOUT_CAP", "LinuxProvider", "LinuxSa
 
 DEFAULT_STDOUT_CAP: Final = 8 * 1024 * 1024
 DEFAULT_STDERR_CAP: Final = 1024 * 1024
-_T = TypeVar("_T")
 
 
 @final
@@ -269,7 +267,7 @@ class LinuxProvider(SandboxProvider):
                 if task is None:
                     return None
                 # sooner than a cold launch queued behind it in the zygote
-                await self._race(asyncio.wait([task]), cancel)
+                await race(asyncio.wait([task]), cancel)
                 if task.cancelled() or task.exception() is not None:
                     return None
                 continue  # the finished build put its spare into the pool
@@ -324,80 +322,11 @@ class LinuxProvider(SandboxProvider):
         await self._reaper.drain()
         return sum(len(v) for v in self._spares.values())
 
-    # -- one launch -------------------------------------------------------------------
+    # -- one launch (see _launch.py) ---------------------------------------------------
     async def _launch(self, plan: SandboxPlan, prog: bytes, cancel: CancelToken | None,
                       *, limits: SandboxLimits) -> Launched:
-        """Build one sandbox: its cgroup (with ``limits``), namespaces and ready agent."""
-        sid = secrets.token_hex(6)
-        cg: Any = None
-        chan: Channel | None = None
-        host_end: socket.socket | None = None
-        pidfd = -1
-
-        def check_cancel() -> None:
-            if cancel is not None and cancel.cancelled:
-                raise CreateCancelledError(f"create cancelled: {cancel.reason}")
-
-        try:
-            check_cancel()
-            if self._cgroups.support.version != "none":
-                cg = self._cgroups.create(sid, limits)
-            zygote = await self._zygote_for(prog)
-            check_cancel()
-            host_end, sb_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            launch = asyncio.ensure_future(zygote.create(
-                plan.to_wire(), list(cg.procs_files) if cg else [], sb_end.fileno()))
-            try:
-                try:
-                    _pid, pidfd = await asyncio.shield(launch)
-                except asyncio.CancelledError:
-                    # let the in-flight launch settle, so the rollback kills what it made
-                    await asyncio.wait([launch], timeout=10)
-                    if launch.done() and not launch.cancelled() and not launch.exception():
-                        _pid, pidfd = launch.result()
-                    raise
-            except ProviderError as e:
-                if "unshare" in e.message or "id maps" in e.message:
-                    raise LevelNotSupportedError(
-                        "strict", (), e.message,
-                        missing="namespaces (user, mount, pid, net, ipc, uts, cgroup)") from None
-                raise
-            finally:
-                sb_end.close()
-            chan = Channel(host_end, what=f"sandbox {sid}")
-            hello = await self._race(chan.hello, cancel)
-            if not hello.get("ready"):
-                err = str(hello.get("error", "sandbox setup failed"))
-                if "seccomp" in err:
-                    raise LevelNotSupportedError("strict", (), err, missing="seccomp")
-                raise ProviderError(err)
-            check_cancel()
-        except BaseException:
-            if chan is not None:
-                chan.close()
-            elif host_end is not None:
-                host_end.close()
-            if pidfd >= 0:
-                kill_pidfd([pidfd])
-            if cg is not None:
-                _remove_cgroup(cg)
-            raise
-        return Launched(sid=sid, chan=chan, pidfd=pidfd, cg=cg)
-
-    @staticmethod
-    async def _race(aw: Awaitable[_T], cancel: CancelToken | None) -> _T:
-        if cancel is None:
-            return await aw
-        fut = asyncio.ensure_future(aw)
-        waiter = asyncio.ensure_future(cancel.wait_cancelled_async())
-        try:
-            await asyncio.wait({fut, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-        if not fut.done():
-            fut.cancel()
-            raise CreateCancelledError(f"create cancelled: {cancel.reason}")
-        return fut.result()
+        return await launch(plan, prog, cancel, limits=limits, cgroups=self._cgroups,
+                            zygote_for=self._zygote_for)
 
     def _forget(self, sb: LinuxSandbox) -> None:
         self._live.discard(sb)
@@ -433,15 +362,6 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
     """Mark a background build's failure as seen (the next create builds cold)."""
     if not task.cancelled():
         task.exception()
-
-
-def _remove_cgroup(cg: Any) -> None:
-    """Best effort during a rollback: the original error is the one to raise."""
-    try:
-        cg.kill_all()
-        cg.remove()
-    except Exception:
-        pass
 
 
 def _checked_ro_binds(paths: Sequence[str]) -> tuple[str, ...]:
