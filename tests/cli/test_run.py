@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -74,8 +75,20 @@ def test_outcome_message_without_json(capfd: pytest.CaptureFixture[str]) -> None
     assert "corral: timeout:" in capfd.readouterr().err
 
 
+def _interrupt_once_handled() -> None:
+    """SIGINT ourselves once the CLI has put its handler in (a loaded machine may take
+    longer than any fixed delay to get there), then a moment later."""
+    deadline = time.monotonic() + 20
+    while signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        if time.monotonic() > deadline:
+            return  # the assertions below will say what went wrong
+        time.sleep(0.01)
+    time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 def test_sigint_cancels(capsys: pytest.CaptureFixture[str]) -> None:
-    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer = threading.Thread(target=_interrupt_once_handled)
     timer.start()
     try:
         status = main(["run", "--json", "--", PY, "-c", "import time; time.sleep(30)"])
