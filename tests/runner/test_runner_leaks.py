@@ -10,6 +10,7 @@ import tempfile
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -82,7 +83,12 @@ async def _mixed(i: int) -> Outcome:
 
 
 @pytest.mark.slow
-def test_500_mixed_runs_leak_nothing() -> None:
+def test_500_mixed_runs_leak_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the runs' owned cwds go to a temp dir of this test's own, so another test run on
+    # the machine cannot make it look as if we leaked (or hide a leak of ours)
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
     # warm up lazily created things (imports, the loop's first use)
     run_bounded("/bin/true", timeout_ms=5000)
     fds, kids, threads, tmps = _fds(), _children(), threading.active_count(), _tempdirs()
