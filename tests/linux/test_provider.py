@@ -323,14 +323,33 @@ def test_destroy_is_idempotent_and_final(linux: Any) -> None:
     linux(test)
 
 
-async def _settled(p: Any, want: tuple[int, int], timeout: float = 3.0) -> tuple[int, int]:
+async def _settled(p: Any, want: tuple[int, int], timeout: float = 10.0) -> tuple[int, int]:
     """_leaks once it equals ``want``, or its last value after ``timeout``: a killed
     sandbox's launcher or init may still be on its way out (the fork server reaps
-    it on SIGCHLD), which is not a leak; one still there after 3 s is."""
+    it on SIGCHLD; a launcher waits for the kernel to move its init into a cgroup),
+    which is not a leak; one still there after 10 s is, and the failure says which."""
     deadline = asyncio.get_running_loop().time() + timeout
     while (got := _leaks(p)) != want and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.02)
+    if got != want:
+        print("fork server children:", _children_of(p.zygote_pid))
     return got
+
+
+def _children_of(pid: int | None) -> list[str]:
+    if pid is None:
+        return []
+    out = []
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        for kid in f.read().split():
+            try:
+                with open(f"/proc/{kid}/status") as s:
+                    fields = dict(line.split(":", 1) for line in s if ":" in line)
+                out.append(f"{kid} {fields['Name'].strip()} {fields['State'].strip()} "
+                           f"NSpid {fields.get('NSpid', '').strip()}")
+            except OSError:
+                out.append(f"{kid} gone")
+    return out
 
 
 def _leaks(p: Any) -> tuple[int, int]:
