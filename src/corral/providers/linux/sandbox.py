@@ -403,19 +403,20 @@ class LinuxSandbox(Sandbox):
         data = self._provider.snapshots.get(handle)
         await self._call({"op": "restore"}, data)
 
-    async def pause(self) -> None:
-        """Freeze every process of the sandbox (cgroup freezer)."""
+    def _freezer(self) -> Any:
         self._live()
         if self._cg is None or "pause" not in self._provider.capabilities:
             raise PauseNotSupportedError("this host has no cgroup freezer for corral")
-        await asyncio.to_thread(self._cg.freeze)
+        return self._cg
+
+    async def pause(self) -> None:
+        """Freeze every process of the sandbox (cgroup freezer)."""
+        await asyncio.to_thread(self._freezer().freeze)
         self._paused = True
 
     async def resume(self) -> None:
-        self._live()
-        if self._cg is None or "pause" not in self._provider.capabilities:
-            raise PauseNotSupportedError("this host has no cgroup freezer for corral")
-        await asyncio.to_thread(self._cg.thaw)
+        """Thaw what :meth:`pause` froze."""
+        await asyncio.to_thread(self._freezer().thaw)
         self._paused = False
 
     async def destroy(self) -> None:
