@@ -89,7 +89,9 @@ def test_cli_strict_json(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     assert status == 0
     assert out["outcome"] == "exit"
-    assert out["stdout"] == "0 2\n"  # root of its own user namespace, pid 2 of its own pid ns
+    # root of its own user namespace; pid 3 of its own pid ns (1 is the agent, 2 was the
+    # launcher's helper that built the file system view and exited)
+    assert out["stdout"] == "0 3\n"
 
 
 def test_cli_strict_exit_status_per_outcome(capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,9 +24,9 @@ fresh interpreter's signal dispositions) and keeps what the agent has (namespace
 no_new_privs, seccomp, rlimits, not dumpable). Its memory is a copy of the
 agent's; the zygote runs with an empty environment and holds no secrets.
 
-Imports: after containment the agent drops corral's import root from
-``sys.path`` and empties the ``__path__`` of corral's packages
-(:func:`seal_imports`), so no import, lazy or not, in the agent or a forked
+Imports: the zygote drops corral's import root from ``sys.path`` and
+empties the ``__path__`` of corral's packages (:func:`seal_imports`) before
+it forks any sandbox, so no import, lazy or not, in the agent or a forked
 child can load code from the sandbox's writable area (where a host import
 root under ``/work`` or ``/tmp`` would land).
 """
@@ -62,16 +62,31 @@ _RESET_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.
 FORK_ENTRIES: Final = frozenset({"corral.snippets._worker:main"})
 
 
-def seal_imports() -> None:
-    """No import from corral's import root from now on (see the module docstring)."""
+def seal_imports() -> Callable[[], None]:
+    """No import from corral's import root from now on (see the module docstring).
+
+    The zygote seals itself once, so every agent forked from it starts sealed
+    and touches none of these objects (each module it would touch costs every
+    sandbox a copied page). Returns the undo, for the zygote's preloads."""
     import corral
     pkg = os.path.dirname(os.path.abspath(str(corral.__file__)))
     root = os.path.dirname(pkg)
+    saved_path = list(sys.path)
+    saved: dict[str, Any] = {}
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) not in (root, pkg)]
     for name, module in list(sys.modules.items()):
         if (name == "corral" or name.startswith("corral.")) and hasattr(module, "__path__"):
+            saved[name] = module.__path__
             module.__path__ = []
     sys.path_importer_cache.clear()
+
+    def unseal() -> None:
+        sys.path[:] = saved_path
+        for name, path in saved.items():
+            sys.modules[name].__path__ = path
+        sys.path_importer_cache.clear()
+
+    return unseal
 
 
 class _Agent:
@@ -387,7 +402,6 @@ def main(sock_fd: int, plan: Mapping[str, Any], seccomp_prog: bytes, *,
         finally:
             os._exit(71)
     try:
-        seal_imports()
         _Agent(sock, plan).serve()
     except BaseException:
         pass

@@ -1,8 +1,17 @@
-"""The child-side checklist: turn a fresh pid 1 into a contained sandbox agent.
+"""The child-side checklist, in two parts run by two processes.
 
-Runs in the sandbox's pid 1 after the namespaces exist and the id maps are
-written (``zygote.py``). Reads top to bottom, like nsjail's ``containProc``:
-mounts and pivot, hostname, loopback, the cgroup (namespace), rlimits, stray descriptors, then the
+:func:`build_view` runs in a short-lived helper the launcher forks into the
+new namespaces right after the sandbox's pid 1: mounts and pivot (the
+helper is in the new pid namespace, so its ``/proc`` shows the sandbox's
+processes), hostname, loopback. Every namespace it changes is shared with
+pid 1, so pid 1 need not run that code; the pages the helper dirties die
+with it instead of being copied into pid 1 for the sandbox's whole life
+(see ``zygote.py``).
+
+:func:`contain` runs in pid 1 itself and holds what is per process. Reads top
+to bottom, like nsjail's ``containProc``: uid/gid 0 inside, wait for the
+launcher (file system built, process placed in the sandbox's cgroup), the
+cgroup namespace, the working directory, rlimits, stray descriptors, then the
 privilege drop: no_new_privs, every capability, not dumpable, and the seccomp
 filter last. Any step that fails raises; the agent reports it and exits, so
 nothing half-built ever runs a command.
@@ -17,7 +26,16 @@ from typing import Any
 
 from . import _sys_unsafe as su, mounts
 
-__all__ = ["contain"]
+__all__ = ["build_view", "contain"]
+
+
+def build_view(plan: Mapping[str, Any], *, source_fds: Mapping[str, int]) -> None:
+    """The namespaces' shared state (helper side): the file system view (private
+    mounts, new read-only root, /work, /tmp, /proc, /dev), hostname, loopback."""
+    os.umask(0o022)
+    mounts.init_child(plan["mounts"], source_fds=source_fds)
+    su.sethostname(plan["hostname"])
+    su.loopback_up()
 
 
 def _close_stray_fds(keep: int) -> None:
@@ -32,47 +50,47 @@ def _close_stray_fds(keep: int) -> None:
     os.closerange(keep + 1, 1 << 20)
 
 
-def _join_cgroup(plan: Mapping[str, Any], placed_fd: int) -> None:
-    """Wait until the launcher moved us into the sandbox's cgroup, then make that
-    cgroup the root of a new cgroup namespace."""
+def _wait_for_launcher(plan: Mapping[str, Any], placed_fd: int) -> None:
+    """Wait until the launcher built the file system view and moved us into the
+    sandbox's cgroup, then make that cgroup the root of a new cgroup namespace."""
     try:
         msg = os.read(placed_fd, 512)
     finally:
         os.close(placed_fd)
     if msg[:1] != b"C":
         raise OSError(1, msg[1:].decode(errors="replace")
-                      or "the launcher died before moving the sandbox into its cgroup")
+                      or "the launcher died before the sandbox was built")
     if plan["namespaces"] & su.CLONE_NEWCGROUP:
         su.unshare(su.CLONE_NEWCGROUP)
 
 
 def contain(plan: Mapping[str, Any], *, keep_fd: int, seccomp_prog: bytes,
             placed_fd: int) -> None:
-    """Apply ``plan`` (its wire form) to the current process, ending with seccomp.
+    """Apply the per-process part of ``plan`` (its wire form) to pid 1, ending with seccomp.
 
-    ``placed_fd`` is a pipe on which the launcher writes ``C`` once this
-    process is in the sandbox's cgroup (or ``X`` and why not); the cgroup
-    namespace is unshared only after that, and before any privilege is dropped.
+    ``placed_fd`` is a pipe on which the launcher writes ``C`` once the file
+    system view is built and this process is in the sandbox's cgroup (or
+    ``X`` and why not); the cgroup namespace is unshared only after that, and
+    before any privilege is dropped.
     """
     if not seccomp_prog:
         raise OSError(22, "no seccomp filter: refusing to run unfiltered")
+    # 1. identity: uid/gid 0 inside (the launcher forked us before it took them)
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
     os.umask(0o022)
-    # 1. the file system view: private mounts, new read-only root, /work, /tmp, /proc, /dev
-    mounts.init_child(plan["mounts"], source_fds=plan.get("source_fds", {}))
-    # 2. identity and network
-    su.sethostname(plan["hostname"])
-    su.loopback_up()
+    # 2. the file system view and the sandbox's cgroup (both built by the launcher
+    # meanwhile), the cgroup namespace
+    _wait_for_launcher(plan, placed_fd)
     os.chdir(plan["work_dir"])
-    # 3. the sandbox's cgroup (its move overlapped the steps above) and cgroup namespace
-    _join_cgroup(plan, placed_fd)
-    # 4. resource limits inherited by every command (RLIMIT_CPU is set per command)
+    # 3. resource limits inherited by every command (RLIMIT_CPU is set per command)
     for name, soft, hard in plan["rlimits"]:
         resource.setrlimit(getattr(resource, name), (soft, hard))
-    # 5. descriptors: only the host socket survives (0/1/2 point at /dev/null)
+    # 4. descriptors: only the host socket survives (0/1/2 point at /dev/null)
     _close_stray_fds(keep_fd)
-    # 6. privileges: no_new_privs first, every capability gone, not ptraceable
+    # 5. privileges: no_new_privs first, every capability gone, not ptraceable
     su.set_no_new_privs()
     su.drop_capabilities()
     su.set_dumpable(False)
-    # 7. seccomp last: every command the agent starts inherits it
+    # 6. seccomp last: every command the agent starts inherits it
     su.seccomp_install(seccomp_prog)

@@ -7,12 +7,13 @@ agent's socket end as SCM_RIGHTS). For each request:
 
 1. fork C1: new session, open the sandbox's cgroup procs files, drop
    supplementary groups (root), unshare every namespace of the plan but the
-   cgroup one, wait while the zygote writes the uid/gid maps, become uid/gid 0
-   inside;
-2. C1 forks C2, the pid 1 of the new pid namespace, reports C2's host pid,
-   moves C2 into the sandbox's cgroups and exits; C2 runs :func:`agent.main`
-   (containment checklist, which waits for that move before it unshares the
-   cgroup namespace, then serve);
+   cgroup one, wait while the zygote writes the uid/gid maps;
+2. C1 forks C2, the pid 1 of the new pid namespace, and reports C2's host
+   pid; then forks C3, which builds the file system view, hostname and
+   loopback (shared namespaces: C2 need not run that code), moves C2 into the
+   sandbox's cgroups meanwhile, waits for C3, tells C2 and exits; C2 runs
+   :func:`agent.main` (its per-process checklist, which waits for C1 before it
+   unshares the cgroup namespace, then serve);
 3. the zygote opens a pidfd for C2 (race-free: nobody can reap C2 before the
    zygote, which is its subreaper) and sends it to the host.
 
@@ -46,7 +47,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from . import _sys_unsafe as su, agent, contain, mounts, snapshots  # noqa: F401  (pre-imported for the agent)
@@ -97,14 +98,41 @@ def _open_bind_sources(steps: Any) -> dict[str, int]:
             for s in steps if s["kind"] == "bind"}
 
 
+def _build_view(plan: Mapping[str, Any], err_fd: int) -> None:
+    """C3: open the bind sources (still the caller's uid), become uid/gid 0 inside,
+    build the file system view, hostname and loopback; write why not on ``err_fd``.
+    Never returns."""
+    code = 0
+    try:
+        # opened while the host's permissions on the way there are still ours (a
+        # checkout under a 0700 home); uid 0 inside could not walk to them
+        source_fds = _open_bind_sources(plan["mounts"])
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
+        contain.build_view(plan, source_fds=source_fds)
+    except BaseException as e:
+        code = 1
+        try:
+            os.write(err_fd, str(e).encode(errors="replace")[:500])
+        except BaseException:
+            pass
+    os._exit(code)
+
+
 def _child(req: Mapping[str, Any], agent_fd: int, w: int, r: int, prog: bytes) -> None:
     """C1: never returns.
 
-    C1 moves C2 into the sandbox's cgroup *after* forking it and after telling
-    the zygote C2's pid: the move waits for an RCU grace period (cgroup v1, or
-    v2 without favordynmods; 9-19 ms measured), which so overlaps C2's own
-    setup. C2 waits for the move before it unshares the cgroup namespace (whose
-    root is then the sandbox's cgroup) and before it says ready.
+    C1 forks C2, the sandbox's pid 1, as soon as the namespaces and id maps
+    exist, so C2 starts from pages it still shares with the zygote: everything
+    C1 does after that fork costs C2 nothing, whereas a page C1 dirtied before
+    it would become C2's own copy the moment C1 exits. After replying to the
+    zygote, C1 forks C3 (pid 2 of the new pid namespace) to build the file
+    system view (``contain.build_view``) while C1 itself moves C2 into the
+    sandbox's cgroup: that move waits for an RCU grace period (cgroup v1, or v2
+    without favordynmods; 9-19 ms measured), which so overlaps the mounts. C1
+    then says ``C`` to C2 (or ``X`` and why not), which waits for it before it
+    unshares the cgroup namespace (whose root is then the sandbox's cgroup) and
+    runs its own checklist (``contain.contain``).
     """
     stage = "setup"
     try:
@@ -123,14 +151,6 @@ def _child(req: Mapping[str, Any], agent_fd: int, w: int, r: int, prog: bytes) -
         os.write(w, b"U")
         if os.read(r, 1) != b"M":
             raise OSError(1, "the zygote could not write the id maps")
-        stage = "binds"
-        # still the caller's own uid here: open what will be bound in now, while the
-        # host's permissions on the way there are ours (a checkout under a 0700 home);
-        # after setresuid the sandbox's uid could not walk to them
-        plan = {**plan, "source_fds": _open_bind_sources(plan["mounts"])}
-        stage = "setid"
-        os.setresgid(0, 0, 0)
-        os.setresuid(0, 0, 0)
         stage = "fork"
         placed_r, placed_w = os.pipe2(os.O_CLOEXEC)
         c2 = su.fork_bare()
@@ -140,6 +160,7 @@ def _child(req: Mapping[str, Any], agent_fd: int, w: int, r: int, prog: bytes) -
             agent.main(agent_fd, plan, prog, placed_fd=placed_r)
             os._exit(70)
         os.close(placed_r)
+        os.close(agent_fd)
         os.write(w, f"P{c2}\n".encode())
     except BaseException as e:
         try:
@@ -147,16 +168,37 @@ def _child(req: Mapping[str, Any], agent_fd: int, w: int, r: int, prog: bytes) -
         finally:
             os._exit(1)
     try:  # the zygote has replied: a failure from here on reaches C2, which reports it
+        stage = "file system"
+        view_r, view_w = os.pipe2(os.O_CLOEXEC)
+        c3 = su.fork_bare()
+        if c3 == 0:
+            for fd in (view_r, w, r, placed_w, *procs):
+                os.close(fd)
+            _build_view(plan, view_w)
+        os.close(view_w)
+        stage = "cgroup"
         me = str(c2).encode()
         for fd in procs:
             os.write(fd, me)
+        stage = "file system"
+        why = _read_all(view_r)
+        _, status = os.waitpid(c3, 0)
+        if status != 0:
+            raise OSError(1, why.decode(errors="replace") or "the builder died")
         os.write(placed_w, b"C")
         os._exit(0)
     except BaseException as e:
         try:
-            os.write(placed_w, f"Xcannot join the sandbox's cgroup: {e}".encode()[:500])
+            os.write(placed_w, f"X{stage}: {e}".encode(errors="replace")[:500])
         finally:
             os._exit(1)
+
+
+def _read_all(fd: int) -> bytes:
+    out = bytearray()
+    while chunk := os.read(fd, 512):
+        out += chunk
+    return bytes(out)
 
 
 def _create(req: Mapping[str, Any], agent_fd: int, prog: bytes
@@ -191,23 +233,27 @@ def _create(req: Mapping[str, Any], agent_fd: int, prog: bytes
         os.close(w2)
 
 
-def _preload(modules: object) -> list[str]:
-    """Import ``modules`` (names) here, then freeze the GC; returns the names that failed."""
+def _preload(modules: object, unseal: Callable[[], None]) -> tuple[list[str], Callable[[], None]]:
+    """Import ``modules`` (names) here (``unseal`` lifts the import seal meanwhile), seal
+    again and freeze the GC; returns the names that failed and the new undo."""
+    unseal()
     missing: list[str] = []
     for name in modules if isinstance(modules, list) else ():
         try:
             importlib.import_module(str(name))
         except Exception:  # any failure: the module is not preloaded
             missing.append(str(name))
+    unseal = agent.seal_imports()
     gc.collect()
     gc.freeze()
-    return missing
+    return missing, unseal
 
 
 def serve(fd: int) -> None:
     """Serve create requests on the socket ``fd`` until it closes."""
     su.set_child_subreaper()
     su.preresolve()  # shared by every sandbox, not built in each
+    unseal = agent.seal_imports()  # every sandbox starts sealed
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGCHLD, _reap)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -231,9 +277,9 @@ def serve(fd: int) -> None:
             if "seccomp" in req:
                 prog = base64.b64decode(req["seccomp"])
             if req.get("op") == "preload":
+                missing, unseal = _preload(req.get("modules", ()), unseal)
                 sock.sendall(json.dumps({"id": req.get("id"), "ok": True,
-                                         "missing": _preload(req.get("modules", ()))}
-                                        ).encode() + b"\n")
+                                         "missing": missing}).encode() + b"\n")
                 continue
             if req.get("op") != "create":
                 continue
