@@ -10,12 +10,14 @@ are safe to call in a forked child.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal.py's C module: no enums
 import ctypes
 import errno
 import fcntl
 import os
 import socket
 import struct
+from collections.abc import Iterable
 from typing import Any, Final
 
 __all__ = [
@@ -44,7 +46,10 @@ __all__ = [
     "mount",
     "pivot_root",
     "preresolve",
+    "prepare_seccomp",
     "seccomp_install",
+    "set_signal",
+    "set_sigmask",
     "set_child_subreaper",
     "set_dumpable",
     "set_no_new_privs",
@@ -141,6 +146,24 @@ def preresolve() -> None:
                  "capset"):
         getattr(lc, name)
     lc.syscall.restype = ctypes.c_long
+    global _cap_last
+    _cap_last = _read_last_cap()
+
+
+def set_signal(sig: int, handler: Any) -> None:
+    """signal.signal without signal.py's enum conversions (plain ints in and out):
+    the wrappers run enough Python to dirty pages every sandbox would then copy.
+    ``handler``: a callable, ``signal.SIG_DFL`` or ``signal.SIG_IGN``."""
+    if handler == _signal.SIG_DFL:
+        handler = _signal.SIG_DFL  # the C module wants its own objects, not the enums
+    elif handler == _signal.SIG_IGN:
+        handler = _signal.SIG_IGN
+    _signal.signal(sig, handler)
+
+
+def set_sigmask(how: int, sigs: Iterable[int]) -> None:
+    """signal.pthread_sigmask without the enum conversions (see :func:`set_signal`)."""
+    _signal.pthread_sigmask(how, sigs)
 
 
 def fork_bare(*, libc: Any = None) -> int:
@@ -210,7 +233,10 @@ def set_child_subreaper(*, libc: Any = None) -> None:
     _prctl(_PR_SET_CHILD_SUBREAPER, 1, "prctl(CHILD_SUBREAPER)", libc)
 
 
-def _last_cap() -> int:
+_cap_last: int | None = None
+
+
+def _read_last_cap() -> int:
     try:
         with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
             return int(f.read())
@@ -227,30 +253,54 @@ def drop_capabilities(*, libc: Any = None) -> None:
     """
     lc = _libc(libc)
     _prctl(_PR_SET_SECUREBITS, _SECUREBITS_LOCKDOWN, "prctl(SET_SECUREBITS)", lc)
-    for cap in range(_last_cap() + 1):
-        _prctl(_PR_CAPBSET_DROP, cap, f"prctl(CAPBSET_DROP {cap})", lc)
+    for cap in range((_read_last_cap() if _cap_last is None else _cap_last) + 1):
+        try:
+            _prctl(_PR_CAPBSET_DROP, cap, "prctl(CAPBSET_DROP)", lc)
+        except OSError as e:
+            raise OSError(e.errno, f"prctl(CAPBSET_DROP {cap}): {e.strerror}") from None
     _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, "prctl(CAP_AMBIENT_CLEAR_ALL)", lc)
-    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()  # two struct __user_cap_data_struct, all zero
-    _check(lc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+    _check(lc.capset(ctypes.byref(_CAP_HEADER), ctypes.byref(_CAP_DATA)), "capset")
 
 
-def seccomp_install(prog: bytes, *, libc: Any = None) -> None:
-    """Install a seccomp BPF filter (``prog``: struct sock_filter items, 8 bytes each).
+_CAP_HEADER: Final = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+_CAP_DATA: Final = (ctypes.c_uint32 * 6)()  # two struct __user_cap_data_struct, all zero
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class Seccomp:
+    """A seccomp program made ready to install (:func:`prepare_seccomp`): the
+    struct sock_fprog and its buffer, built once (in the fork server) instead of
+    in every sandbox."""
+
+    __slots__ = ("_buf", "fprog", "size")
+
+    def __init__(self, prog: bytes) -> None:
+        if not prog or len(prog) % 8:
+            raise OSError(errno.EINVAL,
+                          "seccomp program must be a non-empty multiple of 8 bytes")
+        self.size = len(prog)
+        self._buf = ctypes.create_string_buffer(prog, len(prog))
+        self.fprog = _SockFprog(len(prog) // 8, ctypes.cast(self._buf, ctypes.c_void_p))
+
+
+def prepare_seccomp(prog: bytes) -> Seccomp:
+    """``prog`` (struct sock_filter items, 8 bytes each) ready for :func:`seccomp_install`."""
+    return Seccomp(prog)
+
+
+def seccomp_install(prog: bytes | Seccomp, *, libc: Any = None) -> None:
+    """Install a seccomp BPF filter (``prog``: struct sock_filter items, 8 bytes each,
+    or those made ready by :func:`prepare_seccomp`).
 
     Needs no_new_privs first (or CAP_SYS_ADMIN).
     """
-    if not prog or len(prog) % 8:
-        raise OSError(errno.EINVAL, "seccomp program must be a non-empty multiple of 8 bytes")
-    buf = ctypes.create_string_buffer(prog, len(prog))
-
-    class _SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    fprog = _SockFprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    ready = prog if isinstance(prog, Seccomp) else Seccomp(prog)
     lc = _libc(libc)
     _check(lc.prctl(ctypes.c_int(_PR_SET_SECCOMP), ctypes.c_ulong(_SECCOMP_MODE_FILTER),
-                    ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)),
+                    ctypes.byref(ready.fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)),
            "prctl(SET_SECCOMP)")
 
 

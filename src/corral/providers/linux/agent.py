@@ -36,7 +36,6 @@ from __future__ import annotations
 import array
 import errno
 import io
-import json
 import os
 import resource
 import select
@@ -50,7 +49,7 @@ from typing import Any, Final
 
 from ..._paths import read_file_under, split_relative, write_file_under
 from ...errors import ConfigInvalidError
-from . import contain, snapshots
+from . import _jsonline, _sys_unsafe as su, contain, snapshots
 
 __all__ = ["FORK_ENTRIES", "main", "seal_imports"]
 
@@ -104,7 +103,7 @@ class _Agent:
         h = dict(header)
         if payload:
             h["len"] = len(payload)
-        self.sock.sendall(json.dumps(h, separators=(",", ":")).encode() + b"\n" + payload)
+        self.sock.sendall(_jsonline.dumps(h) + b"\n" + payload)
 
     def _fill(self) -> bool:
         fds = array.array("i")
@@ -125,7 +124,7 @@ class _Agent:
             nl = self.buf.find(b"\n")
             if nl < 0:
                 return out
-            header = json.loads(bytes(self.buf[:nl]))
+            header = _jsonline.loads(bytes(self.buf[:nl]))
             n = int(header.get("len", 0))
             if len(self.buf) < nl + 1 + n:
                 return out
@@ -345,15 +344,13 @@ class _Agent:
                            "cpu_ms": cpu_ms, "maxrss_kb": ru.ru_maxrss, "disk_free": free})
 
     def _warm(self) -> None:
-        """Run the request path once on a dummy frame, sending and spawning nothing, so
-        its copy-on-write faults are taken now (off the caller's path for a spare)."""
-        self.buf += b'{"op":"spawn","argv":["true"],"env":{"PATH":"/usr/bin:/bin"},"id":0}\n'
+        """Run the framing every request takes once on a dummy frame, sending nothing, so
+        its copy-on-write faults are taken now (off the caller's path for a spare). Not
+        the command lookup: a sandbox that only forks (a snippet slot) never needs it,
+        and each page it touches would be the sandbox's own for its whole life."""
+        self.buf += b'{"op":"ping","id":0}\n'
         for header, _payload in self.frames():
-            try:
-                self._resolve(str(header["argv"][0]), str(header["env"]["PATH"]))
-            except OSError:
-                pass
-            json.dumps({"id": header["id"], "pid": 0}, separators=(",", ":"))
+            _jsonline.dumps({"id": header["id"], "pid": 0})
         try:
             os.statvfs(self.work)
         except OSError:
@@ -362,9 +359,9 @@ class _Agent:
     def serve(self) -> None:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        su.set_signal(signal.SIGCHLD, lambda *_: None)
+        su.set_signal(signal.SIGPIPE, signal.SIG_IGN)
+        su.set_sigmask(signal.SIG_SETMASK, ())
         self._warm()
         self.send({"ready": True})
         while True:
@@ -386,7 +383,7 @@ class _Agent:
                 self.reap()
 
 
-def main(sock_fd: int, plan: Mapping[str, Any], seccomp_prog: bytes, *,
+def main(sock_fd: int, plan: Mapping[str, Any], seccomp_prog: bytes | su.Seccomp, *,
          placed_fd: int) -> None:
     """Contain this process per ``plan``, then serve; never returns.
 
@@ -398,7 +395,7 @@ def main(sock_fd: int, plan: Mapping[str, Any], seccomp_prog: bytes, *,
                         placed_fd=placed_fd)
     except BaseException as e:
         try:
-            sock.sendall(json.dumps({"error": f"sandbox setup failed: {e}"}).encode() + b"\n")
+            sock.sendall(_jsonline.dumps({"error": f"sandbox setup failed: {e}"}) + b"\n")
         finally:
             os._exit(71)
     try:

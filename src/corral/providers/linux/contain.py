@@ -64,7 +64,7 @@ def _wait_for_launcher(plan: Mapping[str, Any], placed_fd: int) -> None:
         su.unshare(su.CLONE_NEWCGROUP)
 
 
-def contain(plan: Mapping[str, Any], *, keep_fd: int, seccomp_prog: bytes,
+def contain(plan: Mapping[str, Any], *, keep_fd: int, seccomp_prog: bytes | su.Seccomp,
             placed_fd: int) -> None:
     """Apply the per-process part of ``plan`` (its wire form) to pid 1, ending with seccomp.
 

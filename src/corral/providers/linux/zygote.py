@@ -42,7 +42,6 @@ import array
 import base64
 import gc
 import importlib
-import json
 import os
 import signal
 import socket
@@ -50,13 +49,16 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from . import _sys_unsafe as su, agent, contain, mounts, snapshots  # noqa: F401  (pre-imported for the agent)
+from . import _jsonline, _sys_unsafe as su, agent, contain, mounts, snapshots  # noqa: F401  (pre-imported for the agent)
 
 __all__ = ["BOOT", "boot_argv", "serve"]
 
 #: run by ``python -I -S -c``; ``{root}`` is corral's import root, ``{fd}`` the socket
 BOOT: Final = ("import sys; sys.path.insert(0, {root!r}); "
                "from corral.providers.linux.zygote import serve; serve({fd})")
+
+
+_SIGCHLD_ONLY: Final = (signal.SIGCHLD,)
 
 
 def boot_argv(import_root: str, fd: int) -> list[str]:
@@ -84,12 +86,20 @@ def _read_line(fd: int) -> bytes:
 
 
 def _write_maps(pid: int, plan: Mapping[str, Any]) -> None:
-    with open(f"/proc/{pid}/setgroups", "w") as f:
-        f.write("deny")
+    _write_proc(f"/proc/{pid}/setgroups", b"deny")
     for name in ("uid_map", "gid_map"):
         inside, outside, count = plan[name]
-        with open(f"/proc/{pid}/{name}", "w") as f:
-            f.write(f"{inside} {outside} {count}\n")
+        _write_proc(f"/proc/{pid}/{name}", b"%d %d %d\n" % (inside, outside, count))
+
+
+def _write_proc(path: str, data: bytes) -> None:
+    """One write(2), no file object: the fork server's every step after a fork
+    costs the new sandbox the pages it touches (see the module docstring)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def _open_bind_sources(steps: Any) -> dict[str, int]:
@@ -119,7 +129,7 @@ def _build_view(plan: Mapping[str, Any], err_fd: int) -> None:
     os._exit(code)
 
 
-def _child(req: Mapping[str, Any], agent_fd: int, w: int, r: int, prog: bytes) -> None:
+def _child(req: Mapping[str, Any], agent_fd: int, w: int, r: int, prog: su.Seccomp) -> None:
     """C1: never returns.
 
     C1 forks C2, the sandbox's pid 1, as soon as the namespaces and id maps
@@ -136,8 +146,8 @@ def _child(req: Mapping[str, Any], agent_fd: int, w: int, r: int, prog: bytes) -
     """
     stage = "setup"
     try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        su.set_signal(signal.SIGCHLD, signal.SIG_DFL)
+        su.set_sigmask(signal.SIG_SETMASK, ())
         os.setsid()
         stage = "cgroup"
         # opened as the caller, before any namespace: the kernel checks the move
@@ -201,7 +211,7 @@ def _read_all(fd: int) -> bytes:
     return bytes(out)
 
 
-def _create(req: Mapping[str, Any], agent_fd: int, prog: bytes
+def _create(req: Mapping[str, Any], agent_fd: int, prog: su.Seccomp
             ) -> tuple[dict[str, Any], int, int]:
     """Launch one sandbox: (reply, pidfd of its pid 1 or -1, pid of C1 to reap after replying)."""
     r1, w1 = os.pipe()
@@ -260,7 +270,7 @@ def serve(fd: int) -> None:
     gc.freeze()
     buf = bytearray()
     fds: list[int] = []
-    prog = b""
+    prog: su.Seccomp | None = None
     while True:
         anc_fds = array.array("i")
         data, anc, _f, _a = sock.recvmsg(1 << 20, socket.CMSG_SPACE(4 * anc_fds.itemsize))
@@ -272,22 +282,22 @@ def serve(fd: int) -> None:
             os._exit(0)
         buf += data
         while (nl := buf.find(b"\n")) >= 0:
-            req = json.loads(bytes(buf[:nl]))
+            req = _jsonline.loads(bytes(buf[:nl]))
             del buf[: nl + 1]
             if "seccomp" in req:
-                prog = base64.b64decode(req["seccomp"])
+                prog = su.prepare_seccomp(base64.b64decode(req["seccomp"]))
             if req.get("op") == "preload":
                 missing, unseal = _preload(req.get("modules", ()), unseal)
-                sock.sendall(json.dumps({"id": req.get("id"), "ok": True,
-                                         "missing": missing}).encode() + b"\n")
+                sock.sendall(_jsonline.dumps({"id": req.get("id"), "ok": True,
+                                              "missing": missing}) + b"\n")
                 continue
             if req.get("op") != "create":
                 continue
             agent_fd = fds.pop(0) if fds else -1
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+            su.set_sigmask(signal.SIG_BLOCK, _SIGCHLD_ONLY)
             pidfd = -1
             try:
-                if agent_fd < 0 or not prog:
+                if agent_fd < 0 or prog is None:
                     reply: dict[str, Any] = {"ok": False, "error": "bad create request"}
                 else:
                     try:
@@ -295,10 +305,10 @@ def serve(fd: int) -> None:
                     except OSError as e:
                         reply = {"ok": False, "error": f"fork server: {e}"}
                 reply["id"] = req.get("id")
-                payload = json.dumps(reply).encode() + b"\n"
+                payload = _jsonline.dumps(reply) + b"\n"
                 if pidfd >= 0:
                     reply["nfds"] = 1
-                    payload = json.dumps(reply).encode() + b"\n"
+                    payload = _jsonline.dumps(reply) + b"\n"
                     sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                               array.array("i", [pidfd]).tobytes())])
                 else:
@@ -307,5 +317,5 @@ def serve(fd: int) -> None:
                 for f in (agent_fd, pidfd):
                     if f >= 0:
                         os.close(f)
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+                su.set_sigmask(signal.SIG_UNBLOCK, _SIGCHLD_ONLY)
             _reap()  # C1 (still moving C2 into the cgroup) is reaped on its SIGCHLD
