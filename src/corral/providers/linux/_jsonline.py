@@ -47,7 +47,7 @@ def loads(data: bytes) -> Any:
     text = data.decode()
     try:
         obj, end = _SCAN(text, 0)
-    except StopIteration:
+    except (StopIteration, json.JSONDecodeError):
         raise ValueError(f"not JSON: {text[:80]!r}") from None
     if end != len(text):
         raise ValueError(f"trailing data after JSON: {text[end:end + 80]!r}")
