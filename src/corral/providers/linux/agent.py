@@ -325,7 +325,8 @@ class _Agent:
                 return
             if pid == 0:
                 return
-            if pid in self.forked:  # whatever it started and left behind
+            forked = pid in self.forked
+            if forked:  # whatever it started and left behind
                 self.forked.discard(pid)
                 try:
                     os.killpg(pid, signal.SIGKILL)
@@ -334,11 +335,13 @@ class _Agent:
             if pid in self.children:
                 self.children.discard(pid)
                 cpu_ms = int((ru.ru_utime + ru.ru_stime) * 1000)
-                try:
-                    st = os.statvfs(self.work)
-                    free = st.f_bavail * st.f_frsize
-                except OSError:
-                    free = -1
+                free = -1  # a fork_call's caller reads no disk attribution (see exec)
+                if not forked:
+                    try:
+                        st = os.statvfs(self.work)
+                        free = st.f_bavail * st.f_frsize
+                    except OSError:
+                        pass
                 self.send({"ev": "exit", "pid": pid,
                            "code": os.waitstatus_to_exitcode(status),
                            "cpu_ms": cpu_ms, "maxrss_kb": ru.ru_maxrss, "disk_free": free})
@@ -346,15 +349,11 @@ class _Agent:
     def _warm(self) -> None:
         """Run the framing every request takes once on a dummy frame, sending nothing, so
         its copy-on-write faults are taken now (off the caller's path for a spare). Not
-        the command lookup: a sandbox that only forks (a snippet slot) never needs it,
-        and each page it touches would be the sandbox's own for its whole life."""
+        the command lookup nor statvfs: a sandbox that only forks (a snippet slot) never
+        needs them, and each page they touch would be its own for its whole life."""
         self.buf += b'{"op":"ping","id":0}\n'
         for header, _payload in self.frames():
             _jsonline.dumps({"id": header["id"], "pid": 0})
-        try:
-            os.statvfs(self.work)
-        except OSError:
-            pass
 
     def serve(self) -> None:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
