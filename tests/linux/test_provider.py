@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -333,32 +334,73 @@ async def _settled(p: Any, want: tuple[int, int], timeout: float = 10.0) -> tupl
         await asyncio.sleep(0.02)
     if got != want:
         print("fork server children:", _children_of(p.zygote_pid))
+        if p.zygote_pid is not None:
+            z = _status(p.zygote_pid)
+            print("fork server signals:", {k: z.get(k) for k in (
+                "State", "SigBlk", "SigPnd", "ShdPnd", "SigIgn", "SigCgt")})
     return got
 
 
 def _children_of(pid: int | None) -> list[str]:
+    """The fork server's children and grandchildren (sandboxes are its template's)."""
     if pid is None:
         return []
     out = []
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        for kid in f.read().split():
-            try:
-                with open(f"/proc/{kid}/status") as s:
-                    fields = dict(line.split(":", 1) for line in s if ":" in line)
-                out.append(f"{kid} {fields['Name'].strip()} {fields['State'].strip()} "
-                           f"NSpid {fields.get('NSpid', '').strip()}")
-            except OSError:
-                out.append(f"{kid} gone")
+    for kid in _kids(pid):
+        try:
+            out.append(f"{kid} {_status(kid)['Name']} {_status(kid)['State']} "
+                       f"NSpid {_status(kid).get('NSpid', '')} children {_kids(kid)}")
+        except OSError:
+            out.append(f"{kid} gone")
     return out
 
 
+def _kids(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(k) for k in f.read().split()]
+    except OSError:
+        return []
+
+
+def _status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as s:
+        return {k: v.strip() for k, v in (line.split(":", 1) for line in s if ":" in line)}
+
+
+def _fork_server_tree(zpid: int) -> tuple[list[int], list[int]]:
+    """(the pid 1s of sandboxes, the other processes) among the fork server's children
+    and grandchildren: a pid 1's NSpid has two levels and ends in 1."""
+    pid1s, others = [], []
+    for kid in _kids(zpid):
+        for pid in (kid, *_kids(kid)):
+            try:
+                nspid = _status(pid).get("NSpid", "").split()
+            except OSError:
+                continue
+            (pid1s if len(nspid) == 2 and nspid[1] == "1" else others).append(pid)
+    return pid1s, others
+
+
+async def _template_pid(zpid: int) -> int:
+    """The fork server's template: its one long-lived child outside any sandbox (once
+    the launch helpers, which exit as a create returns, are gone)."""
+    for _ in range(250):
+        _pid1s, others = _fork_server_tree(zpid)
+        if len(others) == 1:
+            return others[0]
+        await asyncio.sleep(0.02)
+    raise AssertionError(_children_of(zpid))
+
+
 def _leaks(p: Any) -> tuple[int, int]:
-    """(children of the zygote, corral cgroups of this process); idle spares count."""
+    """(sandbox pid 1s and launch helpers under the zygote, corral cgroups of this
+    process); idle spares count; the zygote's template does not."""
     kids = 0
     zpid = p.zygote_pid
     if zpid is not None:
-        with open(f"/proc/{zpid}/task/{zpid}/children") as f:
-            kids = len(f.read().split())
+        pid1s, others = _fork_server_tree(zpid)
+        kids = len(pid1s) + max(0, len(others) - 1)
     cgs = p._cgroups.list_cgroups() if p._cgroups.support.version != "none" else {}
     mine = [n for n in cgs if f"-{os.getpid()}-" in n]
     return kids, len(mine)
@@ -368,6 +410,38 @@ def _mounts_and_fds() -> tuple[int, int]:
     with open("/proc/self/mountinfo") as f:
         mounts = len(f.readlines())
     return mounts, len(os.listdir("/proc/self/fd"))
+
+
+def test_killed_template_is_replaced_and_sandboxes_live_on(linux: Any) -> None:
+    async def test(p: Any) -> None:
+        first = await p.create(make_spec())
+        template = await _template_pid(p.zygote_pid)
+        os.kill(template, signal.SIGKILL)  # a process this test's provider started
+        for _ in range(100):
+            if not os.path.exists(f"/proc/{template}/status") or \
+                    _status(template)["State"].startswith("Z"):
+                break
+            await asyncio.sleep(0.02)
+        assert (await first.exec(py("print('still here')"))).stdout == b"still here\n"
+        async with await p.create(make_spec()) as second:
+            assert (await second.exec(py("import os; print(os.getpid())"))).stdout == b"3\n"
+        await first.destroy()
+
+    linux(test, spares=0)
+
+
+def test_preload_retires_the_template(linux: Any) -> None:
+    async def test(p: Any) -> None:
+        async with await p.create(make_spec()):
+            pass
+        old = await _template_pid(p.zygote_pid)
+        assert await p.preload_python(["colorsys"]) == []
+        async with await p.create(make_spec()):
+            pass
+        assert await _template_pid(p.zygote_pid) != old
+        assert await _settled(p, (0, 0)) == (0, 0)
+
+    linux(test, spares=0)
 
 
 def test_no_leaks_after_50_cycles(linux: Any) -> None:

@@ -92,14 +92,21 @@ def test_spares_zero_builds_every_sandbox_cold(linux: Any) -> None:
     linux(test, spares=0)
 
 
+_PF_EXITING = 0x4
+
+
 def _runs_user_code(pid: int) -> bool:
-    """Whether ``pid`` exists, is not a zombie and has no SIGKILL pending."""
+    """Whether ``pid`` exists, is not a zombie, is not exiting (a killed pid 1 stays
+    in the kernel's exit path, state R, until its namespace's other processes are
+    gone) and has no SIGKILL pending."""
     try:
         with open(f"/proc/{pid}/status") as f:
             fields = dict(line.split(":", 1) for line in f if ":" in line)
+        with open(f"/proc/{pid}/stat") as f:
+            flags = int(f.read().rsplit(")", 1)[1].split()[6])
     except (FileNotFoundError, ProcessLookupError):
         return False
-    if fields["State"].split()[0] in ("Z", "X"):
+    if fields["State"].split()[0] in ("Z", "X") or flags & _PF_EXITING:
         return False
     bit = 1 << (signal.SIGKILL - 1)
     return not (int(fields["SigPnd"], 16) & bit or int(fields["ShdPnd"], 16) & bit)

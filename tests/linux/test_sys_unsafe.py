@@ -214,3 +214,33 @@ def test_libc_handle_is_injectable() -> None:
 def test_failing_libc_raises_oserror() -> None:
     with pytest.raises(OSError, match="unshare"):
         su.unshare(su.CLONE_NEWUTS, libc=_FakeLibc(-1))
+
+
+def test_clone_pidfd_makes_pid_1_of_new_namespaces_with_a_pidfd() -> None:
+    def child() -> int:
+        import select
+        import signal
+
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # as the fork server's template
+        r, w = os.pipe()
+        try:
+            pid, pidfd = su.clone_pidfd(su.CLONE_NEWUSER | su.CLONE_NEWPID | su.CLONE_NEWNS)
+        except OSError:
+            return 77  # no user namespaces for this user here
+        if pid == 0:
+            os.write(w, str(os.getpid()).encode())
+            os._exit(0)
+        os.close(w)
+        seen = os.read(r, 16)
+        exited, _, _ = select.select([pidfd], [], [], 10)  # the pidfd says when it exits
+        try:
+            os.waitpid(pid, 0)
+            reaped_by_kernel = False
+        except ChildProcessError:
+            reaped_by_kernel = True
+        return 0 if (seen == b"1" and exited == [pidfd] and reaped_by_kernel) else 1
+
+    code = in_child(child)
+    if code == 77:
+        pytest.skip("no user namespaces here")
+    assert code == 0

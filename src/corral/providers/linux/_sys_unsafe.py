@@ -38,6 +38,7 @@ __all__ = [
     "MS_REC",
     "MS_REMOUNT",
     "MS_SLAVE",
+    "clone_pidfd",
     "drop_capabilities",
     "fork_bare",
     "landlock_abi_version",
@@ -78,6 +79,8 @@ MS_PRIVATE: Final = 1 << 18
 MS_SLAVE: Final = 1 << 19
 MNT_DETACH: Final = 2
 
+_SIGCHLD: Final = 17  # the same on x86_64 and aarch64
+_CLONE_PIDFD: Final = 0x1000
 _PR_SET_PDEATHSIG: Final = 1
 _PR_SET_DUMPABLE: Final = 4
 _PR_SET_SECCOMP: Final = 22
@@ -99,8 +102,8 @@ _IFF_UP: Final = 0x1
 
 #: raw syscall numbers, per architecture (only those glibc has no wrapper for)
 _SYSCALLS: Final[dict[str, dict[str, int]]] = {
-    "x86_64": {"pivot_root": 155, "landlock_create_ruleset": 444},
-    "aarch64": {"pivot_root": 41, "landlock_create_ruleset": 444},
+    "x86_64": {"pivot_root": 155, "landlock_create_ruleset": 444, "clone": 56},
+    "aarch64": {"pivot_root": 41, "landlock_create_ruleset": 444, "clone": 220},
 }
 
 _default_libc: Any = None
@@ -146,8 +149,12 @@ def preresolve() -> None:
                  "capset"):
         getattr(lc, name)
     lc.syscall.restype = ctypes.c_long
-    global _cap_last
+    global _cap_last, _clone_nr
     _cap_last = _read_last_cap()
+    try:
+        _clone_nr = _nr("clone")
+    except OSError:
+        pass  # clone_pidfd raises ENOSYS
 
 
 def set_signal(sig: int, handler: Any) -> None:
@@ -174,6 +181,31 @@ def fork_bare(*, libc: Any = None) -> int:
     pid = int(_libc(libc).fork())
     _check(pid, "fork")
     return pid
+
+
+_clone_nr: int | None = None
+_clone_pidfd_out: Final = ctypes.c_int(-1)
+
+
+def clone_pidfd(flags: int, *, libc: Any = None) -> tuple[int, int]:
+    """clone(2) like a fork (a copy of this process, SIGCHLD to the parent) into the
+    new namespaces of ``flags`` (CLONE_NEW*): with CLONE_NEWPID the child is pid 1
+    of its own pid namespace at once, with no process in between that ran code
+    first. Also CLONE_PIDFD: a pidfd for the child, made before anybody could
+    reap it. A raw syscall, not glibc's fork: no at-fork handlers at all (the
+    rules of :func:`fork_bare` apply), and the child must not rely on glibc's
+    cached thread id (nothing in CPython's paths here does).
+
+    Returns ``(0, -1)`` in the child, ``(pid, pidfd)`` in the parent."""
+    nr = _clone_nr if _clone_nr is not None else _nr("clone")
+    lc = _libc(libc)
+    if lc.syscall.restype is not ctypes.c_long:
+        lc.syscall.restype = ctypes.c_long
+    # x86_64 and aarch64 both take parent_tid third: where CLONE_PIDFD puts the fd
+    pid = int(lc.syscall(ctypes.c_long(nr), ctypes.c_ulong(flags | _CLONE_PIDFD | _SIGCHLD),
+                         None, ctypes.byref(_clone_pidfd_out), None, None))
+    _check(pid, "clone")
+    return (pid, _clone_pidfd_out.value) if pid else (0, -1)
 
 
 def unshare(flags: int, *, libc: Any = None) -> None:

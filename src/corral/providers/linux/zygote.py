@@ -3,37 +3,60 @@
 Started once per provider as ``python -I -S -c BOOT`` (no site: fast), it
 imports everything a sandbox agent needs, freezes the GC and then serves
 ``create`` requests from the host over a unix socket (one JSON line plus the
-agent's socket end as SCM_RIGHTS). For each request:
+agent's socket end as SCM_RIGHTS).
 
-1. fork C1: new session, open the sandbox's cgroup procs files, drop
-   supplementary groups (root), unshare every namespace of the plan but the
-   cgroup one, wait while the zygote writes the uid/gid maps;
-2. C1 forks C2, the pid 1 of the new pid namespace, and reports C2's host
-   pid; then forks C3, which builds the file system view, hostname and
-   loopback (shared namespaces: C2 need not run that code), moves C2 into the
-   sandbox's cgroups meanwhile, waits for C3, tells C2 and exits; C2 runs
-   :func:`agent.main` (its per-process checklist, which waits for C1 before it
-   unshares the cgroup namespace, then serve);
-3. the zygote opens a pidfd for C2 (race-free: nobody can reap C2 before the
-   zygote, which is its subreaper) and sends it to the host.
+Memory first. Every sandbox's pid 1 is a copy of the zygote's pages, shared
+until one side writes a page; a page written after the copy stays behind as
+the sandbox's own. The zygote writes pages all the time (each request it
+parses, each reply), and so would any launcher process that ran code before
+forking pid 1 and then exited. So pid 1 is cloned by neither: the zygote
+forks a *template* T once (again after each ``preload``), which does nothing
+but wait for a descriptor, clone a pid 1 and send back its pidfd. Every
+sandbox shares T's pages, and T writes a few pages per clone. Measured with
+``benchmarks/bench_snippets.py`` (a warm snippet slot is one sandbox agent):
+3.2 MiB of private pages per slot with an intermediate launcher, ~1.4 MiB
+with the template.
 
-Both forks are bare libc forks (``_sys_unsafe.fork_bare``), without Python's
+For each create request:
+
+1. the zygote opens the sandbox's cgroup procs files (as the caller, outside
+   every new namespace: the kernel checks the move against these open-time
+   credentials), makes a socketpair for the new pid 1 and hands one end to T;
+2. T clones C2, the sandbox's pid 1, straight into new user, mount, pid, net,
+   ipc and uts namespaces with a pidfd (``_sys_unsafe.clone_pidfd``: race-free,
+   and T lets the kernel reap its children), and sends the pidfd back;
+3. the zygote writes C2's uid/gid maps, forks the helper H and replies to the
+   host with the pidfd; H sends C2 its plan and agent socket end, moves C2 into
+   the sandbox's cgroups (that move waits for an RCU grace period: cgroup v1,
+   or v2 without favordynmods; 9-19 ms measured), says ``C`` to C2 (or ``X`` and
+   why not) and exits;
+4. C2 forks C3 (pid 2 of the new pid namespace), which opens the bind sources
+   while it still has the caller's uid (a checkout under a 0700 home), becomes
+   uid/gid 0 inside and builds the file system view, hostname and loopback
+   (``contain.build_view``: the namespaces are shared, so C2 need not run that
+   code, and the pages C3 dirties die with it), overlapping H's cgroup move;
+   then C2 runs :func:`agent.main`: its per-process checklist, which waits for
+   H's ``C`` before it unshares the cgroup namespace, then serve.
+
+Every fork here is bare (``clone_pidfd``, ``fork_bare``), without Python's
 at-fork machinery (thread and lock re-initialisation, the ``threading``,
-``logging`` and ``random`` hooks): the zygote is single-threaded and holds no
-lock, and the hooks would dirty ~0.2 MiB of pages that every agent then
-holds privately. Processes the agent forks later (commands, ``fork_call``)
-go through ``os.fork`` as usual.
+``logging`` and ``random`` hooks): the zygote and T are single-threaded and
+hold no lock, and the hooks would dirty pages every agent then holds
+privately. Processes the agent forks later (commands, ``fork_call``) go
+through ``os.fork`` as usual.
 
 A ``preload`` request (``{"op": "preload", "modules": [...]}``) imports
-modules into the zygote and freezes the GC again, so every sandbox forked
-afterwards shares their pages; the snippet pool preloads its worker this way
-(see ``agent.FORK_ENTRIES``). A module that cannot be imported is skipped and
-named in the reply.
+modules into the zygote, freezes the GC again and retires T, so every
+sandbox created afterwards shares their pages; the snippet pool preloads its
+worker this way (see ``agent.FORK_ENTRIES``). A module that cannot be imported
+is skipped and named in the reply.
 
 The zygote exits when the host closes its socket (the host exited or
-``aclose``). It reaps every orphan (it is a child subreaper). It is started
-with an empty environment (``client.Zygote``): every sandbox process forked
-from it, a python template included, holds a copy of its memory.
+``aclose``), and T when the zygote's end of their socket closes. The zygote
+reaps every orphan (it is a child subreaper). It is started with an empty
+environment and drops its supplementary groups: every sandbox process cloned
+from it, a python template included, holds a copy of its memory and its
+credentials.
 """
 
 from __future__ import annotations
@@ -43,6 +66,7 @@ import base64
 import gc
 import importlib
 import os
+import select
 import signal
 import socket
 import sys
@@ -50,15 +74,16 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from . import _jsonline, _sys_unsafe as su, agent, contain, mounts, snapshots  # noqa: F401  (pre-imported for the agent)
+from .plan import NAMESPACES
 
 __all__ = ["BOOT", "boot_argv", "serve"]
 
 #: run by ``python -I -S -c``; ``{root}`` is corral's import root, ``{fd}`` the socket
 BOOT: Final = ("import sys; sys.path.insert(0, {root!r}); "
                "from corral.providers.linux.zygote import serve; serve({fd})")
-
-
+_CLONE_FLAGS: Final = NAMESPACES & ~su.CLONE_NEWCGROUP  # C2 unshares the cgroup one itself
 _SIGCHLD_ONLY: Final = (signal.SIGCHLD,)
+_MAX_FDS: Final = 4
 
 
 def boot_argv(import_root: str, fd: int) -> list[str]:
@@ -75,14 +100,31 @@ def _reap(*_: object) -> None:
             return
 
 
-def _read_line(fd: int) -> bytes:
-    out = bytearray()
-    while not out.endswith(b"\n"):
-        b = os.read(fd, 256)
-        if not b:
-            break
-        out += b
-    return bytes(out)
+def _ignore(*_: object) -> None:
+    """SIGCHLD's handler: the wakeup fd tells the loop, which reaps."""
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 256):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _recv(sock: socket.socket, size: int = 1 << 20) -> tuple[bytes, list[int]]:
+    """Up to ``size`` bytes and the descriptors that came with them."""
+    fds = array.array("i")
+    data, anc, _f, _a = sock.recvmsg(size, socket.CMSG_SPACE(_MAX_FDS * fds.itemsize))
+    for level, typ, cdata in anc:
+        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+            fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
+    return data, list(fds)
+
+
+def _send_fds(sock: socket.socket, data: bytes, fds: list[int]) -> None:
+    sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                           array.array("i", fds).tobytes())] if fds else [])
 
 
 def _write_maps(pid: int, plan: Mapping[str, Any]) -> None:
@@ -93,8 +135,6 @@ def _write_maps(pid: int, plan: Mapping[str, Any]) -> None:
 
 
 def _write_proc(path: str, data: bytes) -> None:
-    """One write(2), no file object: the fork server's every step after a fork
-    costs the new sandbox the pages it touches (see the module docstring)."""
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, data)
@@ -106,6 +146,129 @@ def _open_bind_sources(steps: Any) -> dict[str, int]:
     """An O_PATH descriptor per bind source; the mounts bind from these."""
     return {s["source"]: os.open(s["source"], os.O_PATH | os.O_CLOEXEC)
             for s in steps if s["kind"] == "bind"}
+
+
+def _read_all(fd: int) -> bytes:
+    out = bytearray()
+    while chunk := os.read(fd, 512):
+        out += chunk
+    return bytes(out)
+
+
+# -- the template T -------------------------------------------------------------------
+def _template(sock_fd: int, prog: su.Seccomp) -> None:
+    """T: per one-byte message carrying a descriptor, clone a sandbox's pid 1 that
+    inherits it, and send back its pid and pidfd (or ``E`` and the errno). Runs as
+    little Python per clone as it can: each page it writes after a clone stays
+    behind in that sandbox. Never returns."""
+    signal.set_wakeup_fd(-1)  # the zygote's pipe is closed here
+    su.set_signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps our children
+    sock = socket.socket(fileno=sock_fd)
+    space = socket.CMSG_SPACE(4)
+    while True:
+        data, anc, _f, _a = sock.recvmsg(1, space)
+        if not data:
+            os._exit(0)
+        ctl = int.from_bytes(anc[0][2][:4], sys.byteorder) if anc else -1
+        try:
+            pid, pidfd = su.clone_pidfd(_CLONE_FLAGS)
+        except OSError as e:
+            sock.send(b"E%d" % (e.errno or 0))
+            os.close(ctl)
+            continue
+        if pid == 0:
+            try:
+                os.close(sock_fd)
+                _pid1(ctl, prog)
+            finally:
+                os._exit(70)
+        sock.sendmsg([b"%d" % pid], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                      pidfd.to_bytes(4, sys.byteorder))])
+        os.close(ctl)
+        os.close(pidfd)
+
+
+class _TemplateGone(Exception):
+    """T died (killed from outside): the zygote starts another."""
+
+
+class _Template:
+    """The zygote's end of T."""
+
+    def __init__(self, prog: su.Seccomp) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = su.fork_bare()
+        if pid == 0:
+            try:
+                keep = theirs.detach()
+                os.closerange(3, keep)  # the host socket, a request's descriptors ...
+                os.closerange(keep + 1, 1 << 20)
+                _template(keep, prog)
+            finally:
+                os._exit(70)
+        theirs.close()
+        self.sock = mine
+
+    def clone(self, ctl: int) -> tuple[int, int]:
+        """A new pid 1 holding ``ctl``: (pid, pidfd). OSError if T could not clone,
+        _TemplateGone if T is gone."""
+        try:
+            _send_fds(self.sock, b"G", [ctl])
+            data, fds = _recv(self.sock, 64)
+        except OSError as e:
+            raise _TemplateGone(str(e)) from None
+        if not data:
+            raise _TemplateGone("EOF")
+        if data[:1] == b"E":
+            for fd in fds:
+                os.close(fd)
+            errno = int(data[1:] or 0)
+            raise OSError(errno, f"clone: {os.strerror(errno)}")
+        return int(data), fds[0]
+
+    def close(self) -> None:
+        self.sock.close()  # T exits at EOF; the zygote reaps it
+
+
+# -- pid 1 and its view builder -------------------------------------------------------
+def _pid1(ctl_fd: int, prog: su.Seccomp) -> None:
+    """C2, the sandbox's pid 1: wait for its plan and agent socket from H, have C3
+    build the file system view, then become the agent. Never returns."""
+    su.set_signal(signal.SIGCHLD, signal.SIG_DFL)  # T's SIG_IGN would reap C3 for us
+    su.set_sigmask(signal.SIG_SETMASK, ())
+    try:
+        os.setsid()
+        ctl = socket.socket(fileno=ctl_fd)
+        data, fds = _recv(ctl)
+        ctl.detach()
+        if not data or len(fds) != 1:
+            os._exit(72)  # the launch failed and the host was told
+        agent_fd = fds[0]
+        plan = _jsonline.loads(data)
+    except BaseException:
+        os._exit(72)
+    try:
+        view_r, view_w = os.pipe2(os.O_CLOEXEC)
+        c3 = su.fork_bare()
+        if c3 == 0:
+            try:
+                for fd in (view_r, agent_fd, ctl_fd):
+                    os.close(fd)
+                _build_view(plan, view_w)
+            finally:
+                os._exit(1)
+        os.close(view_w)
+        why = _read_all(view_r)
+        os.close(view_r)
+        _, status = os.waitpid(c3, 0)
+        if status != 0:
+            raise OSError(1, why.decode(errors="replace") or "the file system builder died")
+    except BaseException as e:
+        try:
+            os.write(agent_fd, _jsonline.dumps({"error": f"sandbox setup failed: {e}"}) + b"\n")
+        finally:
+            os._exit(71)
+    agent.main(agent_fd, plan, prog, placed_fd=ctl_fd)
 
 
 def _build_view(plan: Mapping[str, Any], err_fd: int) -> None:
@@ -129,118 +292,67 @@ def _build_view(plan: Mapping[str, Any], err_fd: int) -> None:
     os._exit(code)
 
 
-def _child(req: Mapping[str, Any], agent_fd: int, w: int, r: int, prog: su.Seccomp) -> None:
-    """C1: never returns.
-
-    C1 forks C2, the sandbox's pid 1, as soon as the namespaces and id maps
-    exist, so C2 starts from pages it still shares with the zygote: everything
-    C1 does after that fork costs C2 nothing, whereas a page C1 dirtied before
-    it would become C2's own copy the moment C1 exits. After replying to the
-    zygote, C1 forks C3 (pid 2 of the new pid namespace) to build the file
-    system view (``contain.build_view``) while C1 itself moves C2 into the
-    sandbox's cgroup: that move waits for an RCU grace period (cgroup v1, or v2
-    without favordynmods; 9-19 ms measured), which so overlaps the mounts. C1
-    then says ``C`` to C2 (or ``X`` and why not), which waits for it before it
-    unshares the cgroup namespace (whose root is then the sandbox's cgroup) and
-    runs its own checklist (``contain.contain``).
-    """
-    stage = "setup"
+# -- the zygote's side of a launch ------------------------------------------------------
+def _helper(ctl_fd: int, c2: int, plan: Mapping[str, Any], agent_fd: int,
+            procs: list[int]) -> None:
+    """H: send C2 its plan and agent socket, move it into the sandbox's cgroups, say
+    ``C`` (or ``X`` and why not). Never returns."""
+    stage = "launch"
     try:
-        su.set_signal(signal.SIGCHLD, signal.SIG_DFL)
-        su.set_sigmask(signal.SIG_SETMASK, ())
-        os.setsid()
-        stage = "cgroup"
-        # opened as the caller, before any namespace: the kernel checks the move
-        # against these open-time credentials
-        procs = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in req["cgroup_procs"]]
-        plan = req["plan"]
-        if os.geteuid() == 0:
-            os.setgroups([])
-        stage = "unshare"
-        su.unshare(plan["namespaces"] & ~su.CLONE_NEWCGROUP)
-        os.write(w, b"U")
-        if os.read(r, 1) != b"M":
-            raise OSError(1, "the zygote could not write the id maps")
-        stage = "fork"
-        placed_r, placed_w = os.pipe2(os.O_CLOEXEC)
-        c2 = su.fork_bare()
-        if c2 == 0:
-            for fd in (w, r, placed_w, *procs):
-                os.close(fd)
-            agent.main(agent_fd, plan, prog, placed_fd=placed_r)
-            os._exit(70)
-        os.close(placed_r)
-        os.close(agent_fd)
-        os.write(w, f"P{c2}\n".encode())
-    except BaseException as e:
-        try:
-            os.write(w, f"E{stage}: {e}\n".encode())
-        finally:
-            os._exit(1)
-    try:  # the zygote has replied: a failure from here on reaches C2, which reports it
-        stage = "file system"
-        view_r, view_w = os.pipe2(os.O_CLOEXEC)
-        c3 = su.fork_bare()
-        if c3 == 0:
-            for fd in (view_r, w, r, placed_w, *procs):
-                os.close(fd)
-            _build_view(plan, view_w)
-        os.close(view_w)
+        ctl = socket.socket(fileno=ctl_fd)
+        _send_fds(ctl, _jsonline.dumps(plan), [agent_fd])
+        ctl.detach()
         stage = "cgroup"
         me = str(c2).encode()
         for fd in procs:
             os.write(fd, me)
-        stage = "file system"
-        why = _read_all(view_r)
-        _, status = os.waitpid(c3, 0)
-        if status != 0:
-            raise OSError(1, why.decode(errors="replace") or "the builder died")
-        os.write(placed_w, b"C")
-        os._exit(0)
+        os.write(ctl_fd, b"C")
     except BaseException as e:
         try:
-            os.write(placed_w, f"X{stage}: {e}".encode(errors="replace")[:500])
+            os.write(ctl_fd, f"X{stage}: {e}".encode(errors="replace")[:500])
         finally:
             os._exit(1)
+    os._exit(0)
 
 
-def _read_all(fd: int) -> bytes:
-    out = bytearray()
-    while chunk := os.read(fd, 512):
-        out += chunk
-    return bytes(out)
-
-
-def _create(req: Mapping[str, Any], agent_fd: int, prog: su.Seccomp
-            ) -> tuple[dict[str, Any], int, int]:
-    """Launch one sandbox: (reply, pidfd of its pid 1 or -1, pid of C1 to reap after replying)."""
-    r1, w1 = os.pipe()
-    r2, w2 = os.pipe()
-    pid = su.fork_bare()
-    if pid == 0:
-        os.close(r1)
-        os.close(w2)
-        _child(req, agent_fd, w1, r2, prog)
-    os.close(w1)
-    os.close(r2)
+def _create(req: Mapping[str, Any], agent_fd: int, template: _Template
+            ) -> tuple[dict[str, Any], int]:
+    """Launch one sandbox: (reply, pidfd of its pid 1 or -1)."""
+    plan = req["plan"]
+    if (plan["namespaces"] & ~su.CLONE_NEWCGROUP) != _CLONE_FLAGS:
+        return {"ok": False, "error": "bad create request: namespaces"}, -1
+    procs: list[int] = []
+    ctl_z, ctl_c = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pidfd = -1
     try:
-        first = os.read(r1, 1)
-        if first == b"U":
+        try:
+            procs = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in req["cgroup_procs"]]
+        except OSError as e:
+            return {"ok": False, "error": f"cgroup: {e}"}, -1
+        try:
+            c2, pidfd = template.clone(ctl_c.fileno())
+        except OSError as e:
+            return {"ok": False, "error": f"unshare: {e}"}, -1
+        finally:
+            ctl_c.close()  # _TemplateGone goes up: the caller retries with a new T
+        try:
+            _write_maps(c2, plan)
+        except OSError as e:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            os.close(pidfd)
+            return {"ok": False, "error": f"id maps: {e}"}, -1
+        h = su.fork_bare()
+        if h == 0:
             try:
-                _write_maps(pid, req["plan"])
-                os.write(w2, b"M")
-            except OSError as e:
-                os.write(w2, b"X")
-                return {"ok": False, "error": f"id maps: {e}"}, -1, pid
-            first = b""
-        line = (first + _read_line(r1)).decode(errors="replace").strip()
-        if line.startswith("P"):
-            c2 = int(line[1:])
-            return {"ok": True, "pid": c2}, os.pidfd_open(c2), pid
-        return {"ok": False, "error": line[1:] or "sandbox launcher died"}, -1, pid
+                os.close(pidfd)
+                _helper(ctl_z.detach(), c2, plan, agent_fd, procs)
+            finally:
+                os._exit(70)
+        return {"ok": True, "pid": c2}, pidfd
     finally:
-        os.close(r1)
-        os.close(w2)
+        ctl_z.close()
+        for fd in procs:
+            os.close(fd)
 
 
 def _preload(modules: object, unseal: Callable[[], None]) -> tuple[list[str], Callable[[], None]]:
@@ -263,21 +375,31 @@ def serve(fd: int) -> None:
     """Serve create requests on the socket ``fd`` until it closes."""
     su.set_child_subreaper()
     su.preresolve()  # shared by every sandbox, not built in each
+    if os.geteuid() == 0:
+        os.setgroups([])  # every sandbox inherits them and could not drop them inside
     unseal = agent.seal_imports()  # every sandbox starts sealed
     sock = socket.socket(fileno=fd)
-    signal.signal(signal.SIGCHLD, _reap)
+    # SIGCHLD only wakes the loop up, which reaps: a handler alone would miss a child
+    # that exits between its last check and the blocking recvmsg (the zombie then
+    # waited for the next request)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, _ignore)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.freeze()
     buf = bytearray()
     fds: list[int] = []
     prog: su.Seccomp | None = None
+    template: _Template | None = None
     while True:
-        anc_fds = array.array("i")
-        data, anc, _f, _a = sock.recvmsg(1 << 20, socket.CMSG_SPACE(4 * anc_fds.itemsize))
-        for level, typ, cdata in anc:
-            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-                anc_fds.frombytes(cdata[: len(cdata) - (len(cdata) % anc_fds.itemsize)])
-        fds.extend(anc_fds)
+        ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        if wake_r in ready:
+            _drain(wake_r)
+            _reap()
+        if sock.fileno() not in ready:
+            continue
+        data, more = _recv(sock)
+        fds.extend(more)
         if not data:
             os._exit(0)
         buf += data
@@ -286,7 +408,13 @@ def serve(fd: int) -> None:
             del buf[: nl + 1]
             if "seccomp" in req:
                 prog = su.prepare_seccomp(base64.b64decode(req["seccomp"]))
+                if template is not None:
+                    template.close()
+                    template = None
             if req.get("op") == "preload":
+                if template is not None:  # its pages predate the modules
+                    template.close()
+                    template = None
                 missing, unseal = _preload(req.get("modules", ()), unseal)
                 sock.sendall(_jsonline.dumps({"id": req.get("id"), "ok": True,
                                               "missing": missing}) + b"\n")
@@ -300,22 +428,27 @@ def serve(fd: int) -> None:
                 if agent_fd < 0 or prog is None:
                     reply: dict[str, Any] = {"ok": False, "error": "bad create request"}
                 else:
-                    try:
-                        reply, pidfd, _c1 = _create(req, agent_fd, prog)
-                    except OSError as e:
-                        reply = {"ok": False, "error": f"fork server: {e}"}
+                    for _attempt in (1, 2):  # once more with a new T if it is gone
+                        try:
+                            t = template = template or _Template(prog)
+                            reply, pidfd = _create(req, agent_fd, t)
+                            break
+                        except _TemplateGone as e:
+                            t.close()
+                            template = None
+                            reply = {"ok": False, "error": f"fork server: template: {e}"}
+                        except OSError as e:
+                            reply = {"ok": False, "error": f"fork server: {e}"}
+                            break
                 reply["id"] = req.get("id")
-                payload = _jsonline.dumps(reply) + b"\n"
                 if pidfd >= 0:
                     reply["nfds"] = 1
-                    payload = _jsonline.dumps(reply) + b"\n"
-                    sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                              array.array("i", [pidfd]).tobytes())])
+                    _send_fds(sock, _jsonline.dumps(reply) + b"\n", [pidfd])
                 else:
-                    sock.sendall(payload)
+                    sock.sendall(_jsonline.dumps(reply) + b"\n")
             finally:
                 for f in (agent_fd, pidfd):
                     if f >= 0:
                         os.close(f)
                 su.set_sigmask(signal.SIG_UNBLOCK, _SIGCHLD_ONLY)
-            _reap()  # C1 (still moving C2 into the cgroup) is reaped on its SIGCHLD
+            _reap()  # H (still moving C2 into the cgroup) is reaped when it wakes us
