@@ -382,16 +382,12 @@ class _Agent:
                 self.reap()
 
 
-def main(sock_fd: int, plan: Mapping[str, Any], seccomp_prog: bytes | su.Seccomp, *,
-         placed_fd: int) -> None:
-    """Contain this process per ``plan``, then serve; never returns.
-
-    ``placed_fd``: read end of a pipe that says when this process is in the
-    sandbox's cgroup (see ``contain.contain``)."""
+def main(sock_fd: int, plan: Mapping[str, Any], seccomp_prog: bytes | su.Seccomp) -> None:
+    """Contain this process per ``plan`` (its file system view built, in its cgroup:
+    see ``zygote.py``), then serve; never returns."""
     sock = socket.socket(fileno=sock_fd)
     try:
-        contain.contain(plan, keep_fd=sock_fd, seccomp_prog=seccomp_prog,
-                        placed_fd=placed_fd)
+        contain.contain(plan, keep_fd=sock_fd, seccomp_prog=seccomp_prog)
     except BaseException as e:
         try:
             sock.sendall(_jsonline.dumps({"error": f"sandbox setup failed: {e}"}) + b"\n")

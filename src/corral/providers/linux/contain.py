@@ -8,13 +8,12 @@ pid 1, so pid 1 need not run that code; the pages the helper dirties die
 with it instead of being copied into pid 1 for the sandbox's whole life
 (see ``zygote.py``).
 
-:func:`contain` runs in pid 1 itself and holds what is per process. Reads top
-to bottom, like nsjail's ``containProc``: uid/gid 0 inside, wait for the
-launcher (file system built, process placed in the sandbox's cgroup), the
-cgroup namespace, the working directory, rlimits, stray descriptors, then the
-privilege drop: no_new_privs, every capability, not dumpable, and the seccomp
-filter last. Any step that fails raises; the agent reports it and exits, so
-nothing half-built ever runs a command.
+:func:`join_cgroup` and :func:`contain` run in pid 1 itself and hold what is
+per process. ``contain`` reads top to bottom, like nsjail's ``containProc``:
+uid/gid 0 inside, the cgroup namespace, the working directory, rlimits, stray
+descriptors, then the privilege drop: no_new_privs, every capability, not
+dumpable, and the seccomp filter last. Any step that fails raises; the agent
+reports it and exits, so nothing half-built ever runs a command.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from typing import Any
 
 from . import _sys_unsafe as su, mounts
 
-__all__ = ["build_view", "contain"]
+__all__ = ["build_view", "contain", "join_cgroup"]
 
 
 def build_view(plan: Mapping[str, Any], *, source_fds: Mapping[str, int]) -> None:
@@ -50,28 +49,27 @@ def _close_stray_fds(keep: int) -> None:
     os.closerange(keep + 1, 1 << 20)
 
 
-def _wait_for_launcher(plan: Mapping[str, Any], placed_fd: int) -> None:
-    """Wait until the launcher built the file system view and moved us into the
-    sandbox's cgroup, then make that cgroup the root of a new cgroup namespace."""
+def join_cgroup(procs: list[int]) -> None:
+    """Move this process into the sandbox's cgroup: ``procs`` are its ``cgroup.procs``
+    files, opened by the fork server as the caller (the kernel checks a move against
+    the credentials a file was opened with); closed here."""
     try:
-        msg = os.read(placed_fd, 512)
+        for fd in procs:
+            os.write(fd, b"0")  # 0: the writer itself
+    except OSError as e:
+        raise OSError(e.errno, f"cannot join the sandbox's cgroup: {e.strerror}") from None
     finally:
-        os.close(placed_fd)
-    if msg[:1] != b"C":
-        raise OSError(1, msg[1:].decode(errors="replace")
-                      or "the launcher died before the sandbox was built")
-    if plan["namespaces"] & su.CLONE_NEWCGROUP:
-        su.unshare(su.CLONE_NEWCGROUP)
+        for fd in procs:
+            os.close(fd)
 
 
-def contain(plan: Mapping[str, Any], *, keep_fd: int, seccomp_prog: bytes | su.Seccomp,
-            placed_fd: int) -> None:
+def contain(plan: Mapping[str, Any], *, keep_fd: int,
+            seccomp_prog: bytes | su.Seccomp) -> None:
     """Apply the per-process part of ``plan`` (its wire form) to pid 1, ending with seccomp.
 
-    ``placed_fd`` is a pipe on which the launcher writes ``C`` once the file
-    system view is built and this process is in the sandbox's cgroup (or
-    ``X`` and why not); the cgroup namespace is unshared only after that, and
-    before any privilege is dropped.
+    Called once the file system view is built and this process is in the
+    sandbox's cgroup (:func:`join_cgroup`): the cgroup namespace unshared here
+    has that cgroup as its root.
     """
     if not seccomp_prog:
         raise OSError(22, "no seccomp filter: refusing to run unfiltered")
@@ -79,9 +77,9 @@ def contain(plan: Mapping[str, Any], *, keep_fd: int, seccomp_prog: bytes | su.S
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
     os.umask(0o022)
-    # 2. the file system view and the sandbox's cgroup (both built by the launcher
-    # meanwhile), the cgroup namespace
-    _wait_for_launcher(plan, placed_fd)
+    # 2. the cgroup namespace, rooted at the sandbox's cgroup; the view's work dir
+    if plan["namespaces"] & su.CLONE_NEWCGROUP:
+        su.unshare(su.CLONE_NEWCGROUP)
     os.chdir(plan["work_dir"])
     # 3. resource limits inherited by every command (RLIMIT_CPU is set per command)
     for name, soft, hard in plan["rlimits"]:

@@ -24,7 +24,7 @@ provider-owned thread, and ``aclose`` waits for it.
 
 Measured on the project VM (cgroup v1, 2 cores; /tmp/perf scratch scripts,
 median of 20-30): cold create 19-21 ms before this work, ~11-12 ms after
-(launcher moves the init into its cgroup while the init sets up); create
+(the init joins its cgroup while a helper builds its file system); create
 with a spare 0.2-0.5 ms; destroy 3.4-3.8 ms before, 0.1-0.2 ms after.
 """
 

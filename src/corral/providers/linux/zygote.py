@@ -14,29 +14,30 @@ forks a *template* T once (again after each ``preload``), which does nothing
 but wait for a descriptor, clone a pid 1 and send back its pidfd. Every
 sandbox shares T's pages, and T writes a few pages per clone. Measured with
 ``benchmarks/bench_snippets.py`` (a warm snippet slot is one sandbox agent):
-3.2 MiB of private pages per slot with an intermediate launcher, ~1.4 MiB
-with the template.
+3.2 MiB of private pages per slot when an intermediate launcher forked pid 1,
+1.4-1.6 MiB with the template.
 
 For each create request:
 
 1. the zygote opens the sandbox's cgroup procs files (as the caller, outside
-   every new namespace: the kernel checks the move against these open-time
-   credentials), makes a socketpair for the new pid 1 and hands one end to T;
+   every new namespace: the kernel checks a move against the credentials a
+   file was opened with), makes a socketpair for the new pid 1 and hands one
+   end to T;
 2. T clones C2, the sandbox's pid 1, straight into new user, mount, pid, net,
    ipc and uts namespaces with a pidfd (``_sys_unsafe.clone_pidfd``: race-free,
    and T lets the kernel reap its children), and sends the pidfd back;
-3. the zygote writes C2's uid/gid maps, forks the helper H and replies to the
-   host with the pidfd; H sends C2 its plan and agent socket end, moves C2 into
-   the sandbox's cgroups (that move waits for an RCU grace period: cgroup v1,
-   or v2 without favordynmods; 9-19 ms measured), says ``C`` to C2 (or ``X`` and
-   why not) and exits;
+3. the zygote writes C2's uid/gid maps, sends C2 its plan, agent socket end
+   and the procs files, and replies to the host with the pidfd;
 4. C2 forks C3 (pid 2 of the new pid namespace), which opens the bind sources
    while it still has the caller's uid (a checkout under a 0700 home), becomes
    uid/gid 0 inside and builds the file system view, hostname and loopback
    (``contain.build_view``: the namespaces are shared, so C2 need not run that
-   code, and the pages C3 dirties die with it), overlapping H's cgroup move;
-   then C2 runs :func:`agent.main`: its per-process checklist, which waits for
-   H's ``C`` before it unshares the cgroup namespace, then serve.
+   code, and the pages C3 dirties die with it). Meanwhile C2 moves itself into
+   the sandbox's cgroups (``contain.join_cgroup``: each move waits for an RCU
+   grace period on cgroup v1, or v2 without favordynmods; 9-19 ms measured),
+   waits for C3, then runs :func:`agent.main`: its per-process checklist
+   (``contain.contain``: the cgroup namespace, rooted at the sandbox's cgroup,
+   then the privilege drop), then serve.
 
 Every fork here is bare (``clone_pidfd``, ``fork_bare``), without Python's
 at-fork machinery (thread and lock re-initialisation, the ``threading``,
@@ -83,7 +84,7 @@ BOOT: Final = ("import sys; sys.path.insert(0, {root!r}); "
                "from corral.providers.linux.zygote import serve; serve({fd})")
 _CLONE_FLAGS: Final = NAMESPACES & ~su.CLONE_NEWCGROUP  # C2 unshares the cgroup one itself
 _SIGCHLD_ONLY: Final = (signal.SIGCHLD,)
-_MAX_FDS: Final = 4
+_MAX_FDS: Final = 8  # the agent socket and one cgroup.procs per hierarchy (v1: up to 5)
 
 
 def boot_argv(import_root: str, fd: int) -> list[str]:
@@ -232,18 +233,19 @@ class _Template:
 
 # -- pid 1 and its view builder -------------------------------------------------------
 def _pid1(ctl_fd: int, prog: su.Seccomp) -> None:
-    """C2, the sandbox's pid 1: wait for its plan and agent socket from H, have C3
-    build the file system view, then become the agent. Never returns."""
+    """C2, the sandbox's pid 1: take its plan, agent socket and cgroup files from the
+    zygote, have C3 build the file system view while it joins its cgroup, then
+    become the agent. Never returns."""
     su.set_signal(signal.SIGCHLD, signal.SIG_DFL)  # T's SIG_IGN would reap C3 for us
     su.set_sigmask(signal.SIG_SETMASK, ())
     try:
         os.setsid()
         ctl = socket.socket(fileno=ctl_fd)
         data, fds = _recv(ctl)
-        ctl.detach()
-        if not data or len(fds) != 1:
+        ctl.close()
+        if not data or not fds:
             os._exit(72)  # the launch failed and the host was told
-        agent_fd = fds[0]
+        agent_fd, procs = fds[0], fds[1:]
         plan = _jsonline.loads(data)
     except BaseException:
         os._exit(72)
@@ -252,12 +254,15 @@ def _pid1(ctl_fd: int, prog: su.Seccomp) -> None:
         c3 = su.fork_bare()
         if c3 == 0:
             try:
-                for fd in (view_r, agent_fd, ctl_fd):
+                for fd in (view_r, agent_fd, *procs):
                     os.close(fd)
                 _build_view(plan, view_w)
             finally:
                 os._exit(1)
         os.close(view_w)
+        # the move waits for an RCU grace period (cgroup v1, or v2 without
+        # favordynmods; 9-19 ms measured): C3 builds the view meanwhile
+        contain.join_cgroup(procs)
         why = _read_all(view_r)
         os.close(view_r)
         _, status = os.waitpid(c3, 0)
@@ -268,7 +273,7 @@ def _pid1(ctl_fd: int, prog: su.Seccomp) -> None:
             os.write(agent_fd, _jsonline.dumps({"error": f"sandbox setup failed: {e}"}) + b"\n")
         finally:
             os._exit(71)
-    agent.main(agent_fd, plan, prog, placed_fd=ctl_fd)
+    agent.main(agent_fd, plan, prog)
 
 
 def _build_view(plan: Mapping[str, Any], err_fd: int) -> None:
@@ -293,28 +298,6 @@ def _build_view(plan: Mapping[str, Any], err_fd: int) -> None:
 
 
 # -- the zygote's side of a launch ------------------------------------------------------
-def _helper(ctl_fd: int, c2: int, plan: Mapping[str, Any], agent_fd: int,
-            procs: list[int]) -> None:
-    """H: send C2 its plan and agent socket, move it into the sandbox's cgroups, say
-    ``C`` (or ``X`` and why not). Never returns."""
-    stage = "launch"
-    try:
-        ctl = socket.socket(fileno=ctl_fd)
-        _send_fds(ctl, _jsonline.dumps(plan), [agent_fd])
-        ctl.detach()
-        stage = "cgroup"
-        me = str(c2).encode()
-        for fd in procs:
-            os.write(fd, me)
-        os.write(ctl_fd, b"C")
-    except BaseException as e:
-        try:
-            os.write(ctl_fd, f"X{stage}: {e}".encode(errors="replace")[:500])
-        finally:
-            os._exit(1)
-    os._exit(0)
-
-
 def _create(req: Mapping[str, Any], agent_fd: int, template: _Template
             ) -> tuple[dict[str, Any], int]:
     """Launch one sandbox: (reply, pidfd of its pid 1 or -1)."""
@@ -323,7 +306,6 @@ def _create(req: Mapping[str, Any], agent_fd: int, template: _Template
         return {"ok": False, "error": "bad create request: namespaces"}, -1
     procs: list[int] = []
     ctl_z, ctl_c = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pidfd = -1
     try:
         try:
             procs = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in req["cgroup_procs"]]
@@ -335,19 +317,15 @@ def _create(req: Mapping[str, Any], agent_fd: int, template: _Template
             return {"ok": False, "error": f"unshare: {e}"}, -1
         finally:
             ctl_c.close()  # _TemplateGone goes up: the caller retries with a new T
+        stage = "id maps"
         try:
             _write_maps(c2, plan)
+            stage = "launch"
+            _send_fds(ctl_z, _jsonline.dumps(plan), [agent_fd, *procs])
         except OSError as e:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             os.close(pidfd)
-            return {"ok": False, "error": f"id maps: {e}"}, -1
-        h = su.fork_bare()
-        if h == 0:
-            try:
-                os.close(pidfd)
-                _helper(ctl_z.detach(), c2, plan, agent_fd, procs)
-            finally:
-                os._exit(70)
+            return {"ok": False, "error": f"{stage}: {e}"}, -1
         return {"ok": True, "pid": c2}, pidfd
     finally:
         ctl_z.close()
@@ -451,4 +429,4 @@ def serve(fd: int) -> None:
                     if f >= 0:
                         os.close(f)
                 su.set_sigmask(signal.SIG_UNBLOCK, _SIGCHLD_ONLY)
-            _reap()  # H (still moving C2 into the cgroup) is reaped when it wakes us
+            _reap()
