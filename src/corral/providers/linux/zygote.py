@@ -28,16 +28,17 @@ For each create request:
    and T lets the kernel reap its children), and sends the pidfd back;
 3. the zygote writes C2's uid/gid maps, sends C2 its plan, agent socket end
    and the procs files, and replies to the host with the pidfd;
-4. C2 forks C3 (pid 2 of the new pid namespace), which opens the bind sources
-   while it still has the caller's uid (a checkout under a 0700 home), becomes
-   uid/gid 0 inside and builds the file system view, hostname and loopback
-   (``contain.build_view``: the namespaces are shared, so C2 need not run that
-   code, and the pages C3 dirties die with it). Meanwhile C2 moves itself into
-   the sandbox's cgroups (``contain.join_cgroup``: each move waits for an RCU
-   grace period on cgroup v1, or v2 without favordynmods; 9-19 ms measured),
-   waits for C3, then runs :func:`agent.main`: its per-process checklist
-   (``contain.contain``: the cgroup namespace, rooted at the sandbox's cgroup,
-   then the privilege drop), then serve.
+4. C2 (:mod:`pid1`) forks C3 (pid 2 of the new pid namespace), which opens
+   the bind sources while it still has the caller's uid (a checkout under a
+   0700 home), becomes uid/gid 0 inside and builds the file system view,
+   hostname and loopback (``contain.build_view``: the namespaces are shared,
+   so C2 need not run that code, and the pages C3 dirties die with it).
+   Meanwhile C2 moves itself into the sandbox's cgroups
+   (``contain.join_cgroup``: each move waits for an RCU grace period on
+   cgroup v1, or v2 without favordynmods; 9-19 ms measured), waits for C3,
+   then runs :func:`agent.main`: its per-process checklist
+   (``contain.contain``: the cgroup namespace, rooted at the sandbox's
+   cgroup, then the privilege drop), then serve.
 
 Every fork here is bare (``clone_pidfd``, ``fork_bare``), without Python's
 at-fork machinery (thread and lock re-initialisation, the ``threading``,
@@ -62,7 +63,6 @@ credentials.
 
 from __future__ import annotations
 
-import array
 import base64
 import gc
 import importlib
@@ -74,7 +74,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from . import _jsonline, _sys_unsafe as su, agent, contain, mounts, snapshots  # noqa: F401  (pre-imported for the agent)
+from . import _fdpass, _jsonline, _sys_unsafe as su, agent, contain, mounts, pid1, snapshots  # noqa: F401  (pre-imported for the sandbox side)
 from .plan import NAMESPACES
 
 __all__ = ["BOOT", "boot_argv", "serve"]
@@ -84,7 +84,6 @@ BOOT: Final = ("import sys; sys.path.insert(0, {root!r}); "
                "from corral.providers.linux.zygote import serve; serve({fd})")
 _CLONE_FLAGS: Final = NAMESPACES & ~su.CLONE_NEWCGROUP  # C2 unshares the cgroup one itself
 _SIGCHLD_ONLY: Final = (signal.SIGCHLD,)
-_MAX_FDS: Final = 8  # the agent socket and one cgroup.procs per hierarchy (v1: up to 5)
 
 
 def boot_argv(import_root: str, fd: int) -> list[str]:
@@ -113,21 +112,6 @@ def _drain(fd: int) -> None:
         pass
 
 
-def _recv(sock: socket.socket, size: int = 1 << 20) -> tuple[bytes, list[int]]:
-    """Up to ``size`` bytes and the descriptors that came with them."""
-    fds = array.array("i")
-    data, anc, _f, _a = sock.recvmsg(size, socket.CMSG_SPACE(_MAX_FDS * fds.itemsize))
-    for level, typ, cdata in anc:
-        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-            fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
-    return data, list(fds)
-
-
-def _send_fds(sock: socket.socket, data: bytes, fds: list[int]) -> None:
-    sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                           array.array("i", fds).tobytes())] if fds else [])
-
-
 def _write_maps(pid: int, plan: Mapping[str, Any]) -> None:
     _write_proc(f"/proc/{pid}/setgroups", b"deny")
     for name in ("uid_map", "gid_map"):
@@ -141,19 +125,6 @@ def _write_proc(path: str, data: bytes) -> None:
         os.write(fd, data)
     finally:
         os.close(fd)
-
-
-def _open_bind_sources(steps: Any) -> dict[str, int]:
-    """An O_PATH descriptor per bind source; the mounts bind from these."""
-    return {s["source"]: os.open(s["source"], os.O_PATH | os.O_CLOEXEC)
-            for s in steps if s["kind"] == "bind"}
-
-
-def _read_all(fd: int) -> bytes:
-    out = bytearray()
-    while chunk := os.read(fd, 512):
-        out += chunk
-    return bytes(out)
 
 
 # -- the template T -------------------------------------------------------------------
@@ -180,7 +151,7 @@ def _template(sock_fd: int, prog: su.Seccomp) -> None:
         if pid == 0:
             try:
                 os.close(sock_fd)
-                _pid1(ctl, prog)
+                pid1.main(ctl, prog)
             finally:
                 os._exit(70)
         sock.sendmsg([b"%d" % pid], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
@@ -214,8 +185,8 @@ class _Template:
         """A new pid 1 holding ``ctl``: (pid, pidfd). OSError if T could not clone,
         _TemplateGone if T is gone."""
         try:
-            _send_fds(self.sock, b"G", [ctl])
-            data, fds = _recv(self.sock, 64)
+            _fdpass.send(self.sock, b"G", [ctl])
+            data, fds = _fdpass.recv(self.sock, 64)
         except OSError as e:
             raise _TemplateGone(str(e)) from None
         if not data:
@@ -229,72 +200,6 @@ class _Template:
 
     def close(self) -> None:
         self.sock.close()  # T exits at EOF; the zygote reaps it
-
-
-# -- pid 1 and its view builder -------------------------------------------------------
-def _pid1(ctl_fd: int, prog: su.Seccomp) -> None:
-    """C2, the sandbox's pid 1: take its plan, agent socket and cgroup files from the
-    zygote, have C3 build the file system view while it joins its cgroup, then
-    become the agent. Never returns."""
-    su.set_signal(signal.SIGCHLD, signal.SIG_DFL)  # T's SIG_IGN would reap C3 for us
-    su.set_sigmask(signal.SIG_SETMASK, ())
-    try:
-        os.setsid()
-        ctl = socket.socket(fileno=ctl_fd)
-        data, fds = _recv(ctl)
-        ctl.close()
-        if not data or not fds:
-            os._exit(72)  # the launch failed and the host was told
-        agent_fd, procs = fds[0], fds[1:]
-        plan = _jsonline.loads(data)
-    except BaseException:
-        os._exit(72)
-    try:
-        view_r, view_w = os.pipe2(os.O_CLOEXEC)
-        c3 = su.fork_bare()
-        if c3 == 0:
-            try:
-                for fd in (view_r, agent_fd, *procs):
-                    os.close(fd)
-                _build_view(plan, view_w)
-            finally:
-                os._exit(1)
-        os.close(view_w)
-        # the move waits for an RCU grace period (cgroup v1, or v2 without
-        # favordynmods; 9-19 ms measured): C3 builds the view meanwhile
-        contain.join_cgroup(procs)
-        why = _read_all(view_r)
-        os.close(view_r)
-        _, status = os.waitpid(c3, 0)
-        if status != 0:
-            raise OSError(1, why.decode(errors="replace") or "the file system builder died")
-    except BaseException as e:
-        try:
-            os.write(agent_fd, _jsonline.dumps({"error": f"sandbox setup failed: {e}"}) + b"\n")
-        finally:
-            os._exit(71)
-    agent.main(agent_fd, plan, prog)
-
-
-def _build_view(plan: Mapping[str, Any], err_fd: int) -> None:
-    """C3: open the bind sources (still the caller's uid), become uid/gid 0 inside,
-    build the file system view, hostname and loopback; write why not on ``err_fd``.
-    Never returns."""
-    code = 0
-    try:
-        # opened while the host's permissions on the way there are still ours (a
-        # checkout under a 0700 home); uid 0 inside could not walk to them
-        source_fds = _open_bind_sources(plan["mounts"])
-        os.setresgid(0, 0, 0)
-        os.setresuid(0, 0, 0)
-        contain.build_view(plan, source_fds=source_fds)
-    except BaseException as e:
-        code = 1
-        try:
-            os.write(err_fd, str(e).encode(errors="replace")[:500])
-        except BaseException:
-            pass
-    os._exit(code)
 
 
 # -- the zygote's side of a launch ------------------------------------------------------
@@ -321,7 +226,7 @@ def _create(req: Mapping[str, Any], agent_fd: int, template: _Template
         try:
             _write_maps(c2, plan)
             stage = "launch"
-            _send_fds(ctl_z, _jsonline.dumps(plan), [agent_fd, *procs])
+            _fdpass.send(ctl_z, _jsonline.dumps(plan), [agent_fd, *procs])
         except OSError as e:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             os.close(pidfd)
@@ -376,7 +281,7 @@ def serve(fd: int) -> None:
             _reap()
         if sock.fileno() not in ready:
             continue
-        data, more = _recv(sock)
+        data, more = _fdpass.recv(sock)
         fds.extend(more)
         if not data:
             os._exit(0)
@@ -421,7 +326,7 @@ def serve(fd: int) -> None:
                 reply["id"] = req.get("id")
                 if pidfd >= 0:
                     reply["nfds"] = 1
-                    _send_fds(sock, _jsonline.dumps(reply) + b"\n", [pidfd])
+                    _fdpass.send(sock, _jsonline.dumps(reply) + b"\n", [pidfd])
                 else:
                     sock.sendall(_jsonline.dumps(reply) + b"\n")
             finally:
