@@ -348,8 +348,9 @@ def _children_of(pid: int | None) -> list[str]:
     out = []
     for kid in _kids(pid):
         try:
-            out.append(f"{kid} {_status(kid)['Name']} {_status(kid)['State']} "
-                       f"NSpid {_status(kid).get('NSpid', '')} children {_kids(kid)}")
+            st = _status(kid)
+            out.append(f"{kid} {st['Name']} {st['State']} NSpid {st.get('NSpid', '')} "
+                       f"children {_kids(kid)}")
         except OSError:
             out.append(f"{kid} gone")
     return out

@@ -47,7 +47,7 @@ __all__ = [
     "mount",
     "pivot_root",
     "preresolve",
-    "prepare_seccomp",
+    "Seccomp",
     "seccomp_install",
     "set_signal",
     "set_sigmask",
@@ -303,29 +303,23 @@ class _SockFprog(ctypes.Structure):
 
 
 class Seccomp:
-    """A seccomp program made ready to install (:func:`prepare_seccomp`): the
-    struct sock_fprog and its buffer, built once (in the fork server) instead of
-    in every sandbox."""
+    """A seccomp program (struct sock_filter items, 8 bytes each) made ready to
+    install: the struct sock_fprog and its buffer, built once (in the fork
+    server) instead of in every sandbox."""
 
-    __slots__ = ("_buf", "fprog", "size")
+    __slots__ = ("_buf", "fprog")
 
     def __init__(self, prog: bytes) -> None:
         if not prog or len(prog) % 8:
             raise OSError(errno.EINVAL,
                           "seccomp program must be a non-empty multiple of 8 bytes")
-        self.size = len(prog)
         self._buf = ctypes.create_string_buffer(prog, len(prog))
         self.fprog = _SockFprog(len(prog) // 8, ctypes.cast(self._buf, ctypes.c_void_p))
 
 
-def prepare_seccomp(prog: bytes) -> Seccomp:
-    """``prog`` (struct sock_filter items, 8 bytes each) ready for :func:`seccomp_install`."""
-    return Seccomp(prog)
-
-
 def seccomp_install(prog: bytes | Seccomp, *, libc: Any = None) -> None:
     """Install a seccomp BPF filter (``prog``: struct sock_filter items, 8 bytes each,
-    or those made ready by :func:`prepare_seccomp`).
+    or those made ready as a :class:`Seccomp`).
 
     Needs no_new_privs first (or CAP_SYS_ADMIN).
     """

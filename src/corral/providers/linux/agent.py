@@ -33,7 +33,6 @@ root under ``/work`` or ``/tmp`` would land).
 
 from __future__ import annotations
 
-import array
 import errno
 import io
 import os
@@ -49,7 +48,7 @@ from typing import Any, Final
 
 from ..._paths import read_file_under, split_relative, write_file_under
 from ...errors import ConfigInvalidError
-from . import _jsonline, _sys_unsafe as su, contain, snapshots
+from . import _fdpass, _jsonline, _sys_unsafe as su, contain, snapshots
 
 __all__ = ["FORK_ENTRIES", "main", "seal_imports"]
 
@@ -106,12 +105,7 @@ class _Agent:
         self.sock.sendall(_jsonline.dumps(h) + b"\n" + payload)
 
     def _fill(self) -> bool:
-        fds = array.array("i")
-        data, anc, _flags, _addr = self.sock.recvmsg(
-            1 << 20, socket.CMSG_SPACE(_MAX_FDS * fds.itemsize))
-        for level, typ, cdata in anc:
-            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-                fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
+        data, fds = _fdpass.recv(self.sock, max_fds=_MAX_FDS)
         for fd in fds:
             os.set_inheritable(fd, False)
         self.fds.extend(fds)
@@ -184,11 +178,27 @@ class _Agent:
                 continue
         raise FileNotFoundError(errno.ENOENT, f"command not found: {prog}", prog)
 
-    def spawn(self, h: Mapping[str, Any]) -> dict[str, Any]:
+    def _take_stdio(self, op: str) -> list[int]:
+        """The three descriptors the request came with (the caller closes them)."""
         fds, self.fds = self.fds[:_MAX_FDS], self.fds[_MAX_FDS:]
+        if len(fds) != _MAX_FDS:
+            for fd in fds:
+                os.close(fd)
+            raise OSError(errno.EBADF, f"{op} needs three descriptors")
+        return fds
+
+    @staticmethod
+    def _limit_cpu(pid: int, cpu_s: int | None) -> None:
+        """The CPU rlimit of a started command, in place before the reply."""
+        if cpu_s:
+            try:
+                resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+            except OSError:
+                pass  # already gone
+
+    def spawn(self, h: Mapping[str, Any]) -> dict[str, Any]:
+        fds = self._take_stdio("spawn")
         try:
-            if len(fds) != _MAX_FDS:
-                raise OSError(errno.EBADF, "spawn needs three descriptors")
             argv = [str(a) for a in h["argv"]]
             env = {str(k): str(v) for k, v in h["env"].items()}
             cwd = self._cwd(h)
@@ -209,12 +219,7 @@ class _Agent:
             finally:
                 os.chdir(self.work)
             self.children.add(pid)
-            cpu_s = h.get("cpu_s", self.cpu_s)
-            if cpu_s:
-                try:
-                    resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-                except OSError:
-                    pass  # already gone
+            self._limit_cpu(pid, h.get("cpu_s", self.cpu_s))
             return {"pid": pid}
         finally:
             for fd in fds:
@@ -226,10 +231,8 @@ class _Agent:
         return self.work
 
     def fork_call(self, h: Mapping[str, Any]) -> dict[str, Any]:
-        fds, self.fds = self.fds[:_MAX_FDS], self.fds[_MAX_FDS:]
+        fds = self._take_stdio("fork_call")
         try:
-            if len(fds) != _MAX_FDS:
-                raise OSError(errno.EBADF, "fork_call needs three descriptors")
             entry = str(h["entry"])
             if entry not in FORK_ENTRIES:
                 raise ConfigInvalidError("entry", f"not an in-process entry point: {entry!r}")
@@ -247,11 +250,7 @@ class _Agent:
                 self._become(func, [entry, *args], env, cwd, fds, cpu_s)
             self.children.add(pid)
             self.forked.add(pid)
-            if cpu_s:  # in place before the reply, as for a spawned command
-                try:
-                    resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-                except OSError:
-                    pass  # already gone
+            self._limit_cpu(pid, cpu_s)
             return {"pid": pid}
         finally:
             for fd in fds:

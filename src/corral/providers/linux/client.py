@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, final
 
 from ...errors import ProviderError
+from . import _fdpass
 from .process import settle
 from .zygote import boot_argv
 
@@ -59,17 +60,12 @@ class Channel:
         return self.closed.done()
 
     def _on_readable(self) -> None:
-        fds = array.array("i")
         try:
-            data, anc, _f, _a = self._sock.recvmsg(1 << 20, socket.CMSG_SPACE(
-                _MAX_FDS * fds.itemsize))
+            data, fds = _fdpass.recv(self._sock, max_fds=_MAX_FDS)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data, anc = b"", []
-        for level, typ, cdata in anc:
-            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-                fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
+            data, fds = b"", []
         self._fds.extend(fds)
         if not data:
             self.close()

@@ -73,7 +73,7 @@ def contain(plan: Mapping[str, Any], *, keep_fd: int,
     """
     if not seccomp_prog:
         raise OSError(22, "no seccomp filter: refusing to run unfiltered")
-    # 1. identity: uid/gid 0 inside (the launcher forked us before it took them)
+    # 1. identity: uid/gid 0 inside (cloned with the caller's ids, mapped by now)
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
     os.umask(0o022)
