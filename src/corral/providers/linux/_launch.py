@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..._cancel import CancelToken
 from ...errors import CreateCancelledError, LevelNotSupportedError, ProviderError
 from ...spec import SandboxLimits
-from .client import Channel, Zygote, kill_pidfd
+from .client import REQUEST_TIMEOUT_S, Channel, Zygote, kill_pidfd
 from .plan import SandboxPlan
 from .spares import Launched
 
@@ -70,9 +70,14 @@ async def launch(plan: SandboxPlan, prog: bytes, cancel: CancelToken | None, *,
         finally:
             sb_end.close()
         chan = Channel(host_end, what=f"sandbox {sid}")
-        hello = await race(chan.hello, cancel)
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                hello = await race(chan.hello, cancel)
+        except TimeoutError:
+            raise ProviderError(f"sandbox setup did not finish within {REQUEST_TIMEOUT_S} s"
+                                ) from None
         if not hello.get("ready"):
-            err = str(hello.get("error", "sandbox setup failed"))
+            err = str(hello.get("error", "sandbox setup failed"))[:1000]
             if "seccomp" in err:
                 raise LevelNotSupportedError("strict", (), err, missing="seccomp")
             raise ProviderError(err)

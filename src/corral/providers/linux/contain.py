@@ -47,6 +47,9 @@ def _close_stray_fds(keep: int) -> None:
         os.close(null)
     os.closerange(3, keep)
     os.closerange(keep + 1, 1 << 20)
+    # the host socket is the agent's alone: a command started with posix_spawn keeps
+    # every inheritable descriptor, and with this one it could speak for the agent
+    os.set_inheritable(keep, False)
 
 
 def join_cgroup(procs: list[int]) -> None:
@@ -84,7 +87,7 @@ def contain(plan: Mapping[str, Any], *, keep_fd: int,
     # 3. resource limits inherited by every command (RLIMIT_CPU is set per command)
     for name, soft, hard in plan["rlimits"]:
         resource.setrlimit(getattr(resource, name), (soft, hard))
-    # 4. descriptors: only the host socket survives (0/1/2 point at /dev/null)
+    # 4. descriptors: only the host socket survives, close-on-exec (0/1/2: /dev/null)
     _close_stray_fds(keep_fd)
     # 5. privileges: no_new_privs first, every capability gone, not ptraceable
     su.set_no_new_privs()
