@@ -370,6 +370,15 @@ class SandboxCgroup:
         return CgroupUsage(cpu_ms=cpu_ms, peak_mem_mb=-(-peak // _MIB), oom_kills=ooms,
                            pids_current=current)
 
+    def cpu_ms(self) -> int:
+        """CPU time used by every process here since the cgroup was made (ms); cheaper
+        than usage(), for the provider's CPU watcher."""
+        if self.version == "v2":
+            return read_keyed(self._file("", "cpu.stat")).get("usage_usec", 0) // 1000
+        if self.version == "v1":
+            return read_int(self._file("cpuacct", "cpuacct.usage")) // 1_000_000
+        return 0
+
     def oom_kills(self) -> int:
         """The out-of-memory kill count alone (see ``oom_source``); cheaper than usage()."""
         if self.version == "v2":

@@ -23,6 +23,7 @@ from ...spec import (
 from . import _sys_unsafe as su, mounts
 from ._launch import launch, race
 from .client import Zygote
+from .cpuwatch import CpuWatch
 from .images import ImageCache, UnpackedImage, unreachable_part
 from .plan import (
     DEFAULT_LIMITS,
@@ -120,6 +121,8 @@ class LinuxProvider(SandboxProvider):
         self._building: dict[str, asyncio.Task[Launched]] = {}
         self._chores: set[asyncio.Future[Any]] = set()
         self._reaper = Reaper()
+        #: enforces cpu_ms for every live sandbox that has one (one timer for all)
+        self._cpu_watch = CpuWatch()
         self._plans: dict[tuple[Any, ...], SandboxPlan] = {}  # create's cache (image-less)
         self._keys: dict[int, tuple[SandboxPlan, str]] = {}   # id(plan) -> its shape key
         self._preloaded: set[str] = set()  # modules the current zygote imported
@@ -330,6 +333,7 @@ class LinuxProvider(SandboxProvider):
 
     def _forget(self, sb: LinuxSandbox) -> None:
         self._live.discard(sb)
+        self._cpu_watch.discard(sb)
 
     async def aclose(self) -> None:
         """Destroy every live sandbox and spare, stop the zygote, drop the snapshots.
@@ -344,6 +348,7 @@ class LinuxProvider(SandboxProvider):
                 await kill_launched(item, self._reaper)
         for sb in list(self._live):
             await sb.destroy()
+        self._cpu_watch.close()
         while self._chores:
             await asyncio.wait(list(self._chores))
         await self._reaper.stop()

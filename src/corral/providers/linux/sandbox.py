@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 __all__ = ["LinuxSandbox"]
 
-_CPU_POLL_S = 0.02
 _EOF_GRACE_S = 0.2
 
 
@@ -68,10 +67,12 @@ class LinuxSandbox(Sandbox):
         self._destroyed = False
         self._paused = False
         self._ran = False  # whether any command was started yet
-        self._cpu_task: asyncio.Task[None] | None = None
+        #: CPU time (ms) seen when the provider's watcher killed the sandbox at its
+        #: cpu_ms cap; 0 while it has not
         self._cpu_over = 0
         channel._on_event = self._on_event
         channel.closed.add_done_callback(lambda _f: self._on_agent_gone())
+        self._watch_cpu()
 
     # -- plumbing -------------------------------------------------------------------
     def _live(self) -> None:
@@ -172,20 +173,66 @@ class LinuxSandbox(Sandbox):
         except ProviderError:
             pass
 
+    # -- cpu_ms: the provider's watcher (cpuwatch.py) kills the whole sandbox ----------
     def _watch_cpu(self) -> None:
-        if self.plan.limits.cpu_ms is None or self._cg is None:
+        """Have the provider's CPU watcher enforce cpu_ms for this sandbox's whole
+        life (from creation to destroy, commands running or not); idempotent."""
+        cap = self.plan.limits.cpu_ms
+        if cap is None or self._cg is None or self._destroyed or self._cpu_over:
             return
-        if self._cpu_task is None or self._cpu_task.done():
-            self._cpu_task = asyncio.ensure_future(self._cpu_loop(self.plan.limits.cpu_ms))
+        self._provider._cpu_watch.add(self, cap, self._cg.cpu_ms, self._cpu_cap_hit)
 
-    async def _cpu_loop(self, cap: int) -> None:
-        while self._runs and not self._destroyed:
-            used = int(self._cg.usage().cpu_ms)
-            if used >= cap:
-                self._cpu_over = used
-                for run in list(self._runs.values()):
-                    await self._kill_run(run, "cpu")
-            await asyncio.sleep(_CPU_POLL_S)
+    def _cpu_error(self) -> LimitsExceededError:
+        return LimitsExceededError(
+            "cpu", self.plan.limits.cpu_ms or 0, self._cpu_over,
+            "the sandbox used up its CPU time (cpu_ms) and was killed with every process "
+            "in it")
+
+    def _cpu_cap_hit(self, used: int) -> None:
+        """The watcher saw ``used`` >= cpu_ms: kill the whole sandbox, now.
+
+        Runs on the event loop, so every command awaited right now fails with
+        LimitsExceededError("cpu") before the agent's death can be noticed. The
+        init of the sandbox's pid namespace is SIGKILLed through its pidfd; the
+        kernel then kills every other process of the namespace (setsid or not).
+        A paused sandbox burns nothing and dies when thawed (resume or destroy).
+        The sandbox stays dead: later calls raise the same error; destroy cleans up.
+        """
+        if self._destroyed or self._cpu_over:
+            return
+        self._cpu_over = max(used, self.plan.limits.cpu_ms or 0, 1)
+        for run in list(self._runs.values()):
+            self._fail_run(run)
+        if self._pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def _fail_run(self, run: Run) -> None:
+        if not run.exit.done():
+            run.killed_for = "cpu"
+            run.exit.set_exception(self._cpu_error())
+            run.exit.exception()  # marked seen: a handle nobody waits on logs nothing
+
+    def _check_cpu(self) -> None:
+        """Raise LimitsExceededError("cpu") once the sandbox was killed at its cap."""
+        if self._cpu_over and not self._destroyed:
+            raise self._cpu_error()
+
+    async def _start(self, argv: Sequence[str], env: Mapping[str, str] | None,
+                     cwd: str | None, *, entry: str | None = None
+                     ) -> tuple[Run | None, int, int, int, str]:
+        """:meth:`_spawn`, refused (or its run failed) once the CPU cap killed the sandbox."""
+        self._check_cpu()
+        try:
+            got = await self._spawn(argv, env, cwd, entry=entry)
+        except ProviderError:
+            self._check_cpu()  # the agent died at the cap while the request was out
+            raise
+        if got[0] is not None and self._cpu_over:
+            self._fail_run(got[0])
+        return got
 
     def _oom_kills(self) -> int:
         if self._cg is None:
@@ -214,10 +261,14 @@ class LinuxSandbox(Sandbox):
                      ) -> LimitsExceededError | None:
         lim = self.plan.limits
         oom_before, pids_before = before
-        if run.killed_for == "cpu" or (lim.cpu_ms is not None and info.code in (
-                -signal.SIGXCPU, -signal.SIGKILL) and self._cpu_over):
-            return LimitsExceededError("cpu", lim.cpu_ms or 0, self._cpu_over,
-                                       "the sandbox used up its CPU time")
+        if run.killed_for == "cpu" or (lim.cpu_ms is not None and (
+                info.code == -signal.SIGXCPU or (info.code == -signal.SIGKILL
+                                                 and self._cpu_over))):
+            if not self._cpu_over:  # RLIMIT_CPU, the second line, struck first
+                return LimitsExceededError("cpu", lim.cpu_ms or 0, max(
+                    info.cpu_ms, self._cg.cpu_ms() if self._cg is not None else 0),
+                    "a command used up its CPU time (RLIMIT_CPU)")
+            return self._cpu_error()
         if lim.mem_mb is not None and info.code == -signal.SIGKILL and (
                 self._oom_kills() > oom_before):
             return LimitsExceededError("memory", lim.mem_mb, 0,
@@ -243,7 +294,7 @@ class LinuxSandbox(Sandbox):
         started = loop.time()
         # counters before this command (a sandbox that never ran one has none yet)
         before = (self._oom_kills(), self._pids_max_events()) if self._ran else (0, 0)
-        run, in_w, out_r, err_r, spawn_err = await self._spawn(argv, opts.env, opts.cwd)
+        run, in_w, out_r, err_r, spawn_err = await self._start(argv, opts.env, opts.cwd)
         stdin = StdinPipe(in_w)
         out, err = bytearray(), bytearray()
         caps = ((out, self._provider.stdout_cap), (err, self._provider.stderr_cap))
@@ -316,7 +367,7 @@ class LinuxSandbox(Sandbox):
                             opts: ProcessOpts | None = None) -> LinuxProcess:
         opts = opts or ProcessOpts()
         started = asyncio.get_running_loop().time()
-        run, in_w, out_r, err_r, spawn_err = await self._spawn(argv, opts.env, opts.cwd)
+        run, in_w, out_r, err_r, spawn_err = await self._start(argv, opts.env, opts.cwd)
         if run is None:
             for fd in (in_w, out_r, err_r):
                 os.close(fd)
@@ -350,7 +401,7 @@ class LinuxSandbox(Sandbox):
         """
         opts = opts or ProcessOpts()
         started = asyncio.get_running_loop().time()
-        run, in_w, out_r, err_r, spawn_err = await self._spawn(args, opts.env, opts.cwd,
+        run, in_w, out_r, err_r, spawn_err = await self._start(args, opts.env, opts.cwd,
                                                                entry=entry)
         if run is None:
             for fd in (in_w, out_r, err_r):
@@ -384,26 +435,31 @@ class LinuxSandbox(Sandbox):
         return [agent, *sorted(others)]
 
     async def write_file(self, path: str, data: bytes | str) -> None:
+        self._check_cpu()
         raw = data.encode() if isinstance(data, str) else bytes(data)
         split_relative(path, root_alias=self.plan.work_dir)
         await self._call({"op": "write", "path": path}, raw)
 
     async def read_file(self, path: str) -> bytes:
+        self._check_cpu()
         split_relative(path, root_alias=self.plan.work_dir)
         _h, payload = await self._call({"op": "read", "path": path})
         return payload
 
     async def snapshot(self) -> SnapshotHandle:
         """Capture /work (regular files and dirs); the handle restores in this provider only."""
+        self._check_cpu()
         _h, payload = await self._call({"op": "snapshot"})
         return self._provider.snapshots.put(payload)
 
     async def restore(self, handle: SnapshotHandle) -> None:
         """Replace /work with a snapshot's content (InvalidSnapshotHandleError if not ours)."""
+        self._check_cpu()
         data = self._provider.snapshots.get(handle)
         await self._call({"op": "restore"}, data)
 
     def _freezer(self) -> Any:
+        self._check_cpu()
         self._live()
         if self._cg is None or "pause" not in self._provider.capabilities:
             raise PauseNotSupportedError("this host has no cgroup freezer for corral")
@@ -438,8 +494,6 @@ class LinuxSandbox(Sandbox):
             return
         self._destroyed = True
         self._provider._forget(self)
-        if self._cpu_task is not None:
-            self._cpu_task.cancel()
         self._chan.close()
         cg, self._cg = self._cg, None
         gone = False
