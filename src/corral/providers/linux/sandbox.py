@@ -20,7 +20,7 @@ from ...errors import (
 )
 from ...provider import Sandbox
 from ...spec import ExecOpts, ExecResult, ProcessOpts, SandboxSpec, SnapshotHandle
-from .client import Channel
+from .client import REQUEST_TIMEOUT_S, Channel
 from .plan import SandboxPlan
 from .process import ExitInfo, LinuxProcess, PipeReader, Run, StdinPipe, usage_of
 from .spares import kill_and_remove, only_init_left, wait_exit
@@ -31,6 +31,22 @@ if TYPE_CHECKING:
 __all__ = ["LinuxSandbox"]
 
 _EOF_GRACE_S = 0.2
+#: exit events kept for pids whose spawn reply is still on its way, at most
+_MAX_EARLY = 1024
+#: longest error text taken from the agent
+_MAX_REASON = 1000
+#: payload throughput a request's deadline allows for (well below a local socket's)
+_BYTES_PER_S = 32 * 1024 * 1024
+#: a kill request's deadline
+_KILL_TIMEOUT_S = 5.0
+
+
+def _int(h: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    """An integer field of an agent frame (ValueError if missing or not an int)."""
+    v = h.get(key, default)
+    if type(v) is not int:
+        raise ValueError(f"field {key!r} is not an integer")
+    return v
 
 
 def _check_argv(argv: Sequence[str]) -> list[str]:
@@ -70,7 +86,10 @@ class LinuxSandbox(Sandbox):
         #: CPU time (ms) seen when the provider's watcher killed the sandbox at its
         #: cpu_ms cap; 0 while it has not
         self._cpu_over = 0
-        channel._on_event = self._on_event
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        channel.set_event_handler(self._on_event)
+        channel.on_violation = self._on_violation
         channel.closed.add_done_callback(lambda _f: self._on_agent_gone())
         self._watch_cpu()
 
@@ -79,41 +98,77 @@ class LinuxSandbox(Sandbox):
         if self._destroyed:
             raise ProviderError(f"sandbox {self.id} was destroyed")
         if self._chan.is_closed:
+            self._check_cpu()  # killed at its CPU cap: say so, not "gone"
+            if self._chan.violation:
+                raise ProviderError(f"sandbox {self.id} was killed: its agent broke the "
+                                    f"protocol ({self._chan.violation})")
             raise ProviderError(f"sandbox {self.id} is gone (its agent exited)")
 
     def _on_event(self, h: dict[str, Any]) -> None:
+        """An event frame from the agent (an exit); a malformed one raises, and the
+        channel then closes as a protocol violation."""
         if h.get("ev") != "exit":
             return
-        pid = int(h["pid"])
-        info = ExitInfo(code=int(h["code"]), cpu_ms=int(h.get("cpu_ms", 0)),
-                        maxrss_kb=int(h.get("maxrss_kb", 0)),
-                        disk_free=int(h.get("disk_free", -1)))
+        pid = _int(h, "pid")
+        info = ExitInfo(code=_int(h, "code"), cpu_ms=_int(h, "cpu_ms", 0),
+                        maxrss_kb=_int(h, "maxrss_kb", 0), disk_free=_int(h, "disk_free", -1))
         run = self._runs.pop(pid, None)
         if run is None:
+            if len(self._early) >= _MAX_EARLY:
+                raise ValueError("exit events for more processes than were started")
             self._early[pid] = info
         elif not run.exit.done():
             run.exit.set_result(info)
 
+    def _on_violation(self, why: str) -> None:
+        """The agent broke the protocol: treat the sandbox as crashed, kill it now (pid 1
+        of its pid namespace: every process dies with it); destroy frees the rest."""
+        if self._pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+
     def _on_agent_gone(self) -> None:
+        self._resumed.set()  # a request waiting for resume finds the sandbox gone
         for run in self._runs.values():
             if not run.exit.done():
                 run.exit.set_result(ExitInfo(code=-signal.SIGKILL))
         self._runs.clear()
 
     async def _call(self, header: dict[str, Any], payload: bytes = b"",
-                    fds: Sequence[int] = ()) -> tuple[dict[str, Any], bytes]:
+                    fds: Sequence[int] = (), *, reply_payload: bool = False,
+                    timeout: float | None = None) -> tuple[dict[str, Any], bytes]:
+        """One request to the agent. Its reply may carry a payload only when
+        ``reply_payload`` (read, snapshot), up to the most the agent could hold in
+        memory; every request has a deadline (the paused time aside: a frozen agent
+        answers once resumed), and a late or malformed answer kills the sandbox."""
         self._live()
-        h, p, _fds = await self._chan.request(header, payload, fds)
+        await self._resumed.wait()
+        self._live()
+        cap = self._payload_cap()
+        if timeout is None:
+            timeout = REQUEST_TIMEOUT_S + (
+                len(payload) + (cap if reply_payload else 0)) / _BYTES_PER_S
+        h, p, _fds = await self._chan.request(header, payload, fds, timeout=timeout,
+                                              max_reply=cap if reply_payload else 0)
         if "error" in h:
+            reason = str(h.get("reason", ""))[:_MAX_REASON]
             if h["error"] == "not-found":
                 raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox",
-                                        str(h.get("path")))
+                                        str(h.get("path"))[:_MAX_REASON])
             if h["error"] == "config-invalid":
-                raise ConfigInvalidError(str(h.get("field", "?")), str(h.get("reason", "")))
+                raise ConfigInvalidError(str(h.get("field", "?"))[:_MAX_REASON], reason)
             if h["error"] == "os":
-                raise ProviderError(f"sandbox agent: {h.get('reason')}")
-            raise error_from_code(str(h["error"]), str(h.get("reason", "")))
+                raise ProviderError(f"sandbox agent: {reason}")
+            raise error_from_code(str(h["error"])[:_MAX_REASON], reason)
         return h, p
+
+    def _payload_cap(self) -> int:
+        """The largest payload the agent may send: what it could hold in memory (it
+        builds a reply whole), at least the writable area's size."""
+        mib = max(self.plan.limits.mem_mb or 0, self.plan.limits.disk_mb or 0, 1)
+        return (mib + 1) * 1024 * 1024
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         out = dict(self.plan.env_base)
@@ -153,8 +208,8 @@ class LinuxSandbox(Sandbox):
             for fd in (in_r, out_w, err_w):
                 os.close(fd)
         if "pid" not in h:
-            return None, in_w, out_r, err_r, str(h.get("reason", "cannot start"))
-        pid = int(h["pid"])
+            return None, in_w, out_r, err_r, str(h.get("reason", "cannot start"))[:_MAX_REASON]
+        pid = _int(h, "pid")
         run = Run(pid)
         early = self._early.pop(pid, None)
         if early is not None:
@@ -169,7 +224,10 @@ class LinuxSandbox(Sandbox):
             return
         run.killed_for = run.killed_for or why
         try:
-            await self._call({"op": "kill", "pid": run.pid, "sig": int(signal.SIGKILL)})
+            # a timeout must end promptly: an agent that cannot answer a kill in a few
+            # seconds is treated as crashed and the whole sandbox dies
+            await self._call({"op": "kill", "pid": run.pid, "sig": int(signal.SIGKILL)},
+                             timeout=_KILL_TIMEOUT_S)
         except ProviderError:
             pass
 
@@ -443,13 +501,13 @@ class LinuxSandbox(Sandbox):
     async def read_file(self, path: str) -> bytes:
         self._check_cpu()
         split_relative(path, root_alias=self.plan.work_dir)
-        _h, payload = await self._call({"op": "read", "path": path})
+        _h, payload = await self._call({"op": "read", "path": path}, reply_payload=True)
         return payload
 
     async def snapshot(self) -> SnapshotHandle:
         """Capture /work (regular files and dirs); the handle restores in this provider only."""
         self._check_cpu()
-        _h, payload = await self._call({"op": "snapshot"})
+        _h, payload = await self._call({"op": "snapshot"}, reply_payload=True)
         return self._provider.snapshots.put(payload)
 
     async def restore(self, handle: SnapshotHandle) -> None:
@@ -469,11 +527,13 @@ class LinuxSandbox(Sandbox):
         """Freeze every process of the sandbox (cgroup freezer)."""
         await asyncio.to_thread(self._freezer().freeze)
         self._paused = True
+        self._resumed.clear()
 
     async def resume(self) -> None:
         """Thaw what :meth:`pause` froze."""
         await asyncio.to_thread(self._freezer().thaw)
         self._paused = False
+        self._resumed.set()
 
     async def destroy(self) -> None:
         """End the sandbox. Idempotent.
