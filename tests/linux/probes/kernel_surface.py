@@ -2,7 +2,8 @@
 
 ptrace (TRACEME and attach to an own child), unshare / clone of new
 namespaces, setns, mount, keyctl, bpf, userfaultfd, io_uring, perf_event_open,
-TIOCSTI. ``ok`` means the kernel did what was asked (a descriptor, a 0 return).
+TIOCSTI, and the newer calls: memfd_secret, open_tree_attr, listmount,
+statmount, cachestat. ``ok`` means the kernel did what was asked (a descriptor, a 0 return).
 Everything made is released at once; the control run happens on the host, so
 mount runs only in the throwaway mount namespace the test wraps it in.
 """
@@ -20,10 +21,12 @@ import time
 NR = {
     "x86_64": {"ptrace": 101, "unshare": 272, "setns": 308, "mount": 165, "keyctl": 250,
                "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425,
-               "perf_event_open": 298, "clone": 56, "clone3": 435},
+               "perf_event_open": 298, "clone": 56, "clone3": 435, "memfd_secret": 447,
+               "cachestat": 451, "statmount": 457, "listmount": 458, "open_tree_attr": 467},
     "aarch64": {"ptrace": 117, "unshare": 97, "setns": 268, "mount": 40, "keyctl": 219,
                 "bpf": 280, "userfaultfd": 282, "io_uring_setup": 425,
-                "perf_event_open": 241, "clone": 220, "clone3": 435},
+                "perf_event_open": 241, "clone": 220, "clone3": 435, "memfd_secret": 447,
+                "cachestat": 451, "statmount": 457, "listmount": 458, "open_tree_attr": 467},
 }[platform.machine()]
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -185,9 +188,47 @@ def tiocsti_probe() -> None:
         os.close(fd)
 
 
+def newer_probes() -> None:
+    """Calls added since 5.14. memfd_secret answers ENOSYS on a host that boots
+    with secretmem off; in the sandbox seccomp answers EPERM before that."""
+    ret, err = sys_call("memfd_secret", ctypes.c_uint(os.O_CLOEXEC))
+    report("memfd_secret", ret, err, close_fd=True)
+    # open_tree_attr(AT_FDCWD, "/", OPEN_TREE_CLOEXEC, NULL, 0): no clone, so no
+    # privilege needed; an O_PATH-like descriptor of /
+    ret, err = sys_call("open_tree_attr", ctypes.c_int(-100), b"/",
+                        ctypes.c_uint(os.O_CLOEXEC), None, ctypes.c_size_t(0))
+    report("open_tree_attr", ret, err, close_fd=True)
+    # listmount({size 24, mnt_id LSMT_ROOT}, ids, 16, 0): the mount ids under the root
+    req = (ctypes.c_uint64 * 4)()
+    req[0], req[1] = 24, 0xFFFFFFFFFFFFFFFF  # size (u32) + spare (u32), mnt_id
+    ids = (ctypes.c_uint64 * 16)()
+    ret, err = sys_call("listmount", ctypes.byref(req), ctypes.byref(ids),
+                        ctypes.c_size_t(16), ctypes.c_uint(0))
+    report("listmount", ret, err)
+    # statmount({size 24, mnt_id, STATMOUNT_SB_BASIC}, buf, size, 0) of the first id
+    req[1], req[2] = ids[0] if ret > 0 else 0, 1
+    buf = (ctypes.c_uint8 * 4096)()
+    ret, err = sys_call("statmount", ctypes.byref(req), ctypes.byref(buf),
+                        ctypes.c_size_t(4096), ctypes.c_uint(0))
+    report("statmount", ret, err)
+    # cachestat(fd, {0, 0}, out, 0) of a file we wrote: page-cache residency
+    fd, path = tempfile.mkstemp(prefix="corral-probe-cs-")
+    try:
+        os.write(fd, b"x" * 4096)
+        rng = (ctypes.c_uint64 * 2)()
+        out = (ctypes.c_uint64 * 5)()
+        ret, err = sys_call("cachestat", ctypes.c_uint(fd), ctypes.byref(rng),
+                            ctypes.byref(out), ctypes.c_uint(0))
+        report("cachestat", ret, err)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
 def main() -> None:
     params = json.loads(sys.argv[1])
-    groups = params.get("groups", ["ptrace", "namespaces", "mount", "surface", "tiocsti"])
+    groups = params.get("groups", ["ptrace", "namespaces", "mount", "surface", "tiocsti",
+                                   "newer"])
     if "ptrace" in groups:
         ptrace_probes()
     if "namespaces" in groups:
@@ -198,6 +239,8 @@ def main() -> None:
         surface_probes()
     if "tiocsti" in groups:
         tiocsti_probe()
+    if "newer" in groups:
+        newer_probes()
 
 
 main()

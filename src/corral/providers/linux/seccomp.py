@@ -15,30 +15,38 @@ kernel reads for these ``int``-typed arguments):
   back to ``clone``, which we can check).
 * ``socket`` / ``socketpair``: only ``AF_UNIX``, ``AF_INET``, ``AF_INET6``
   and ``AF_NETLINK`` with ``NETLINK_ROUTE`` (what libc's interface and
-  address queries use); ``SOCK_RAW`` over ``AF_INET``/``AF_INET6`` ->
-  ``EPERM``.
+  address queries use); over ``AF_INET``/``AF_INET6`` only stream (TCP,
+  MPTCP) and datagram (UDP, ping) sockets: the type is an allowlist, since
+  the kernel turns ``(AF_INET, SOCK_PACKET)`` into a packet socket.
 * ``ioctl`` ``TIOCSTI`` / ``TIOCLINUX`` / ``TIOCSETD`` -> ``EPERM``.
 * ``personality``: only the values Docker allows.
+* ``prlimit64``, ``setpriority``, ``ioprio_set`` and the ``sched_set*``
+  calls aimed at pid 1 (or, for the priorities, at every process of the
+  uid) -> ``EPERM``: pid 1 is corral's agent, with the same uid as the
+  commands it runs, and a command must not be able to starve it. The agent
+  only ever names its children's pids (and 0, itself).
 
-This module only builds bytes; installing them is
+This module only builds bytes (with the assembler in ``_bpf.py`` and the
+numbers in ``_syscall_numbers.py``); installing them is
 ``_sys_unsafe.seccomp_install`` (after no_new_privs, as the last step before
 the command runs). The program is built before anything is cloned, so a bad
-policy fails early. Both supported arches are little-endian, so the
-``struct sock_filter`` layout is ``<HBBI`` for either.
+policy fails early.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from ...errors import LevelNotSupportedError
+from ._bpf import JEQ_K, JGE_K, JSET_K, Program as _Program
+from ._syscall_numbers import SYSCALL_NUMBERS
 
 __all__ = [
     "ARG_RULES",
     "DENIED_SYSCALLS",
+    "REVIEWED_ALLOWED",
     "SUPPORTED_ARCHES",
     "SYSCALL_NUMBERS",
     "PolicyRule",
@@ -48,15 +56,7 @@ __all__ = [
 
 SUPPORTED_ARCHES: Final = frozenset({"x86_64", "aarch64"})
 
-# -- BPF and seccomp constants (linux/filter.h, linux/seccomp.h, linux/audit.h)
-_LD_W_ABS: Final = 0x20   # BPF_LD | BPF_W | BPF_ABS
-_JEQ_K: Final = 0x15      # BPF_JMP | BPF_JEQ | BPF_K
-_JGE_K: Final = 0x35      # BPF_JMP | BPF_JGE | BPF_K
-_JSET_K: Final = 0x45     # BPF_JMP | BPF_JSET | BPF_K
-_AND_K: Final = 0x54      # BPF_ALU | BPF_AND | BPF_K
-_RET_K: Final = 0x06      # BPF_RET | BPF_K
-_MAX_INSNS: Final = 4096  # BPF_MAXINSNS
-
+# -- seccomp constants (linux/seccomp.h, linux/audit.h)
 RET_KILL_PROCESS: Final = 0x80000000
 RET_ERRNO: Final = 0x00050000
 RET_ALLOW: Final = 0x7FFF0000
@@ -81,7 +81,18 @@ CLONE_NEW_MASK: Final = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 \
     | 0x10000000 | 0x20000000 | 0x40000000
 _AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
 _NETLINK_ROUTE: Final = 0
-_SOCK_TYPE_MASK, _SOCK_RAW = 0xF, 3
+# the kernel masks the type with SOCK_TYPE_MASK (0xf) after taking off SOCK_NONBLOCK
+# and SOCK_CLOEXEC; then (AF_INET, SOCK_PACKET=10) becomes AF_PACKET (__sock_create)
+_SOCK_TYPE_MASK, _SOCK_STREAM, _SOCK_DGRAM = 0xF, 1, 2
+#: inet protocols allowed per type (0 is the type's default: TCP, UDP)
+_INET_PROTOCOLS: Final = {
+    _SOCK_STREAM: (0, 6, 262),      # IPPROTO_TCP, IPPROTO_MPTCP
+    _SOCK_DGRAM: (0, 17, 1, 58),    # IPPROTO_UDP, ping: IPPROTO_ICMP, IPPROTO_ICMPV6
+}
+# the agent's own pid inside; which/who values of setpriority(2) and ioprio_set(2)
+_AGENT_PID: Final = 1
+_PRIO_PROCESS, _PRIO_PGRP, _PRIO_USER = 0, 1, 2
+_IOPRIO_WHO_PROCESS, _IOPRIO_WHO_PGRP, _IOPRIO_WHO_USER = 1, 2, 3
 _DENIED_IOCTLS: Final = {0x5412: "TIOCSTI", 0x541C: "TIOCLINUX", 0x5423: "TIOCSETD"}
 # personality(2) values Docker's default profile allows: PER_LINUX, PER_LINUX32,
 # UNAME26, PER_LINUX32|UNAME26, and the 0xffffffff query.
@@ -93,6 +104,9 @@ _NUMA = "NUMA memory placement acts host-wide; Docker denies it without CAP_SYS_
 _MODULE = "loads or removes kernel code"
 _KEYS = "the kernel keyring is not namespaced; keys would be shared with the host"
 _DEAD = "obsolete, removed from current kernels; denied so an old kernel cannot expose it"
+_MOUNT_INFO = ("queries the mount table by mount id (newer kernels also reach other mount "
+               "namespaces by id); /proc/self/mountinfo covers ordinary needs, and the rest "
+               "of the new mount API is denied")
 
 #: Syscalls denied outright with EPERM, and why. A name missing from an arch's
 #: table does not exist there (e.g. iopl on aarch64).
@@ -168,6 +182,31 @@ DENIED_SYSCALLS: Final[dict[str, str]] = {
     "move_pages": _NUMA,
     "set_mempolicy_home_node": _NUMA,
     "fanotify_init": "filesystem-wide event monitoring (Docker gates it on CAP_SYS_ADMIN)",
+    "open_tree_attr": _MOUNT + " (open_tree and mount_setattr in one call, since 6.15)",
+    "listmount": _MOUNT_INFO,
+    "statmount": _MOUNT_INFO,
+    "memfd_secret": "secret memory is taken out of the kernel's direct map (splitting its "
+                    "large pages for the whole host) and hidden from the kernel's own "
+                    "inspection; rarely used",
+    "cachestat": "page-cache residency of a file: on the read-only binds shared with the "
+                 "host and other sandboxes a side channel (older kernels answer for files the "
+                 "caller cannot write; mincore was closed the same way)",
+}
+
+#: Newer syscalls reviewed and left allowed, and why (shown in the docs, not a rule).
+REVIEWED_ALLOWED: Final[dict[str, str]] = {
+    "process_mrelease": "only speeds up freeing a process that already has SIGKILL pending",
+    "futex_waitv / futex_wake / futex_wait / futex_requeue": "futexes on the caller's memory",
+    "landlock_*": "restricts the caller itself (unprivileged by design)",
+    "lsm_get_self_attr / lsm_set_self_attr / lsm_list_modules": "the caller's own LSM "
+        "attributes, within what the LSM's policy allows",
+    "mseal / map_shadow_stack": "the caller's own mappings",
+    "fchmodat2 / setxattrat / getxattrat / listxattrat / removexattrat / file_getattr / "
+    "file_setattr": "file operations with the same permission checks as their older forms",
+    "pidfd_open / pidfd_send_signal": "signals as kill(2) sends them; pid 1 of the sandbox "
+        "gets only the signals it handles",
+    "uretprobe / uprobe (x86_64)": "act only when called from the kernel's probe trampoline "
+        "(else SIGILL); the kernel lets them past seccomp anyway",
 }
 
 #: Syscalls filtered by argument, with what is refused and why.
@@ -177,61 +216,27 @@ ARG_RULES: Final[dict[str, str]] = {
     "clone3": "ENOSYS always: its flags are in memory BPF cannot read, so libc "
               "falls back to clone, which is checked",
     "socket": "EPERM unless the family is AF_UNIX, AF_INET, AF_INET6 or AF_NETLINK "
-              "with NETLINK_ROUTE, and EPERM for SOCK_RAW over AF_INET/AF_INET6: no "
-              "packet sniffing or forging (AF_PACKET), no vsock to the hypervisor, "
-              "no rarely used protocol code (AF_ALG, AF_RDS, AF_TIPC, ...)",
+              "with NETLINK_ROUTE; over AF_INET/AF_INET6 only SOCK_STREAM with TCP or "
+              "MPTCP and SOCK_DGRAM with UDP or ICMP (ping), flag bits masked off: no "
+              "packet sniffing or forging (SOCK_RAW, SOCK_PACKET which the kernel turns "
+              "into AF_PACKET), no vsock to the hypervisor, no rarely used protocol code "
+              "(AF_ALG, AF_RDS, AF_TIPC, SCTP, DCCP, L2TP, UDP-Lite, ...)",
     "socketpair": "EPERM unless the family is AF_UNIX",
     "ioctl": "EPERM for TIOCSTI and TIOCLINUX (typing into a terminal) and TIOCSETD "
              "(loading a line discipline)",
     "personality": "EPERM except PER_LINUX, PER_LINUX32, UNAME26 and the query: "
                    "no ADDR_NO_RANDOMIZE (ASLR off) or READ_IMPLIES_EXEC",
+    "prlimit64": "EPERM for pid 1 (the agent, same uid as the commands): a command must "
+                 "not lower its limits (RLIMIT_NOFILE 3 breaks every later exec)",
+    "setpriority": "EPERM for PRIO_PROCESS or PRIO_PGRP 1 and for any PRIO_USER (which "
+                   "reaches the agent too): no renicing the agent",
+    "ioprio_set": "EPERM for IOPRIO_WHO_PROCESS or IOPRIO_WHO_PGRP 1 and any "
+                  "IOPRIO_WHO_USER: no idle I/O class for the agent",
+    "sched_setaffinity": "EPERM for pid 1: no pinning the agent to a busy CPU",
+    "sched_setscheduler": "EPERM for pid 1: no SCHED_IDLE for the agent",
+    "sched_setparam": "EPERM for pid 1, like sched_setscheduler",
+    "sched_setattr": "EPERM for pid 1, like sched_setscheduler",
 }
-
-#: x86_64 from arch/x86/entry/syscalls/syscall_64.tbl; aarch64 from
-#: include/uapi/asm-generic/unistd.h. Only the syscalls this policy names.
-SYSCALL_NUMBERS: Final[dict[str, dict[str, int]]] = {
-    "x86_64": {
-        "ioctl": 16, "socket": 41, "socketpair": 53, "clone": 56, "ptrace": 101,
-        "syslog": 103, "uselib": 134, "personality": 135, "ustat": 136, "sysfs": 139,
-        "vhangup": 153, "modify_ldt": 154, "pivot_root": 155, "_sysctl": 156,
-        "adjtimex": 159, "chroot": 161, "acct": 163, "settimeofday": 164, "mount": 165,
-        "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169, "sethostname": 170,
-        "setdomainname": 171, "iopl": 172, "ioperm": 173, "create_module": 174,
-        "init_module": 175, "delete_module": 176, "get_kernel_syms": 177,
-        "query_module": 178, "quotactl": 179, "nfsservctl": 180, "lookup_dcookie": 212,
-        "clock_settime": 227, "mbind": 237, "set_mempolicy": 238, "get_mempolicy": 239,
-        "kexec_load": 246, "add_key": 248, "request_key": 249, "keyctl": 250,
-        "migrate_pages": 256, "unshare": 272, "move_pages": 279, "perf_event_open": 298,
-        "fanotify_init": 300, "name_to_handle_at": 303, "open_by_handle_at": 304,
-        "clock_adjtime": 305, "setns": 308, "process_vm_readv": 310,
-        "process_vm_writev": 311, "kcmp": 312, "finit_module": 313,
-        "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425,
-        "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
-        "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-        "clone3": 435, "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442,
-        "quotactl_fd": 443, "set_mempolicy_home_node": 450,
-    },
-    "aarch64": {
-        "lookup_dcookie": 18, "ioctl": 29, "umount2": 39, "mount": 40, "pivot_root": 41,
-        "nfsservctl": 42, "chroot": 51, "vhangup": 58, "quotactl": 60, "acct": 89,
-        "personality": 92, "unshare": 97, "kexec_load": 104, "init_module": 105,
-        "delete_module": 106, "clock_settime": 112, "syslog": 116, "ptrace": 117,
-        "reboot": 142, "sethostname": 161, "setdomainname": 162, "settimeofday": 170,
-        "adjtimex": 171, "socket": 198, "socketpair": 199, "add_key": 217,
-        "request_key": 218, "keyctl": 219, "clone": 220, "swapon": 224, "swapoff": 225,
-        "mbind": 235, "get_mempolicy": 236, "set_mempolicy": 237, "migrate_pages": 238,
-        "move_pages": 239, "perf_event_open": 241, "fanotify_init": 262,
-        "name_to_handle_at": 264, "open_by_handle_at": 265, "clock_adjtime": 266,
-        "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
-        "finit_module": 273, "bpf": 280, "userfaultfd": 282, "kexec_file_load": 294,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
-        "fsmount": 432, "fspick": 433, "clone3": 435, "pidfd_getfd": 438,
-        "process_madvise": 440, "mount_setattr": 442, "quotactl_fd": 443,
-        "set_mempolicy_home_node": 450,
-    },
-}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyRule:
@@ -264,60 +269,6 @@ def _arches_of(name: str) -> tuple[str, ...]:
     return tuple(a for a in sorted(SUPPORTED_ARCHES) if name in SYSCALL_NUMBERS[a])
 
 
-# -- a tiny assembler: instructions with symbolic jump targets -------------
-
-@dataclass(frozen=True, slots=True)
-class _Insn:
-    code: int
-    k: int
-    jt: str | None = None  # label names; None = next instruction
-    jf: str | None = None
-
-
-class _Program:
-    def __init__(self) -> None:
-        self.insns: list[_Insn] = []
-        self.labels: dict[str, int] = {}
-        self._n = 0
-
-    def label(self, name: str) -> None:
-        self.labels[name] = len(self.insns)
-
-    def fresh(self) -> str:
-        self._n += 1
-        return f"_L{self._n}"
-
-    def load(self, offset: int) -> None:
-        self.insns.append(_Insn(_LD_W_ABS, offset))
-
-    def jump(self, code: int, k: int, jt: str | None, jf: str | None = None) -> None:
-        self.insns.append(_Insn(code, k, jt, jf))
-
-    def and_(self, k: int) -> None:
-        self.insns.append(_Insn(_AND_K, k))
-
-    def ret(self, k: int) -> None:
-        self.insns.append(_Insn(_RET_K, k))
-
-    def assemble(self) -> bytes:
-        if not 0 < len(self.insns) <= _MAX_INSNS:
-            raise ValueError(f"seccomp program has {len(self.insns)} instructions")
-        out = bytearray()
-        for pc, insn in enumerate(self.insns):
-            jt = self._offset(pc, insn.jt)
-            jf = self._offset(pc, insn.jf)
-            out += struct.pack("<HBBI", insn.code, jt, jf, insn.k & 0xFFFFFFFF)
-        return bytes(out)
-
-    def _offset(self, pc: int, target: str | None) -> int:
-        if target is None:
-            return 0
-        off = self.labels[target] - pc - 1
-        if not 0 <= off <= 255:
-            raise ValueError(f"jump from {pc} to {target} out of range ({off})")
-        return off
-
-
 def build_filter(arch: str) -> bytes:
     """The strict policy for ``arch`` as concatenated ``struct sock_filter``.
 
@@ -334,19 +285,19 @@ def build_filter(arch: str) -> bytes:
     # Every jump is local (to the next few instructions), so the program can
     # grow without chaining blocks; the assembler still checks each offset.
     p.load(_OFF_ARCH)
-    p.jump(_JEQ_K, _AUDIT_ARCH[arch], "arch_ok")
+    p.jump(JEQ_K, _AUDIT_ARCH[arch], "arch_ok")
     p.ret(RET_KILL_PROCESS)
     p.label("arch_ok")
     p.load(_OFF_NR)
     if arch == "x86_64":
-        p.jump(_JGE_K, _X32_SYSCALL_BIT, None, "abi_ok")
+        p.jump(JGE_K, _X32_SYSCALL_BIT, None, "abi_ok")
         # nr -1 (as libseccomp allows): the kernel itself answers ENOSYS
-        p.jump(_JEQ_K, 0xFFFFFFFF, "abi_ok")
+        p.jump(JEQ_K, 0xFFFFFFFF, "abi_ok")
         p.ret(RET_KILL_PROCESS)
         p.label("abi_ok")
 
     skip = p.fresh()
-    p.jump(_JEQ_K, nrs["clone3"], None, skip)
+    p.jump(JEQ_K, nrs["clone3"], None, skip)
     p.ret(RET_ERRNO | ENOSYS)
     p.label(skip)
     _rule(p, nrs["clone"], _clone_rule(p))
@@ -354,13 +305,20 @@ def build_filter(arch: str) -> bytes:
     _rule(p, nrs["socketpair"], _socketpair_rule(p))
     _rule(p, nrs["ioctl"], _ioctl_rule(p))
     _rule(p, nrs["personality"], _personality_rule(p))
+    for name in ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
+                 "sched_setattr"):
+        _rule(p, nrs[name], _not_the_agent_rule(p))
+    _rule(p, nrs["setpriority"], _priority_rule(p, process=_PRIO_PROCESS, pgrp=_PRIO_PGRP,
+                                                user=_PRIO_USER))
+    _rule(p, nrs["ioprio_set"], _priority_rule(p, process=_IOPRIO_WHO_PROCESS,
+                                               pgrp=_IOPRIO_WHO_PGRP, user=_IOPRIO_WHO_USER))
     # outright denials: "jeq nr, 0, 1; ret EPERM"
     for name in DENIED_SYSCALLS:
         nr = nrs.get(name)
         if nr is None:
             continue
         skip = p.fresh()
-        p.jump(_JEQ_K, nr, None, skip)
+        p.jump(JEQ_K, nr, None, skip)
         p.ret(RET_ERRNO | EPERM)
         p.label(skip)
     p.ret(RET_ALLOW)
@@ -373,7 +331,7 @@ _Body = Callable[[str, str], None]
 def _rule(p: _Program, nr: int, body: _Body) -> None:
     """``if nr == <nr>: body``; the body ends in a jump to ``allow`` or ``deny``."""
     skip, allow, deny = p.fresh(), p.fresh(), p.fresh()
-    p.jump(_JEQ_K, nr, None, skip)
+    p.jump(JEQ_K, nr, None, skip)
     body(allow, deny)
     p.label(deny)
     p.ret(RET_ERRNO | EPERM)
@@ -385,7 +343,7 @@ def _rule(p: _Program, nr: int, body: _Body) -> None:
 def _clone_rule(p: _Program) -> _Body:
     def body(allow: str, deny: str) -> None:
         p.load(_arg_lo(0))
-        p.jump(_JSET_K, CLONE_NEW_MASK, deny, allow)
+        p.jump(JSET_K, CLONE_NEW_MASK, deny, allow)
     return body
 
 
@@ -393,24 +351,33 @@ def _socket_rule(p: _Program) -> _Body:
     def body(allow: str, deny: str) -> None:
         inet, netlink = p.fresh(), p.fresh()
         p.load(_arg_lo(0))
-        p.jump(_JEQ_K, _AF_UNIX, allow)
-        p.jump(_JEQ_K, _AF_NETLINK, netlink)
-        p.jump(_JEQ_K, _AF_INET, inet)
-        p.jump(_JEQ_K, _AF_INET6, inet, deny)
-        p.label(inet)  # no SOCK_RAW: no forging or sniffing packets
+        p.jump(JEQ_K, _AF_UNIX, allow)
+        p.jump(JEQ_K, _AF_NETLINK, netlink)
+        p.jump(JEQ_K, _AF_INET, inet)
+        p.jump(JEQ_K, _AF_INET6, inet, deny)
+        p.label(inet)  # stream and datagram only, with the usual protocols
+        labels = {kind: p.fresh() for kind in _INET_PROTOCOLS}
         p.load(_arg_lo(1))
         p.and_(_SOCK_TYPE_MASK)
-        p.jump(_JEQ_K, _SOCK_RAW, deny, allow)
+        for kind, label in labels.items():
+            p.jump(JEQ_K, kind, label)
+        p.jump(JEQ_K, 0, deny, deny)  # SOCK_RAW, SOCK_PACKET, SOCK_SEQPACKET, ...
+        for kind, label in labels.items():
+            p.label(label)
+            p.load(_arg_lo(2))
+            for proto in _INET_PROTOCOLS[kind]:
+                p.jump(JEQ_K, proto, allow)
+            p.jump(JEQ_K, 0, deny, deny)
         p.label(netlink)  # glibc's route queries use SOCK_RAW netlink: allowed
         p.load(_arg_lo(2))
-        p.jump(_JEQ_K, _NETLINK_ROUTE, allow, deny)
+        p.jump(JEQ_K, _NETLINK_ROUTE, allow, deny)
     return body
 
 
 def _socketpair_rule(p: _Program) -> _Body:
     def body(allow: str, deny: str) -> None:
         p.load(_arg_lo(0))
-        p.jump(_JEQ_K, _AF_UNIX, allow, deny)
+        p.jump(JEQ_K, _AF_UNIX, allow, deny)
     return body
 
 
@@ -418,8 +385,8 @@ def _ioctl_rule(p: _Program) -> _Body:
     def body(allow: str, deny: str) -> None:
         p.load(_arg_lo(1))
         for req in _DENIED_IOCTLS:
-            p.jump(_JEQ_K, req, deny)
-        p.jump(_JEQ_K, 0, allow, allow)  # unconditional: "ja allow"
+            p.jump(JEQ_K, req, deny)
+        p.jump(JEQ_K, 0, allow, allow)  # unconditional: "ja allow"
     return body
 
 
@@ -427,6 +394,29 @@ def _personality_rule(p: _Program) -> _Body:
     def body(allow: str, deny: str) -> None:
         p.load(_arg_lo(0))
         for value in _ALLOWED_PERSONALITIES:
-            p.jump(_JEQ_K, value, allow)
-        p.jump(_JEQ_K, 0, deny, deny)
+            p.jump(JEQ_K, value, allow)
+        p.jump(JEQ_K, 0, deny, deny)
+    return body
+
+
+def _not_the_agent_rule(p: _Program) -> _Body:
+    """EPERM when args[0] (a pid) is the agent's."""
+    def body(allow: str, deny: str) -> None:
+        p.load(_arg_lo(0))
+        p.jump(JEQ_K, _AGENT_PID, deny, allow)
+    return body
+
+
+def _priority_rule(p: _Program, *, process: int, pgrp: int, user: int) -> _Body:
+    """``(which, who)``: EPERM for the whole uid, or the agent's pid or process group
+    (pid 1 leads its own session); any other ``which`` is the kernel's EINVAL."""
+    def body(allow: str, deny: str) -> None:
+        who = p.fresh()
+        p.load(_arg_lo(0))
+        p.jump(JEQ_K, user, deny)
+        p.jump(JEQ_K, process, who)
+        p.jump(JEQ_K, pgrp, who, allow)
+        p.label(who)
+        p.load(_arg_lo(1))
+        p.jump(JEQ_K, _AGENT_PID, deny, allow)
     return body
