@@ -87,3 +87,128 @@ def test_one_string_is_not_a_list_of_paths(linux: Any) -> None:
     from corral.providers.linux import LinuxProvider
     with pytest.raises(ConfigInvalidError, match="ro_binds"):
         LinuxProvider(spares=0, ro_binds="/opt")
+
+
+# -- unix sockets under a bind: connect() ignores a read-only mount ------------
+
+@pytest.fixture
+def socket_dir(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A world-searchable dir whose subdir holds a listening, world-writable unix
+    socket (like /run holding docker.sock); yields (dir, socket path)."""
+    import socket
+    import threading
+
+    root = tmp_path / "run"
+    (root / "svc").mkdir(parents=True)
+    os.chmod(tmp_path, 0o755)
+    for d in (root, root / "svc"):
+        os.chmod(d, 0o755)
+    path = root / "svc" / "api.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    os.chmod(path, 0o777)
+    srv.listen()
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"host-service")
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield root, path
+    finally:
+        stop.set()
+        t.join(2)
+        srv.close()
+
+
+CONNECT = ("import socket, sys\n"
+           "s = socket.socket(socket.AF_UNIX)\n"
+           "s.connect(sys.argv[1])\n"
+           "print(s.recv(100).decode())\n")
+
+
+def test_a_bind_holding_a_unix_socket_is_refused(linux: Any,
+                                                 socket_dir: tuple[Path, Path]) -> None:
+    import socket
+    import sys
+
+    from corral.providers.linux import LinuxProvider
+
+    root, path = socket_dir
+    # control: the socket answers on the host
+    c = socket.socket(socket.AF_UNIX)
+    c.connect(str(path))
+    assert c.recv(100) == b"host-service"
+    c.close()
+
+    refused: ConfigInvalidError | None = None
+    try:
+        provider = LinuxProvider(spares=0, ro_binds=(str(root),))
+    except ConfigInvalidError as e:
+        refused = e
+    else:
+        # without the check: a sandbox reaches the host service through the bind
+        async def test() -> str:
+            try:
+                async with await provider.create(make_spec()) as sb:
+                    r = await sb.exec([os.path.realpath(sys.executable), "-I", "-S", "-c",
+                                       CONNECT, str(path)])
+                    return f"exit {r.exit_code}: {r.stdout_text!r} {r.stderr_text[-300:]!r}"
+            finally:
+                await provider.aclose()
+        import asyncio
+        pytest.fail(f"ro_binds holding {path} was accepted; the sandbox's connect: "
+                    f"{asyncio.run(test())}")
+    assert refused is not None and refused.field == "ro_binds"
+    assert str(path) in refused.message and "unix socket" in refused.message, refused.message
+
+
+def test_a_socket_given_itself_or_through_a_symlink_is_refused(
+        linux: Any, socket_dir: tuple[Path, Path], tmp_path: Path) -> None:
+    from corral.providers.linux import LinuxProvider
+
+    root, path = socket_dir
+    link = tmp_path / "run-link"
+    link.symlink_to(root)  # the bind follows the top-level link, so the check does
+    for bad in (str(path), str(link), str(root / "svc")):
+        with pytest.raises(ConfigInvalidError, match="unix socket") as info:
+            LinuxProvider(spares=0, ro_binds=(bad,))
+        assert info.value.field == "ro_binds"
+
+
+def test_a_link_inside_a_bind_is_not_followed(linux: Any, socket_dir: tuple[Path, Path],
+                                              host_dir: Path) -> None:
+    """A symlink in the tree resolves inside the sandbox's own view, where the host
+    socket is not: it is no reason to refuse the bind."""
+    _root, path = socket_dir
+    (host_dir / "lib" / "to-sock").symlink_to(path)
+
+    async def test(p: Any) -> None:
+        async with await p.create(make_spec()) as sb:
+            r = await sb.exec(["sh", "-c", f"test -e {host_dir}/lib/to-sock"])
+            assert r.exit_code != 0, r  # dangling inside
+
+    linux(test, spares=0, ro_binds=(str(host_dir),))
+
+
+def test_a_tree_too_big_to_check_is_refused(linux: Any, host_dir: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from corral.providers.linux import LinuxProvider, _bind_scan
+
+    for i in range(20):
+        (host_dir / "lib" / f"f{i}").write_text("x")
+    monkeypatch.setattr(_bind_scan, "SCAN_LIMIT", 10)
+    with pytest.raises(ConfigInvalidError, match="more than 10 entries") as info:
+        LinuxProvider(spares=0, ro_binds=(str(host_dir),))
+    assert info.value.field == "ro_binds"
+    monkeypatch.setattr(_bind_scan, "SCAN_LIMIT", 100)
+    LinuxProvider(spares=0, ro_binds=(str(host_dir),))  # within the cap: fine

@@ -73,7 +73,9 @@ class LinuxProvider(SandboxProvider):
             same path in every sandbox: another interpreter's prefix, a
             toolchain. A path under the host's system dirs is visible already;
             one that would hide the sandbox's own /proc, /dev, /etc, /work or
-            /tmp is refused (ConfigInvalidError naming ``ro_binds``). Sources
+            /tmp is refused (ConfigInvalidError naming ``ro_binds``), and so is one
+            that is or holds a unix socket (connect() ignores a read-only bind;
+            see ``_bind_scan``: checked once, here). Sources
             are opened before the sandbox takes its uid, so a path under a
             0700 home dir binds in; the sandbox reads it as its outside uid.
 
@@ -370,7 +372,9 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 
 
 def _checked_ro_binds(paths: Sequence[str]) -> tuple[str, ...]:
-    """``ro_binds`` as a tuple of absolute paths that exist on the host."""
+    """``ro_binds`` as a tuple of absolute paths that exist on the host and hold no
+    unix socket (a read-only bind does not stop connect(): see ``_bind_scan``)."""
+    from ._bind_scan import UncheckableError, find_unix_socket
     if isinstance(paths, (str, bytes)):
         raise ConfigInvalidError("ro_binds", "must be a sequence of paths, not one string")
     out: list[str] = []
@@ -379,6 +383,16 @@ def _checked_ro_binds(paths: Sequence[str]) -> tuple[str, ...]:
             raise ConfigInvalidError("ro_binds", f"not an absolute host path: {p!r}")
         if not os.path.exists(p):
             raise ConfigInvalidError("ro_binds", f"{p!r} does not exist on the host")
+        try:
+            sock = find_unix_socket(p)
+        except (UncheckableError, OSError) as e:
+            raise ConfigInvalidError(
+                "ro_binds", f"cannot check {p!r} for unix sockets: {e}; bind a smaller "
+                "tree") from None
+        if sock is not None:
+            raise ConfigInvalidError(
+                "ro_binds", f"{p!r} is or holds a unix socket, {sock!r}: a sandbox could "
+                "connect to it through a read-only bind; bind a tree without sockets")
         out.append(p)
     return tuple(out)
 
