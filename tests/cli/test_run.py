@@ -121,3 +121,97 @@ def test_strict_only_limits_refused_below_strict(capsys: pytest.CaptureFixture[s
     # a process or disk limit needs the strict sandbox's cgroup and tmpfs: never ignored
     assert main(["run", "--max-processes", "4", "--", "/bin/true"]) == 64
     assert "config-invalid" in capsys.readouterr().err
+
+
+# -- output to a terminal: the command's escape sequences are shown, not obeyed ----
+
+HOSTILE = (b"\x1b]0;pwned\x07\x1b]52;c;cHduZWQ=\x07\x1b[31mred\x1b[0m\n"
+           + "\u009b2J".encode() + b"\xff caf\xc3\xa9\tok\r\n")
+SHOWN = (b"\\x1b]0;pwned\\x07\\x1b]52;c;cHduZWQ=\\x07\\x1b[31mred\\x1b[0m\n"
+         b"\\x9b2J\\xff caf\xc3\xa9\tok\r\n")
+#: writes HOSTILE to stdout and stderr, the C1 CSI split across two writes
+WRITER = ("import sys, time\n"
+          "data = bytes.fromhex(sys.argv[1])\n"
+          "cut = data.index(bytes([0xc2])) + 1\n"
+          "for out in (sys.stdout.buffer, sys.stderr.buffer):\n"
+          "    out.write(data[:cut]); out.flush(); time.sleep(0.05)\n"
+          "    out.write(data[cut:]); out.flush()\n")
+SRC = str(Path(corral.cli.__file__).resolve().parents[2])
+
+
+def _cli_on_pty(argv: list[str]) -> tuple[int, bytes, bytes]:
+    """Run ``corral`` in a child whose stdout is a pty (raw mode: no newline
+    translation) and whose stderr is a pipe; returns (status, tty bytes, pipe bytes)."""
+    import pty
+    import subprocess
+    import tty
+
+    master, slave = pty.openpty()
+    tty.setraw(slave)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c",
+             "import sys; from corral.cli import main; sys.exit(main(sys.argv[1:]))", *argv],
+            stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": SRC})
+        os.close(slave)
+        slave = -1
+        got = bytearray()
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every writer of the pty is gone
+                break
+            if not chunk:
+                break
+            got += chunk
+        assert proc.stderr is not None
+        with proc.stderr:
+            err = proc.stderr.read()
+        status = proc.wait(timeout=60)
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+    return status, bytes(got), err
+
+
+@pytest.mark.parametrize("level", ["context-isolated", "strict"])
+def test_escape_sequences_reach_a_terminal_as_text(level: str) -> None:
+    py = os.path.realpath(PY)  # the real interpreter: the strict sandbox binds its prefix
+    status, shown, piped = _cli_on_pty(["run", "--level", level, "--", py, "-I", "-S", "-c",
+                                        WRITER, HOSTILE.hex()])
+    if level == "strict" and status == 69 and b"level-not-supported" in piped:
+        pytest.skip(piped.decode(errors="replace"))
+    assert status == 0, (shown, piped)
+    assert shown == SHOWN                  # the terminal: sequences as text
+    assert piped == HOSTILE                # the pipe: byte-exact
+
+
+def test_raw_output_passes_bytes_to_a_terminal() -> None:
+    status, shown, piped = _cli_on_pty(["run", "--raw-output", "--", os.path.realpath(PY),
+                                        "-I", "-S", "-c", WRITER, HOSTILE.hex()])
+    assert status == 0
+    assert shown == HOSTILE and piped == HOSTILE
+
+
+def test_piped_output_is_byte_exact(capfdbinary: pytest.CaptureFixture[bytes]) -> None:
+    assert main(["run", "--", PY, "-I", "-S", "-c", WRITER, HOSTILE.hex()]) == 0
+    assert capfdbinary.readouterr() == (HOSTILE, HOSTILE)
+
+
+def test_ro_bind_holding_a_unix_socket_is_refused(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    (tmp_path / "run").mkdir()
+    sock = tmp_path / "run" / "daemon.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(sock))
+        status = main(["run", "--level", "strict", "--ro-bind", str(tmp_path), "--",
+                       "/bin/true"])
+    err = capsys.readouterr().err
+    if status == 69 and "level-not-supported" in err:
+        pytest.skip(err)
+    assert status == 64, err
+    assert "config-invalid" in err and str(sock) in err and "unix socket" in err

@@ -8,6 +8,11 @@ N killed it), or the outcome's status from the one table,
 overflow / memory / cpu 137, spawn error 127); an invalid option exits with
 ``ConfigInvalidError.exit_status`` (64). SIGINT and SIGTERM cancel the run
 (shutdown signal, grace, SIGKILL; outcome ``cancelled``).
+
+Streamed output that goes to a terminal is sanitized (``_terminal``): escape
+sequences and other control characters from the command are shown as text,
+never obeyed. A pipe or file gets the exact bytes; ``--raw-output`` passes
+them to a terminal too.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from ..runner import (
     exit_status_of,
     run_bounded,
 )
+from ._terminal import TerminalSanitizer
 
 __all__ = ["DEFAULT_TIMEOUT_MS", "add_parser", "run"]
 
@@ -83,6 +89,10 @@ def add_parser(subparsers: Any) -> None:
                         "seccomp, cgroups; --mem-mb/--cpu-ms then cap the whole tree)")
     p.add_argument("--json", action="store_true",
                    help="print the whole result as JSON instead of streaming the output")
+    p.add_argument("--raw-output", action="store_true",
+                   help="write the command's output to a terminal as is; by default escape "
+                        "sequences and other control characters are shown as text (a pipe "
+                        "or file always gets the exact bytes)")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command and its arguments")
     p.set_defaults(handler=run)
@@ -127,18 +137,47 @@ def _stdin(spec: str | None) -> bytes | None:
         raise ConfigInvalidError("--stdin", f"cannot read {spec!r}: {e.strerror}") from None
 
 
-def _writer(stream: Any) -> Callable[[bytes], None]:
-    raw: BinaryIO | None = getattr(stream, "buffer", None)
+class _Output:
+    """Where one of the command's streams goes: ``write`` each chunk as it arrives,
+    ``close`` at the end. On a terminal (unless ``raw``) through a sanitizer."""
 
-    def write(chunk: bytes) -> None:
-        if raw is not None:
-            raw.write(chunk)
-            raw.flush()
+    def __init__(self, stream: Any, *, raw: bool) -> None:
+        self.stream = stream
+        self.buffer: BinaryIO | None = getattr(stream, "buffer", None)
+        self.sanitizer = None if raw or not _is_tty(stream) else TerminalSanitizer()
+
+    def write(self, chunk: bytes) -> None:
+        if self.sanitizer is not None:
+            chunk = self.sanitizer.feed(chunk)
+        self._put(chunk)
+
+    def close(self) -> None:
+        if self.sanitizer is not None:
+            self._put(self.sanitizer.flush())
+
+    def _put(self, data: bytes) -> None:
+        if not data:
+            return
+        if self.buffer is not None:
+            self.buffer.write(data)
+            self.buffer.flush()
         else:
-            stream.write(chunk.decode("utf-8", "replace"))
-            stream.flush()
+            self.stream.write(data.decode("utf-8", "replace"))
+            self.stream.flush()
 
-    return write
+
+def _is_tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _outputs(args: argparse.Namespace) -> tuple[_Output, _Output] | None:
+    """stdout and stderr for streaming, or None with --json."""
+    if args.json:
+        return None
+    return (_Output(sys.stdout, raw=args.raw_output), _Output(sys.stderr, raw=args.raw_output))
 
 
 def _with_signals_cancelling(token: CancelToken, fn: Callable[[], RunResult]) -> RunResult:
@@ -161,10 +200,11 @@ def run(args: argparse.Namespace) -> int:
     """Run the command; return the exit status (see the module docstring)."""
     cmd, cmd_args = _command(list(args.argv))
     token = CancelToken()
-    live = not args.json
+    out = _outputs(args)
     if args.level == "strict":
-        result = _with_signals_cancelling(token, lambda: _run_strict(args, cmd, cmd_args, token))
-        return _finish(args, result)
+        result = _with_signals_cancelling(
+            token, lambda: _run_strict(args, cmd, cmd_args, token, out))
+        return _finish(args, result, out)
     if args.max_processes is not None or args.disk_mb is not None or args.ro_bind:
         raise ConfigInvalidError("--max-processes/--disk-mb/--ro-bind",
                                  "need --level strict (a cgroup, a private disk, a root)")
@@ -175,17 +215,16 @@ def run(args: argparse.Namespace) -> int:
         grace_period_ms=args.grace_ms, stdin=_stdin(args.stdin),
         max_stdout_bytes=args.max_stdout, max_stderr_bytes=args.max_stderr,
         mem_mb=args.mem_mb, cpu_ms=args.cpu_ms, cancel=token,
-        on_stdout=_writer(sys.stdout) if live else None,
-        on_stderr=_writer(sys.stderr) if live else None))
-    return _finish(args, result)
+        on_stdout=out[0].write if out else None,
+        on_stderr=out[1].write if out else None))
+    return _finish(args, result, out)
 
 
 def _run_strict(args: argparse.Namespace, cmd: str, cmd_args: list[str],
-                token: CancelToken) -> RunResult:
+                token: CancelToken, out: tuple[_Output, _Output] | None) -> RunResult:
     from ..spec import SandboxLimits
     from ..strict_run import run_strict
 
-    live = not args.json
     limits = SandboxLimits(mem_mb=args.mem_mb, cpu_ms=args.cpu_ms,
                            max_processes=args.max_processes, disk_mb=args.disk_mb)
     # the sandbox sees the host's /usr and the interpreter's prefix: resolve symlinks
@@ -195,11 +234,15 @@ def _run_strict(args: argparse.Namespace, cmd: str, cmd_args: list[str],
         cwd=args.cwd, stdin=_stdin(args.stdin), max_stdout_bytes=args.max_stdout,
         max_stderr_bytes=args.max_stderr, limits=limits, cancel=token,
         ro_binds=[os.path.abspath(p) for p in args.ro_bind],
-        on_stdout=_writer(sys.stdout) if live else None,
-        on_stderr=_writer(sys.stderr) if live else None)
+        on_stdout=out[0].write if out else None,
+        on_stderr=out[1].write if out else None)
 
 
-def _finish(args: argparse.Namespace, result: RunResult) -> int:
+def _finish(args: argparse.Namespace, result: RunResult,
+            out: tuple[_Output, _Output] | None) -> int:
+    if out is not None:
+        for o in out:
+            o.close()
     if args.json:
         print(json.dumps(result.to_dict()))
     elif result.outcome is not Outcome.EXIT:
