@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Member", "docker_archive", "layer_tar", "oci_archive", "oci_layout"]
+__all__ = ["Member", "deep_layer", "docker_archive", "header_bomb", "layer_tar", "oci_archive",
+           "oci_layout", "oci_layout_blobs"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,15 @@ def _config(layers: Sequence[bytes], config: dict[str, Any] | None) -> bytes:
 def oci_layout(root: str, layers: Sequence[Sequence[Member]], *, gzip_layers: bool = True,
                config: dict[str, Any] | None = None) -> str:
     """Write an OCI image layout at ``root``; returns ``root``."""
+    tars = [layer_tar(m) for m in layers]
+    blobs = [(gzip.compress(t, mtime=0) if gzip_layers else t, _sha(t)) for t in tars]
+    return oci_layout_blobs(root, blobs, config=config)
+
+
+def oci_layout_blobs(root: str, layers: Sequence[tuple[bytes, str]], *,
+                     config: dict[str, Any] | None = None) -> str:
+    """An OCI layout of ready-made layer blobs: (blob bytes, its diff_id) each; a blob
+    starting with gzip's magic is labelled ``+gzip``. Returns ``root``."""
     blobs = os.path.join(root, "blobs", "sha256")
     os.makedirs(blobs, exist_ok=True)
 
@@ -65,12 +75,13 @@ def oci_layout(root: str, layers: Sequence[Sequence[Member]], *, gzip_layers: bo
             f.write(data)
         return digest
 
-    tars = [layer_tar(m) for m in layers]
-    cfg = _config(tars, config)
+    doc = {"architecture": "amd64", "os": "linux", "config": config or {},
+           "rootfs": {"type": "layers", "diff_ids": [d for _, d in layers]}}
+    cfg = json.dumps(doc).encode()
     layer_descs = []
-    for t in tars:
-        blob = gzip.compress(t, mtime=0) if gzip_layers else t
-        mt = "application/vnd.oci.image.layer.v1.tar" + ("+gzip" if gzip_layers else "")
+    for blob, _ in layers:
+        gz = blob[:2] == b"\x1f\x8b"
+        mt = "application/vnd.oci.image.layer.v1.tar" + ("+gzip" if gz else "")
         layer_descs.append({"mediaType": mt, "digest": put(blob), "size": len(blob)})
     manifest = json.dumps({
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -85,6 +96,39 @@ def oci_layout(root: str, layers: Sequence[Sequence[Member]], *, gzip_layers: bo
     with open(os.path.join(root, "oci-layout"), "w") as f:
         json.dump({"imageLayoutVersion": "1.0.0"}, f)
     return root
+
+
+def header_bomb(kind: str, mib: int) -> tuple[bytes, str]:
+    """A gzip layer whose first tar header announces an extended record of ``mib``
+    MiB (``kind`` ``pax``: a PAX header, ``longname``: a GNU long name), all zeros,
+    then one ordinary file. About 1 KiB per MiB: gzip members of 1 MiB of zeros,
+    repeated. Returns (blob, diff_id)."""
+    info = tarfile.TarInfo("././@PaxHeader" if kind == "pax" else "././@LongLink")
+    info.type = tarfile.XHDTYPE if kind == "pax" else tarfile.GNUTYPE_LONGNAME
+    info.size = mib << 20
+    head = info.tobuf(tarfile.USTAR_FORMAT)
+    tail = layer_tar([Member("after", data=b"x")])
+    sha = hashlib.sha256(head)
+    zeros = bytes(1 << 20)
+    for _ in range(mib):
+        sha.update(zeros)
+    sha.update(tail)
+    blob = gzip.compress(head, mtime=0) + gzip.compress(zeros, mtime=0) * mib + \
+        gzip.compress(tail, mtime=0)
+    return blob, "sha256:" + sha.hexdigest()
+
+
+def deep_layer(depth: int, count: int) -> tuple[bytes, str]:
+    """A gzip layer of ``count`` files, each ``depth`` directories down the same path
+    (every member makes the unpacker walk the whole chain again). Small: the
+    headers repeat. Returns (blob, diff_id)."""
+    parts = "/".join(["d"] * depth)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(count):
+            tar.addfile(tarfile.TarInfo(f"{parts}/f{i}"), io.BytesIO(b""))
+    data = buf.getvalue()
+    return gzip.compress(data, compresslevel=6, mtime=0), _sha(data)
 
 
 def _tar_dir(src: str, dest: str) -> str:

@@ -6,20 +6,25 @@ parent is refused, never followed), files are created ``O_EXCL |
 O_NOFOLLOW`` after removing what was there, devices are skipped and
 setuid/setgid bits dropped; whiteouts (``.wh.NAME``) and opaque dirs
 (``.wh..wh..opq``) remove what lower layers made. File bytes and member
-counts are capped. Used by :mod:`.images`.
+counts are capped, and so is what a layer may decompress to (a gzip bomb
+stops there). :func:`extract_layers` applies an image's layers in order, each
+checked against its ``diff_id``. Runs in the bounded child of
+:mod:`._image_child`, never in the host process.
 """
 
 from __future__ import annotations
 
+import errno
+import gzip
 import os
 import shutil
 import stat
 import tarfile
 from typing import IO, Final
 
-from ._image_layers import bad
+from ._image_layers import Hashing, Source, bad, decompressed
 
-__all__ = ["Extractor"]
+__all__ = ["Extractor", "disk_usage", "extract_layers"]
 
 _CHUNK: Final = 1 << 20
 _DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -96,7 +101,8 @@ class Extractor:
             raise bad(f"a layer is not a tar: {e}") from None
         with tar:
             try:
-                for m in tar:
+                while (m := tar.next()) is not None:
+                    tar.members.clear()  # type: ignore[attr-defined]  # a stream keeps all
                     self._member(tar, m, created)
             except tarfile.TarError as e:
                 raise bad(f"a layer is a broken tar: {e}") from None
@@ -199,3 +205,49 @@ class Extractor:
         finally:
             os.close(dfd)
 
+
+
+def extract_layers(src: Source, layers: list[str], diff_ids: list[str], root: str, *,
+                   max_bytes: int, max_members: int) -> None:
+    """Apply ``layers`` (blob paths in ``src``) in order into the new dir ``root``;
+    each must hash to its ``diff_id``. All layers together decompress to at most
+    ``max_bytes`` + 2 KiB per member + 1 MiB."""
+    os.mkdir(root, 0o755)
+    ex = Extractor(root, max_bytes, max_members)
+    cap = max_bytes + max_members * 2048 + (1 << 20)
+    try:
+        for layer, diff_id in zip(layers, diff_ids, strict=True):
+            with src.open(layer) as blob:
+                stream = Hashing(decompressed(blob), cap)
+                try:
+                    ex.apply(stream)  # type: ignore[arg-type]
+                    got = stream.drain()
+                except OSError as e:
+                    if e.errno == errno.EFBIG:
+                        raise bad(f"layer {layer!r} writes a file larger than the unpack "
+                                  "file size cap (RLIMIT_FSIZE)") from None
+                    raise bad(f"cannot read layer {layer!r}: {e}") from None
+                except (EOFError, gzip.BadGzipFile) as e:
+                    raise bad(f"cannot read layer {layer!r}: {e}") from None
+                cap -= stream.seen
+            if got != diff_id:
+                raise bad(f"layer {layer!r} does not match diff_id {diff_id!r}")
+    finally:
+        ex.close()
+
+
+def disk_usage(path: str) -> int:
+    """Bytes of disk the tree at ``path`` takes (allocated blocks; a hardlinked
+    file once). Symlinks are not followed."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for dirpath, dirs, files in os.walk(path):
+        for name in (".", *dirs, *files):
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total

@@ -22,7 +22,7 @@ from typing import IO, Any, Final, cast, final
 from ...errors import ConfigInvalidError
 
 __all__ = ["Hashing", "ImageConfig", "Source", "bad", "decompressed", "docker_manifest",
-           "oci_manifest", "parse_config"]
+           "image_manifest", "oci_manifest", "parse_config"]
 
 _CHUNK: Final = 1 << 20
 _DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -175,6 +175,15 @@ def docker_manifest(src: Source) -> tuple[str, list[str]]:
             isinstance(x, str) for x in layers):
         raise bad("manifest.json needs 'Config' (a path) and 'Layers' (a list of paths)")
     return config, list(layers)
+
+
+def image_manifest(src: Source) -> tuple[str, str, list[str]]:
+    """(source kind, config blob path, layer blob paths) of the image ``src`` holds."""
+    if src.has("index.json") and src.has("oci-layout"):
+        return ("oci-layout" if src.dir is not None else "oci-archive", *oci_manifest(src))
+    if src.has("manifest.json"):
+        return ("docker-archive", *docker_manifest(src))
+    raise bad("not an image: no index.json + oci-layout, and no manifest.json")
 
 
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
