@@ -244,3 +244,74 @@ def test_clone_pidfd_makes_pid_1_of_new_namespaces_with_a_pidfd() -> None:
     if code == 77:
         pytest.skip("no user namespaces here")
     assert code == 0
+
+
+def test_a_detached_tree_is_attached_in_another_mount_namespace(tmp_path: Any) -> None:
+    """open_tree_clone in one mount namespace, mount_setattr (read-only, private) on
+    the detached copy, move_mount in a new mount namespace."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f.txt").write_text("tree\n")
+    os.chmod(tmp_path, 0o700)
+    os.chmod(src, 0o755)
+    os.chmod(src / "f.txt", 0o644)
+
+    def child() -> int:
+        _become_ns_root()
+        tree = su.open_tree_clone(str(src))
+        su.mount_setattr(tree, su.MOUNT_ATTR_RDONLY | su.MOUNT_ATTR_NOSUID,
+                         propagation=su.MS_PRIVATE)
+        su.unshare(su.CLONE_NEWNS)
+        su.mount(None, "/", None, su.MS_REC | su.MS_PRIVATE, None)
+        su.mount("corral-mm", "/mnt", "tmpfs", 0, "size=1m")
+        os.mkdir("/mnt/t")
+        su.move_mount(tree, "/mnt/t")
+        os.close(tree)
+        with open("/mnt/t/f.txt") as f:
+            if f.read() != "tree\n":
+                return 1
+        try:
+            open("/mnt/t/new", "w").close()
+        except OSError as e:
+            return 0 if e.errno == 30 else 2  # EROFS
+        return 3
+
+    assert in_child(child) == 0
+    assert not (src / "new").exists()
+
+
+def test_open_tree_of_a_missing_path_raises() -> None:
+    def child() -> int:
+        _become_ns_root()
+        su.unshare(su.CLONE_NEWNS)
+        try:
+            su.open_tree_clone("/nonexistent-corral-dir")
+        except OSError as e:
+            return 0 if e.errno == 2 else 1
+        return 2
+
+    assert in_child(child) == 0
+
+
+def test_set_proctitle_rewrites_cmdline_in_place() -> None:
+    def child() -> int:
+        su.set_proctitle(b"corral-test-title")
+        with open("/proc/self/cmdline", "rb") as f:
+            raw = f.read()
+        return 0 if raw.rstrip(b"\0") == b"corral-test-title" and b"/" not in raw else 1
+
+    assert in_child(child) == 0
+    with open("/proc/self/cmdline", "rb") as f:
+        assert b"corral-test-title" not in f.read()
+
+
+@pytest.mark.skipif(not ROOT, reason="switches the effective uid from root")
+def test_keep_caps_on_setuid_keeps_capabilities_with_another_euid() -> None:
+    def child() -> int:
+        su.keep_caps_on_setuid()
+        os.setresuid(-1, 54321, -1)
+        kept = int(_status_field("CapEff"), 16) != 0
+        os.setresuid(-1, 0, -1)
+        return 0 if kept and os.geteuid() == 0 else 1
+
+    assert in_child(child) == 0

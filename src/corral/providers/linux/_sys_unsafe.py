@@ -38,13 +38,20 @@ __all__ = [
     "MS_REC",
     "MS_REMOUNT",
     "MS_SLAVE",
+    "MOUNT_ATTR_NODEV",
+    "MOUNT_ATTR_NOSUID",
+    "MOUNT_ATTR_RDONLY",
     "clone_pidfd",
     "drop_capabilities",
     "fork_bare",
+    "keep_caps_on_setuid",
     "landlock_abi_version",
     "loopback_up",
     "machine_arch",
     "mount",
+    "mount_setattr",
+    "move_mount",
+    "open_tree_clone",
     "pivot_root",
     "preresolve",
     "Seccomp",
@@ -55,6 +62,7 @@ __all__ = [
     "set_dumpable",
     "set_no_new_privs",
     "set_pdeathsig",
+    "set_proctitle",
     "sethostname",
     "umount2",
     "unshare",
@@ -78,6 +86,10 @@ MS_REC: Final = 16384
 MS_PRIVATE: Final = 1 << 18
 MS_SLAVE: Final = 1 << 19
 MNT_DETACH: Final = 2
+#: mount_setattr(2) attributes
+MOUNT_ATTR_RDONLY: Final = 0x1
+MOUNT_ATTR_NOSUID: Final = 0x2
+MOUNT_ATTR_NODEV: Final = 0x4
 
 _SIGCHLD: Final = 17  # the same on x86_64 and aarch64
 _CLONE_PIDFD: Final = 0x1000
@@ -95,6 +107,13 @@ _LINUX_CAPABILITY_VERSION_3: Final = 0x20080522
 # SECBIT_NOROOT | _LOCKED, SECBIT_NO_SETUID_FIXUP | _LOCKED, SECBIT_KEEP_CAPS_LOCKED,
 # SECBIT_NO_CAP_AMBIENT_RAISE | _LOCKED: uid 0 never regains capabilities by execve.
 _SECUREBITS_LOCKDOWN: Final = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+_SECBIT_NO_SETUID_FIXUP: Final = 0x04
+_OPEN_TREE_CLONE: Final = 0x1
+_OPEN_TREE_CLOEXEC: Final = 0o2000000  # O_CLOEXEC
+_AT_FDCWD: Final = -100
+_AT_EMPTY_PATH: Final = 0x1000
+_AT_RECURSIVE: Final = 0x8000
+_MOVE_MOUNT_F_EMPTY_PATH: Final = 0x4
 _LANDLOCK_CREATE_RULESET_VERSION: Final = 1
 _SIOCGIFFLAGS: Final = 0x8913
 _SIOCSIFFLAGS: Final = 0x8914
@@ -102,8 +121,10 @@ _IFF_UP: Final = 0x1
 
 #: raw syscall numbers, per architecture (only those glibc has no wrapper for)
 _SYSCALLS: Final[dict[str, dict[str, int]]] = {
-    "x86_64": {"pivot_root": 155, "landlock_create_ruleset": 444, "clone": 56},
-    "aarch64": {"pivot_root": 41, "landlock_create_ruleset": 444, "clone": 220},
+    "x86_64": {"pivot_root": 155, "landlock_create_ruleset": 444, "clone": 56,
+               "open_tree": 428, "move_mount": 429, "mount_setattr": 442},
+    "aarch64": {"pivot_root": 41, "landlock_create_ruleset": 444, "clone": 220,
+                "open_tree": 428, "move_mount": 429, "mount_setattr": 442},
 }
 
 _default_libc: Any = None
@@ -233,6 +254,44 @@ def pivot_root(new_root: str, put_old: str, *, libc: Any = None) -> None:
            "pivot_root")
 
 
+def _syscall(name: str, *args: Any, libc: Any = None) -> int:
+    lc = _libc(libc)
+    if lc.syscall.restype is not ctypes.c_long:
+        lc.syscall.restype = ctypes.c_long
+    ret = int(lc.syscall(ctypes.c_long(_nr(name)), *args))
+    _check(ret, name)
+    return ret
+
+
+def open_tree_clone(path: str, *, libc: Any = None) -> int:
+    """A detached copy of the mount tree at ``path`` (submounts included), as a
+    close-on-exec descriptor: open_tree(2) with OPEN_TREE_CLONE | AT_RECURSIVE.
+
+    The copy belongs to no mount namespace until :func:`move_mount` attaches it,
+    which works in any mount namespace the caller may mount in; closing the
+    descriptor of a tree never attached unmounts it."""
+    return _syscall("open_tree", ctypes.c_int(_AT_FDCWD), _b(path),
+                    ctypes.c_uint(_OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_RECURSIVE),
+                    libc=libc)
+
+
+def mount_setattr(fd: int, attr_set: int, *, propagation: int = 0, libc: Any = None) -> None:
+    """mount_setattr(2) on the tree ``fd`` (from :func:`open_tree_clone`) and every
+    mount under it: set ``attr_set`` (MOUNT_ATTR_*) and, if given, the propagation
+    type (``MS_PRIVATE``, ``MS_SLAVE`` ...)."""
+    attr = (ctypes.c_uint64 * 4)(attr_set, 0, propagation, 0)  # set, clr, propagation, userns
+    _syscall("mount_setattr", ctypes.c_int(fd), b"",
+             ctypes.c_uint(_AT_EMPTY_PATH | _AT_RECURSIVE), ctypes.byref(attr),
+             ctypes.c_size_t(ctypes.sizeof(attr)), libc=libc)
+
+
+def move_mount(fd: int, target: str, *, libc: Any = None) -> None:
+    """Attach the detached tree ``fd`` at ``target`` in the caller's mount namespace
+    (move_mount(2) with MOVE_MOUNT_F_EMPTY_PATH)."""
+    _syscall("move_mount", ctypes.c_int(fd), b"", ctypes.c_int(_AT_FDCWD), _b(target),
+             ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH), libc=libc)
+
+
 def sethostname(name: str, *, libc: Any = None) -> None:
     """sethostname(2) in the current UTS namespace."""
     raw = name.encode()
@@ -263,6 +322,30 @@ def set_dumpable(flag: bool, *, libc: Any = None) -> None:
 def set_child_subreaper(*, libc: Any = None) -> None:
     """PR_SET_CHILD_SUBREAPER: orphaned descendants are reparented to this process."""
     _prctl(_PR_SET_CHILD_SUBREAPER, 1, "prctl(CHILD_SUBREAPER)", libc)
+
+
+def keep_caps_on_setuid(*, libc: Any = None) -> None:
+    """SECBIT_NO_SETUID_FIXUP: changing the effective uid between 0 and another uid
+    leaves the capability sets alone (the fork server's template switches its euid
+    around each clone and must stay privileged). Not inherited into a new user
+    namespace: the kernel resets the securebits there."""
+    _prctl(_PR_SET_SECUREBITS, _SECBIT_NO_SETUID_FIXUP, "prctl(SET_SECUREBITS)", libc)
+
+
+def set_proctitle(title: bytes) -> None:
+    """Overwrite this process's argument strings in place with ``title`` (cut to fit,
+    the rest zeroed), as setproctitle does: ``/proc/PID/cmdline`` and ``ps`` then
+    show ``title``, in this process and in every process forked from it afterwards.
+    The area's bounds come from ``/proc/self/stat`` (arg_start, arg_end)."""
+    with open("/proc/self/stat", "rb") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(b")") + 2:].split()  # fields from the 3rd (state) on
+    start, end = int(fields[48 - 3]), int(fields[49 - 3])  # proc(5): (48) arg_start, (49) arg_end
+    size = end - start
+    if start <= 0 or size <= 0:
+        raise OSError(errno.EINVAL, "no argument area to overwrite")
+    data = title[: size - 1].ljust(size, b"\0")
+    ctypes.memmove(start, data, size)
 
 
 _cap_last: int | None = None
