@@ -11,6 +11,8 @@ from corral.providers.linux import _sys_unsafe as su
 from corral.providers.linux.plan import (
     DEFAULT_LIMITS,
     ENV_BASE,
+    PER_SANDBOX_ID,
+    USER_SYSCTLS,
     HostLayout,
     LinuxOptions,
     MountStep,
@@ -65,11 +67,28 @@ def test_every_host_bind_is_read_only_except_device_nodes() -> None:
             assert m.readonly, m
 
 
-def test_root_maps_inside_root_to_nobody_by_default() -> None:
+def test_root_maps_inside_root_to_a_uid_of_the_sandbox_s_own_by_default() -> None:
     p = plan()
-    assert p.uid_map == (0, 65534, 1)
-    assert p.gid_map == (0, 65534, 1)
+    assert p.uid_map == (0, PER_SANDBOX_ID, 1)  # the fork server picks it per sandbox
+    assert p.gid_map == (0, PER_SANDBOX_ID, 1)
     assert plan(outside_uid=1234, outside_gid=1235).uid_map == (0, 1234, 1)
+    assert plan(outside_uid=1234, outside_gid=1235).gid_map == (0, 1235, 1)
+    assert plan(outside_uid=1234).gid_map == (0, PER_SANDBOX_ID, 1)
+
+
+def test_per_user_quotas_are_capped() -> None:
+    p = plan()
+    assert ("RLIMIT_SIGPENDING", 1024, 1024) in p.rlimits
+    assert ("RLIMIT_MSGQUEUE", 819200, 819200) in p.rlimits
+    sysctls = dict(p.user_sysctls)
+    assert sysctls["max_inotify_instances"] == 128
+    assert sysctls["max_user_namespaces"] == 0
+    assert p.to_wire()["user_sysctls"] == [list(x) for x in USER_SYSCTLS]
+
+
+def test_dev_is_a_read_only_tmpfs() -> None:
+    (dev,) = [m for m in plan().mounts if m.kind == "tmpfs"]
+    assert dev.target == "/dev" and dev.readonly
 
 
 def test_unprivileged_maps_inside_root_to_itself() -> None:
@@ -170,6 +189,6 @@ def test_plan_is_frozen_and_wire_safe() -> None:
     with pytest.raises(AttributeError):
         p.mounts[0].target = "/x"  # type: ignore[misc]
     wire = json.loads(json.dumps(p.to_wire()))
-    assert wire["uid_map"] == [0, 65534, 1]
+    assert wire["uid_map"] == [0, PER_SANDBOX_ID, 1]
     assert len(wire["mounts"]) == len(p.mounts)
     assert isinstance(p.mounts[0], MountStep)

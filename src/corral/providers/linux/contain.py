@@ -3,10 +3,10 @@
 :func:`build_view` runs in a short-lived helper the launcher forks into the
 new namespaces right after the sandbox's pid 1: mounts and pivot (the
 helper is in the new pid namespace, so its ``/proc`` shows the sandbox's
-processes), hostname, loopback. Every namespace it changes is shared with
-pid 1, so pid 1 need not run that code; the pages the helper dirties die
-with it instead of being copied into pid 1 for the sandbox's whole life
-(see ``zygote.py``).
+processes), the user namespace's quotas, hostname, loopback. Every
+namespace it changes is shared with pid 1, so pid 1 need not run that code;
+the pages the helper dirties die with it instead of being copied into pid 1
+for the sandbox's whole life (see ``zygote.py``).
 
 :func:`join_cgroup` and :func:`contain` run in pid 1 itself and hold what is
 per process. ``contain`` reads top to bottom, like nsjail's ``containProc``:
@@ -20,21 +20,40 @@ from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import _sys_unsafe as su, mounts
 
-__all__ = ["build_view", "contain", "join_cgroup"]
+__all__ = ["build_view", "contain", "join_cgroup", "set_user_quotas"]
 
 
-def build_view(plan: Mapping[str, Any], *, source_fds: Mapping[str, int]) -> None:
+def build_view(plan: Mapping[str, Any], *, source_fds: Mapping[str, int],
+               trees: Sequence[int] = ()) -> None:
     """The namespaces' shared state (helper side): the file system view (private
-    mounts, new read-only root, /work, /tmp, /proc, /dev), hostname, loopback."""
+    mounts, new read-only root, /work, /tmp, /proc, /dev), the user namespace's
+    quotas, hostname, loopback."""
     os.umask(0o022)
-    mounts.init_child(plan["mounts"], source_fds=source_fds)
+    mounts.init_child(plan["mounts"], source_fds=source_fds, trees=trees)
+    set_user_quotas(plan.get("user_sysctls", ()))
     su.sethostname(plan["hostname"])
     su.loopback_up()
+
+
+def set_user_quotas(sysctls: Iterable[tuple[str, int]]) -> None:
+    """Write the sandbox user namespace's own ``/proc/sys/user/max_*`` (the kernel
+    lets a holder of CAP_SYS_RESOURCE in the namespace set them; they cap the
+    namespace's users on top of what the host allows the uid that owns it). A
+    name this kernel lacks is skipped."""
+    for name, value in sysctls:
+        try:
+            fd = os.open(f"/proc/sys/user/{name}", os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            os.write(fd, b"%d" % value)
+        finally:
+            os.close(fd)
 
 
 def _close_stray_fds(keep: int) -> None:

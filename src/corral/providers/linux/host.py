@@ -54,8 +54,10 @@ class LinuxProvider(SandboxProvider):
     Args:
         default_limits: applied where a spec leaves a limit unset; by default
             mem_mb=512, max_processes=256, disk_mb=256 (cpu_ms unset: not capped).
-        outside_uid / outside_gid: host ids that uid/gid 0 inside map to; default
-            65534 when running as root, the caller's own ids otherwise.
+        outside_uid / outside_gid: host ids that uid/gid 0 inside map to (and that
+            own the sandbox's user namespace); default: a host uid of each
+            sandbox's own when running as root (see ``_uidpool.py``), the
+            caller's own ids otherwise.
         cgroup_root: a delegated cgroup dir (or v1 mapping) to nest sandboxes in.
         stdout_cap / stderr_cap: per-exec output caps (bytes).
         image_cache_dir: where ``spec.image`` is unpacked (``images.ImageCache``;
@@ -75,8 +77,9 @@ class LinuxProvider(SandboxProvider):
             one that would hide the sandbox's own /proc, /dev, /etc, /work or
             /tmp is refused (ConfigInvalidError naming ``ro_binds``), and so is one
             that is or holds a unix socket (connect() ignores a read-only bind;
-            see ``_bind_scan``: checked once, here). Sources
-            are opened before the sandbox takes its uid, so a path under a
+            see ``_bind_scan``: checked once, here). As root, sources reach
+            the sandbox as detached mount trees made by the fork server (not
+            root: opened before the sandbox takes its uid), so a path under a
             0700 home dir binds in; the sandbox reads it as its outside uid.
 
     Limits the host cannot enforce are refused at ``create`` with
@@ -179,8 +182,9 @@ class LinuxProvider(SandboxProvider):
         (_u, uid_out, _n), (_g, gid_out, _m) = _id_maps(self.options, self._host)
         blocked = unreachable_part(unpacked.rootfs, uid_out, gid_out)
         if blocked is not None:
+            who = "a uid of its own" if uid_out < 0 else f"uid {uid_out}"
             raise ConfigInvalidError(
-                "image", f"the sandbox's user (uid {uid_out}) cannot reach {unpacked.rootfs!r}: "
+                "image", f"the sandbox's user ({who}) cannot reach {unpacked.rootfs!r}: "
                 f"{blocked!r} is not searchable by it; put the image (or image_cache_dir) "
                 "where it is")
         return unpacked

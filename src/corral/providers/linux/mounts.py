@@ -1,23 +1,29 @@
 """Mounts: host facts for the plan (parent side) and the mount steps (child side).
 
-``detect_host_layout`` runs in the host. ``init_child`` runs in the sandbox's
-pid 1, inside its fresh user + mount namespaces: it makes every mount
-private first (nothing propagates to the host), builds the new root on a
-small tmpfs, pivots into it, detaches the old root and remounts the new
-root read-only. Any failure raises; the caller stops the sandbox.
+``detect_host_layout`` runs in the host. ``detach_sources`` runs in the fork
+server as root, in the host's mount namespace: a detached, read-only,
+private copy of each bind source's mount tree, handed to the sandbox, so the
+sandbox's own uid never has to walk the host path to a source (a checkout
+under a 0700 home). ``init_child`` runs in the sandbox's view builder, inside
+its fresh user + mount namespaces: it makes every mount private first
+(nothing propagates to the host), builds the new root on a small tmpfs,
+attaches those trees (or binds the sources, when there are none), pivots
+into it, detaches the old root and remounts the new root and /dev
+read-only. Any failure raises; the caller stops the sandbox.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from . import _sys_unsafe as su
 from .plan import HostLayout
 
-__all__ = ["detect_host_layout", "init_child"]
+__all__ = ["detach_sources", "detect_host_layout", "init_child"]
 
 _SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC_FILES: Final = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf",
@@ -25,6 +31,10 @@ _ETC_FILES: Final = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf",
 _DEV_NODES: Final = ("null", "zero", "full", "random", "urandom")
 _STAGE_CANDIDATES: Final = ("/tmp", "/mnt", "/media", "/srv", "/var/tmp", "/run")
 _AREA: Final = "/.corral-rw"
+_IMAGE: Final = "/.corral-image"
+#: the step kinds whose ``source`` is a host path (one detached tree each, in order)
+_SOURCE_KINDS: Final = ("bind", "rootfs")
+_RO_ATTRS: Final = su.MOUNT_ATTR_RDONLY | su.MOUNT_ATTR_NOSUID | su.MOUNT_ATTR_NODEV
 # statvfs f_flag bit -> mount flag, so a read-only remount keeps the locked flags
 _ST_TO_MS: Final = ((1, su.MS_RDONLY), (2, su.MS_NOSUID), (4, su.MS_NODEV), (8, su.MS_NOEXEC),
                     (1024, 1024), (2048, 2048), (4096, 1 << 21))
@@ -65,20 +75,68 @@ def _locked_flags(path: str) -> int:
     return out
 
 
-def _bind(source: str, target: str, *, readonly: bool, extra: int = 0) -> None:
-    if os.path.isdir(source):
+def _make_target(target: str, is_dir: bool) -> None:
+    if is_dir:
         os.makedirs(target, exist_ok=True)
     else:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         if not os.path.lexists(target):
             os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+
+def _bind(source: str, target: str, *, readonly: bool, extra: int = 0) -> None:
+    _make_target(target, os.path.isdir(source))
     su.mount(source, target, None, su.MS_BIND | su.MS_REC, None)
     if not readonly and not extra:
         return  # a bind keeps its source's flags: no remount needed
-    flags = _locked_flags(target) | extra
-    if readonly:
-        flags |= su.MS_RDONLY | su.MS_NOSUID | su.MS_NODEV
-    su.mount(None, target, None, su.MS_BIND | su.MS_REMOUNT | flags, None)
+    _remount(target, (su.MS_RDONLY | su.MS_NOSUID | su.MS_NODEV if readonly else 0) | extra)
+
+
+def _remount(target: str, flags: int) -> None:
+    """Add ``flags`` to the mount at ``target`` (keeping the flags it has)."""
+    su.mount(None, target, None, su.MS_BIND | su.MS_REMOUNT | _locked_flags(target) | flags,
+             None)
+
+
+def _attach(tree: int, target: str) -> None:
+    """Attach a detached tree from :func:`detach_sources` at ``target``."""
+    _make_target(target, stat.S_ISDIR(os.fstat(tree).st_mode))
+    su.move_mount(tree, target)
+
+
+_trees_work = True
+
+
+def detach_sources(steps: Iterable[Mapping[str, Any]]) -> list[int]:
+    """Fork server side, as root: a detached copy of the mount tree at each bind or
+    rootfs step's source, in step order (descriptors; the caller closes them).
+
+    Each copy is made private (no mount event propagates between it and the
+    host's tree it was copied from) and, unless its step is read-write, read-only,
+    nosuid and nodev down to its last submount, before it leaves the host's mount
+    namespace. [] from then on if the kernel has no such trees (before 5.12, or a
+    container's seccomp denies them): the view builder binds the sources itself.
+    Raises OSError with every copy closed."""
+    global _trees_work
+    trees: list[int] = []
+    if not _trees_work:
+        return trees
+    try:
+        for s in steps:
+            if s["kind"] not in _SOURCE_KINDS:
+                continue
+            fd = su.open_tree_clone(s["source"])
+            trees.append(fd)
+            ro = s["kind"] == "rootfs" or s["readonly"]
+            su.mount_setattr(fd, _RO_ATTRS if ro else 0, propagation=su.MS_PRIVATE)
+    except OSError as e:
+        for fd in trees:
+            os.close(fd)
+        if e.errno in (1, 38):  # EPERM, ENOSYS
+            _trees_work = False
+            return []
+        raise OSError(e.errno, f"{s['source']}: {e.strerror}") from None
+    return trees
 
 
 def _stage(sources: Iterable[str]) -> str:
@@ -109,25 +167,41 @@ def _bind_rootfs(source: str, root: str, steps: list[Mapping[str, Any]]) -> None
 
 
 def init_child(steps: Iterable[Mapping[str, Any]], *,
-               source_fds: Mapping[str, int] | None = None) -> None:
+               source_fds: Mapping[str, int] | None = None,
+               trees: Sequence[int] = ()) -> None:
     """Apply the plan's mount steps and pivot into the new root (sandbox side).
 
-    ``source_fds`` maps a bind source to an ``O_PATH`` descriptor opened before
-    the sandbox took its own uid; binding from ``/proc/self/fd/N`` reaches a
-    source whose host path that uid could not walk (a 0700 home dir).
+    ``trees``: one detached tree per bind or rootfs step, in order (from
+    :func:`detach_sources`), attached instead of binding the source's host path.
+    Without them, ``source_fds`` maps a bind source to an ``O_PATH`` descriptor
+    opened before the sandbox took its own uid; binding from
+    ``/proc/self/fd/N`` reaches a source whose host path that uid could not
+    walk (a 0700 home dir).
     """
     fds = source_fds or {}
     steps = list(steps)
+    attach = iter(trees) if trees else None
     su.mount(None, "/", None, su.MS_REC | su.MS_PRIVATE, None)
-    root = _stage(s["source"] for s in steps if s["kind"] in ("bind", "rootfs"))
+    root = _stage(s["source"] for s in steps if s["kind"] in _SOURCE_KINDS)
     su.mount("corral-root", root, "tmpfs", su.MS_NOSUID | su.MS_NODEV,
              "size=1m,nr_inodes=4096,mode=755")
     area = root + _AREA
+    read_only: list[str] = []
     for s in steps:
         kind, target = s["kind"], root + s["target"]
         if kind == "rootfs":
-            _bind_rootfs(s["source"], root, steps)
+            source = s["source"]
+            if attach is not None:  # bound from where the tree is attached for a moment
+                source = root + _IMAGE
+                _attach(next(attach), source)
+            _bind_rootfs(source, root, steps)
+            if attach is not None:
+                su.umount2(source, su.MNT_DETACH)  # the binds of its entries keep it alive
+                os.rmdir(source)
         elif kind == "bind":
+            if attach is not None:
+                _attach(next(attach), target)
+                continue
             fd = fds.get(s["source"])
             _bind(s["source"] if fd is None else f"/proc/self/fd/{fd}", target,
                   readonly=s["readonly"])
@@ -150,6 +224,8 @@ def init_child(steps: Iterable[Mapping[str, Any]], *,
             os.makedirs(target, exist_ok=True)
             su.mount("tmpfs", target, "tmpfs", su.MS_NOSUID,
                      f"size={s['size_bytes']},mode={s['mode']:o}")
+            if s["readonly"]:  # once the steps that fill it (/dev's nodes) are done
+                read_only.append(target)
         elif kind == "area":
             os.mkdir(area, 0o700)
             su.mount("corral-rw", area, "tmpfs", su.MS_NOSUID | su.MS_NODEV,
@@ -162,6 +238,8 @@ def init_child(steps: Iterable[Mapping[str, Any]], *,
             _bind(sub, target, readonly=False)  # the area is nosuid,nodev already
         else:
             raise OSError(22, f"unknown mount step {kind!r}")
+    for target in read_only:  # the binds on top (/dev/null ...) keep their own flags
+        _remount(target, su.MS_RDONLY | su.MS_NOSUID | su.MS_NODEV | su.MS_NOEXEC)
     os.chdir(root)
     su.pivot_root(".", ".")          # the old root now sits on top of the new one ...
     su.umount2(".", su.MNT_DETACH)   # ... and is detached from it

@@ -2,9 +2,11 @@
 
 Both run inside the new namespaces, cloned from the zygote's template (see
 ``zygote.py`` for the whole launch). pid 1 takes its plan, agent socket and
-cgroup files from the zygote, forks the builder (pid 2), moves itself into
-the sandbox's cgroups while the builder opens the bind sources as the caller
-and builds the file system view, hostname and loopback, then becomes the
+cgroup files from the zygote (as root, also one detached mount tree per bind
+source: ``mounts.detach_sources``), forks the builder (pid 2), moves itself
+into the sandbox's cgroups while the builder builds the file system view
+(attaching those trees, or else binding the sources it opens as the caller),
+writes the user namespace's quotas, hostname and loopback, then becomes the
 agent (:func:`agent.main`). The builder's pages die with it, so pid 1 never
 holds a copy of the pages the mount code touched.
 """
@@ -21,6 +23,9 @@ from . import _fdpass, _jsonline, _sys_unsafe as su, agent, contain
 
 __all__ = ["main"]
 
+#: SCM_RIGHTS' own limit (SCM_MAX_FD): the zygote never sends more
+_MAX_FDS = 253
+
 
 def main(ctl_fd: int, prog: su.Seccomp) -> None:
     """C2, the sandbox's pid 1: take its plan, agent socket and cgroup files from the
@@ -31,12 +36,13 @@ def main(ctl_fd: int, prog: su.Seccomp) -> None:
     try:
         os.setsid()
         ctl = socket.socket(fileno=ctl_fd)
-        data, fds = _fdpass.recv(ctl)
+        data, fds = _fdpass.recv(ctl, max_fds=_MAX_FDS)
         ctl.close()
         if not data or not fds:
             os._exit(72)  # the launch failed and the host was told
-        agent_fd, procs = fds[0], fds[1:]
-        plan = _jsonline.loads(data)
+        head = _jsonline.loads(data)
+        plan, nprocs = head["plan"], head["procs"]
+        agent_fd, procs, trees = fds[0], fds[1:1 + nprocs], fds[1 + nprocs:]
     except BaseException:
         os._exit(72)
     try:
@@ -46,10 +52,12 @@ def main(ctl_fd: int, prog: su.Seccomp) -> None:
             try:
                 for fd in (view_r, agent_fd, *procs):
                     os.close(fd)
-                _build_view(plan, view_w)
+                _build_view(plan, view_w, trees)
             finally:
                 os._exit(1)
         os.close(view_w)
+        for fd in trees:  # the builder's now
+            os.close(fd)
         # the move waits for an RCU grace period (cgroup v1, or v2 without
         # favordynmods; 9-19 ms measured): C3 builds the view meanwhile
         contain.join_cgroup(procs)
@@ -66,18 +74,20 @@ def main(ctl_fd: int, prog: su.Seccomp) -> None:
     agent.main(agent_fd, plan, prog)
 
 
-def _build_view(plan: Mapping[str, Any], err_fd: int) -> None:
-    """C3: open the bind sources (still the caller's uid), become uid/gid 0 inside,
-    build the file system view, hostname and loopback; write why not on ``err_fd``.
-    Never returns."""
+def _build_view(plan: Mapping[str, Any], err_fd: int, trees: list[int]) -> None:
+    """C3: become uid/gid 0 inside and build the file system view (attaching
+    ``trees``, or binding sources it opens while it still has the caller's uid),
+    the user namespace's quotas, hostname and loopback; write why not on
+    ``err_fd``. Never returns."""
     code = 0
     try:
-        # opened while the host's permissions on the way there are still ours (a
-        # checkout under a 0700 home); uid 0 inside could not walk to them
-        source_fds = _open_bind_sources(plan["mounts"])
+        # without trees (not root, or an old kernel): opened while the host's
+        # permissions on the way there are still ours (a checkout under a 0700
+        # home); uid 0 inside could not walk to them
+        source_fds = {} if trees else _open_bind_sources(plan["mounts"])
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
-        contain.build_view(plan, source_fds=source_fds)
+        contain.build_view(plan, source_fds=source_fds, trees=trees)
     except BaseException as e:
         code = 1
         try:

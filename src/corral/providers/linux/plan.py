@@ -26,6 +26,8 @@ __all__ = [
     "ENV_BASE",
     "MIN_MEM_MB",
     "MIN_PROCESSES",
+    "PER_SANDBOX_ID",
+    "USER_SYSCTLS",
     "WORK_DIR",
     "HostLayout",
     "LinuxOptions",
@@ -48,6 +50,25 @@ MIN_MEM_MB: Final = 16
 MIN_PROCESSES: Final = 2
 _FALLBACK_DISK_MB: Final = 256
 _NOFILE: Final = 1024
+#: an id map's outside id meaning "a host uid of this sandbox's own": the fork
+#: server (as root) gives each sandbox one (see _uidpool.py) and maps uid/gid 0 to it
+PER_SANDBOX_ID: Final = -1
+#: per-user quotas the kernel charges to the sandbox's uid rather than to a process:
+#: queued signals (sigqueue, real-time signals) and POSIX message queue bytes, as
+#: rlimits every command inherits (the kernel's own default for the queues)
+_SIGPENDING: Final = 1024
+_MSGQUEUE: Final = 819200
+#: the sandbox user namespace's own /proc/sys/user limits, written by the view
+#: builder: inotify and fanotify (the host's limits apply on top, to the sandbox's
+#: uid), and no namespaces beyond the ones the sandbox is made of (its mount, pid,
+#: net, ipc and uts ones from the clone, the cgroup one pid 1 unshares after)
+USER_SYSCTLS: Final = (
+    ("max_inotify_instances", 128), ("max_inotify_watches", 8192),
+    ("max_fanotify_groups", 0), ("max_fanotify_marks", 0),
+    ("max_user_namespaces", 0), ("max_time_namespaces", 0),
+    ("max_mnt_namespaces", 1), ("max_pid_namespaces", 1), ("max_net_namespaces", 1),
+    ("max_ipc_namespaces", 1), ("max_uts_namespaces", 1), ("max_cgroup_namespaces", 1),
+)
 
 NAMESPACES: Final = (su.CLONE_NEWUSER | su.CLONE_NEWNS | su.CLONE_NEWPID | su.CLONE_NEWNET
                      | su.CLONE_NEWIPC | su.CLONE_NEWUTS | su.CLONE_NEWCGROUP)
@@ -65,7 +86,9 @@ class MountStep:
     """One setup step, applied in order inside the new root.
 
     kinds: ``bind`` (host ``source`` -> ``target``, read-only unless ``readonly``
-    is False), ``tmpfs``, ``dir``, ``symlink`` (``source`` is the link text),
+    is False), ``tmpfs`` (made read-only once every step is applied, unless
+    ``readonly`` is False: what later steps bind on top of it keeps its own
+    flags), ``dir``, ``symlink`` (``source`` is the link text),
     ``file`` (``data`` written, then made read-only with the root), ``proc``,
     ``area`` (a tmpfs of ``size_bytes`` outside the root, named ``source``,
     holding the writable subdirs), ``area_bind`` (``source`` = subdir of the area
@@ -108,8 +131,11 @@ class LinuxOptions:
     """Provider options that shape every plan.
 
     Attributes:
-        outside_uid / outside_gid: the host ids inside uid/gid 0 map to. ``None``:
-            65534 (nobody) when running as root, the caller's own ids otherwise.
+        outside_uid / outside_gid: the host ids inside uid/gid 0 map to, and the
+            owner of the sandbox's user namespace (the uid the kernel charges its
+            per-user quotas to). ``None``: a host uid of the sandbox's own when
+            running as root (PER_SANDBOX_ID: 0x70000000 and up, see _uidpool.py),
+            the caller's own ids otherwise.
         default_limits: applied where a spec leaves a limit unset.
         hostname: the sandbox's hostname.
         extra_ro_binds: more host paths bound read-only at the same path.
@@ -149,6 +175,8 @@ class SandboxPlan:
     cpu_rlimit_s: int | None        # RLIMIT_CPU per command (second line behind the cgroup poll)
     env_base: Mapping[str, str] = field(default_factory=lambda: dict(ENV_BASE))
     network: str = "none"
+    #: (name under /proc/sys/user, value) for the sandbox's user namespace
+    user_sysctls: tuple[tuple[str, int], ...] = USER_SYSCTLS
 
     def to_wire(self) -> dict[str, Any]:
         """A JSON-safe dict for the zygote (mount data as latin-1 text)."""
@@ -167,6 +195,7 @@ class SandboxPlan:
             "rlimits": [list(r) for r in self.rlimits],
             "cpu_rlimit_s": self.cpu_rlimit_s,
             "env_base": dict(self.env_base),
+            "user_sysctls": [list(x) for x in self.user_sysctls],
         }
 
 
@@ -218,9 +247,9 @@ def _id_maps(options: LinuxOptions, host: HostLayout) -> tuple[tuple[int, int, i
                                                                  tuple[int, int, int]]:
     root = host.euid == 0
     out_uid = options.outside_uid if options.outside_uid is not None else (
-        65534 if root else host.euid)
+        PER_SANDBOX_ID if root else host.euid)
     out_gid = options.outside_gid if options.outside_gid is not None else (
-        65534 if root else host.egid)
+        PER_SANDBOX_ID if root else host.egid)
     if not root and out_uid != host.euid:
         raise ConfigInvalidError(
             "outside_uid", f"an unprivileged caller (uid {host.euid}) can map only its own uid")
@@ -305,7 +334,9 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
     for p in before:
         steps.append(MountStep(kind="bind", target=p, source=p))
     steps.append(MountStep(kind="proc", target="/proc"))
-    steps.append(MountStep(kind="tmpfs", target="/dev", size_bytes=64 * 1024, mode=0o755))
+    # read-only once its nodes and links are in: nothing else is written there
+    steps.append(MountStep(kind="tmpfs", target="/dev", size_bytes=64 * 1024, mode=0o755,
+                           readonly=True))
     for node in host.dev_nodes:
         steps.append(MountStep(kind="bind", target=f"/dev/{node}", source=f"/dev/{node}",
                                readonly=False))
@@ -323,7 +354,9 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
         steps.append(MountStep(kind="bind", target=p, source=p))
 
     rlimits = (("RLIMIT_CORE", 0, 0), ("RLIMIT_NOFILE", _NOFILE, _NOFILE),
-               ("RLIMIT_FSIZE", disk_bytes, disk_bytes))
+               ("RLIMIT_FSIZE", disk_bytes, disk_bytes),
+               ("RLIMIT_SIGPENDING", _SIGPENDING, _SIGPENDING),
+               ("RLIMIT_MSGQUEUE", _MSGQUEUE, _MSGQUEUE))
     cpu_s = None if limits.cpu_ms is None else -(-limits.cpu_ms // 1000) + 1
     return SandboxPlan(
         namespaces=NAMESPACES, uid_map=uid_map, gid_map=gid_map, hostname=options.hostname,
