@@ -385,8 +385,34 @@ def test_two_pools_never_share_a_block(lock_dir: str) -> None:
     finally:
         for p in pools:
             p.close()
-    again = UidPool(lock_dir)  # the closed pools' blocks are free again
+    assert os.listdir(lock_dir) == []  # each closed pool removed its lock file
+    again = UidPool(lock_dir)
+    assert len(os.listdir(lock_dir)) == 1
     again.close()
+
+
+def test_a_pool_skips_a_block_whose_lock_file_went_meanwhile(
+        lock_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race a removed lock file opens: its last holder removes it between our
+    open and our flock; the lock we then get is on a file nobody else will see."""
+    from corral.providers.linux import _uidpool
+
+    real = fcntl.flock
+    raced: list[str] = []
+
+    def flock(fd: int, op: int) -> None:
+        if not raced:
+            raced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            os.unlink(raced[0])  # as a closing pool does, under its lock
+        real(fd, op)
+
+    monkeypatch.setattr(_uidpool.fcntl, "flock", flock)
+    pool = UidPool(lock_dir)
+    try:
+        assert raced and pool.base // BLOCK != int(os.path.basename(raced[0]), 16)
+        assert os.listdir(lock_dir) == [f"{pool.base // BLOCK:04x}"]
+    finally:
+        pool.close()
 
 
 def test_a_uid_is_held_until_its_sandbox_exits(lock_dir: str) -> None:

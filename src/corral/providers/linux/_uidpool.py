@@ -21,10 +21,13 @@ usual /etc/subuid allocations (100000 up, 65536 per user) sit far below.
 How, across processes: each pool takes one block, chosen at random, and
 holds an exclusive ``flock`` on ``/run/corral/uid-blocks/<block>`` for its
 life, so two fork servers (of one process or several) never share a block;
-the lock goes when its process does. Inside its block a pool hands uids out
-round robin and keeps each until the sandbox's pid 1 has exited (a dup of
-its pidfd: a pid namespace's init exits last, after the kernel killed every
-other process in it), so no two live sandboxes share a uid either.
+the lock goes when its process does. A pool that closes removes its file
+while it still holds the lock; so a pool that got the lock checks that the
+name still leads to the file it locked, and tries another block if not.
+Inside its block a pool hands uids out round robin and keeps each until the
+sandbox's pid 1 has exited (a dup of its pidfd: a pid namespace's init exits
+last, after the kernel killed every other process in it), so no two live
+sandboxes share a uid either.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class UidPool:
     """Host uids for sandboxes, one at a time, from a block no other pool holds."""
 
     def __init__(self, lock_dir: str = LOCK_DIR) -> None:
-        self._lock_fd, self.base = _claim_block(lock_dir)
+        self._lock_path, self._lock_fd, self.base = _claim_block(lock_dir)
         self._next = 0
         #: uid -> a pidfd of the sandbox's pid 1 (the uid is free once it exited)
         self._live: dict[int, int] = {}
@@ -89,10 +92,17 @@ class UidPool:
                 left -= 1
 
     def close(self) -> None:
+        """Give the block back (its lock file goes, under the lock)."""
         for fd in self._live.values():
             os.close(fd)
         self._live.clear()
-        os.close(self._lock_fd)
+        if self._lock_fd >= 0:
+            try:
+                os.unlink(self._lock_path)
+            except FileNotFoundError:
+                pass
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def _sweep(self) -> None:
         if not self._live:
@@ -133,22 +143,32 @@ class SandboxUids:
         if self.pool is not None:
             self.pool.wait_idle(timeout)
 
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
-def _claim_block(lock_dir: str) -> tuple[int, int]:
-    """(lock descriptor, first uid) of a block no other pool holds."""
+
+def _claim_block(lock_dir: str) -> tuple[str, int, int]:
+    """(lock file, its descriptor, first uid) of a block no other pool holds."""
     os.makedirs(lock_dir, mode=0o755, exist_ok=True)
     start = int.from_bytes(os.urandom(4), "little") % _BLOCKS
     for i in range(_BLOCKS):
         block = _FIRST_BLOCK + (start + i) % _BLOCKS
-        fd = os.open(os.path.join(lock_dir, f"{block:04x}"),
-                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        path = os.path.join(lock_dir, f"{block:04x}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            mine = os.fstat(fd)
+            now = os.stat(path, follow_symlinks=False)
+        except (BlockingIOError, FileNotFoundError):  # held, or removed by its last holder
             os.close(fd)
             continue
         except BaseException:
             os.close(fd)
             raise
-        return fd, block * BLOCK
+        if (mine.st_dev, mine.st_ino) != (now.st_dev, now.st_ino):  # replaced meanwhile
+            os.close(fd)
+            continue
+        return path, fd, block * BLOCK
     raise OSError(errno.EAGAIN, f"every sandbox uid block under {lock_dir} is taken")

@@ -338,6 +338,7 @@ def serve(fd: int) -> None:
         fds.extend(more)
         if not data:
             uids.wait_idle(1.5)  # keep the uid block until its sandboxes are gone
+            uids.close()
             os._exit(0)
         buf += data
         while (nl := buf.find(b"\n")) >= 0:
