@@ -26,12 +26,16 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import make_spec
 
 from corral.errors import ProviderError
 from corral.providers.linux.client import MAX_HEADER, Channel
+from corral.spec import SandboxLimits, SandboxSpec
 
 PY = sys.executable
+
+
+def make_spec() -> SandboxSpec:
+    return SandboxSpec(tenant_id="t", run_id="r", limits=SandboxLimits())
 
 _FDS = ("import os\n"
         "out = []\n"
