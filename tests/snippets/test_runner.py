@@ -149,7 +149,8 @@ def test_multi_file_payload_with_relative_imports(level: str) -> None:
     files = [
         {"path": "main.py", "source": "from . import helpers\nimport helpers as again\n"
                                       "from pkg.sub import f\nfrom .pkg import sub\n"
-                                      "print(helpers is again, sub.f is f, f())\nhelpers.total"},
+                                      "print(helpers.total is again.total, sub.f is f, "
+                                      "f())\nhelpers.total"},
         {"path": "helpers.py", "source": "from .util import double\ntotal = double(21)\n"},
         {"path": "util.py", "source": "def double(x):\n    return 2 * x\n"},
         {"path": "pkg/__init__.py", "source": ""},

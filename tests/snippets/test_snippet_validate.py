@@ -153,10 +153,74 @@ def test_submodule_access_through_a_module_name() -> None:
         ("d = {}\nd['__x']", []),
         ("from helpers import f", ["forbidden-import"]),
         ("import logging\nlogging.basicConfig(**{})", ["forbidden-keyword"]),
+        # class patterns: positional sub-patterns only on an unbound self-matching builtin
+        ("match 1:\n    case int(n) | str(n):\n        pass", []),
+        ("match 1:\n    case P(x=a, y=b):\n        pass", []),
+        ("match 1:\n    case P(a):\n        pass", ["positional-pattern"]),
+        ("match 1:\n    case int(a, b):\n        pass", ["positional-pattern"]),
+        ("def f(int):\n    match 1:\n        case int(n):\n            pass",
+         ["positional-pattern"]),
+        ("import enum\nmatch 1:\n    case enum.Enum(a):\n        pass", ["positional-pattern"]),
+        ("match 1:\n    case object(__dict__=d):\n        pass", ["dunder-attribute"]),
+        # modules are receivers only: not stored, passed, matched or written to
+        ("import json\nx = json", ["module-value"]),
+        ("import json\nprint([json])", ["module-value"]),
+        ("import json\njson.x = 1", ["module-value"]),
+        ("import json\ndel json.dumps", ["module-value"]),
+        ("import collections\nc = collections.abc", ["module-value"]),
+        ("import collections\ncollections.abc.Mapping", []),
+        ("import typing\nr = typing.stdlib_re", ["module-value"]),
+        ("import typing\ntyping.stdlib_re._compile", ["private-module-attribute"]),
+        ("import dataclasses\ndataclasses.copy.deepcopy([])", []),
+        ("import uuid\nuuid.platform.system()", ["forbidden-import"]),
+        ("from uuid import platform", ["forbidden-import"]),
+        ("import os\nx = os", ["forbidden-import"]),
+        # names reaching attributes or code by a string they hold
+        ("import functools\n@functools.wraps(f)\ndef g(): pass", []),
+        ("from functools import wraps\n@wraps(f)\ndef g(): pass", []),
+        ("import functools\nfunctools.wraps(f, ())", ["forbidden-attribute"]),
+        ("import functools\nfunctools.wraps(f, assigned=())", ["forbidden-attribute"]),
+        ("from functools import wraps\nw = wraps", ["forbidden-attribute"]),
+        ("from functools import wraps as w", ["forbidden-attribute"]),
+        ("import functools\nfunctools.update_wrapper", ["forbidden-attribute"]),
+        ("import contextlib\ncontextlib.redirect_stderr(None)", ["forbidden-attribute"]),
+        ("x._evaluate({}, {}, frozenset())", ["forbidden-attribute"]),
+        # class bodies: only the hooks of operators and protocols
+        ("class A:\n    __match_args__ = ('x',)\n    __eq__ = None\n    __radd__ = 1", []),
+        ("class A:\n    __module__ = 'logging'", ["dunder-name"]),
+        ("class A:\n    __annotations__ = {}", ["dunder-name"]),
+        ("class A:\n    __dataclass_fields__ = {}", ["dunder-name"]),
+        ("class A:\n    def __reduce_ex__(self, p): pass", ["dunder-name"]),
+        ("class A:\n    @staticmethod\n    def __annotations__(): pass", ["dunder-name"]),
+        ("def __annotations__(): pass", ["dunder-name"]),
+        ("class M(type): pass", ["dynamic-class"]),
+        ("class M(type(int)): pass", ["dynamic-class"]),
+        ("import abc\nclass M(abc.ABCMeta): pass", ["dynamic-class"]),
+        ("import abc\nclass A(abc.ABC): pass", []),
+        ("d = {'__module__': 1}", ["dunder-subscript"]),
+        ("f(__module__=1)", ["dunder-subscript"]),
+        ("d = {'__x': 1, 'y__': 2}", []),
     ],
 )
 def test_rule_shapes(source: str, expected: list[str]) -> None:
     assert codes(source) == expected
+
+
+def test_module_reexports_cover_this_interpreter() -> None:
+    """Every module an allowed module exposes as a public attribute is in MODULE_REEXPORTS,
+    so reaching it (``dataclasses.copy``) is treated as the import it is."""
+    import importlib
+    import types
+
+    from corral.snippets._validate_policy import KNOWN_SUBMODULES, MODULE_REEXPORTS
+
+    for name in sorted(DEFAULT_ALLOWED_IMPORTS):
+        module = importlib.import_module(name)
+        for attr, value in vars(module).items():
+            if isinstance(value, types.ModuleType) and not attr.startswith("_"):
+                known = MODULE_REEXPORTS.get(name, {}).get(attr)
+                sub = attr in KNOWN_SUBMODULES.get(name, ())
+                assert sub or known == value.__name__, f"{name}.{attr} is {value.__name__}"
 
 
 def test_nfkc_stable_non_ascii_identifiers_are_fine() -> None:

@@ -14,16 +14,20 @@ from typing import Final
 
 __all__ = [
     "BASIC_CONFIG_KEYWORDS",
+    "CALL_ONLY_NAMES",
+    "CLASS_DUNDERS_OK",
     "DEFAULT_ALLOWED_IMPORTS",
     "DUNDER_ATTRS_OK",
     "DUNDER_LOADS_OK",
-    "DUNDER_NEVER",
     "DUNDER_STORES_OK",
     "FORBIDDEN_ATTRIBUTES",
     "FORBIDDEN_ATTRIBUTE_PREFIXES",
     "FORBIDDEN_NAMES",
     "KNOWN_SUBMODULES",
+    "MODULE_REEXPORTS",
     "SCOPES",
+    "SELF_MATCHING_BUILTINS",
+    "SPECIAL_METHODS",
     "SUPER_DUNDERS_OK",
     "annotation_problem",
     "attribute_forbidden",
@@ -76,6 +80,10 @@ FORBIDDEN_ATTRIBUTES: Final[frozenset[str]] = frozenset(
         "attrgetter", "methodcaller", "get_type_hints", "ForwardRef", "singledispatch",
         "singledispatchmethod", "Formatter", "get_field", "vformat", "FileHandler",
         "currentframe", "reset_tzpath", "getnode", "uuid1", "chdir",
+        # library members that read or write attributes, or evaluate code, by a string they
+        # hold (docs/validator.md, "Strings that become attribute reads")
+        "update_wrapper", "redirect_stdout", "redirect_stderr", "global_enum", "_convert_",
+        "_evaluate", "StrFormatStyle", "make_dataclass",
     }
 )  # fmt: skip
 
@@ -98,9 +106,77 @@ KNOWN_SUBMODULES: Final[dict[str, frozenset[str]]] = {
     "unittest": frozenset({"mock"}),
 }
 
+# Modules that allowed modules expose as public attributes (``dataclasses.copy``,
+# ``typing.stdlib_re``): reaching one is an import of the real module, which must be allowed.
+# Generated from CPython 3.11 for the default allowlist; the test suite checks it against the
+# running interpreter. Private ones (``random._os``) are refused as private module attributes.
+MODULE_REEXPORTS: Final[dict[str, dict[str, str]]] = {
+    "base64": {"re": "re", "struct": "struct", "binascii": "binascii"},
+    "calendar": {"sys": "sys", "datetime": "datetime"},
+    "contextlib": {"abc": "abc", "os": "os", "sys": "sys"},
+    "csv": {"re": "re"},
+    "dataclasses": {"re": "re", "sys": "sys", "copy": "copy", "types": "types",
+                    "inspect": "inspect", "keyword": "keyword", "builtins": "builtins",
+                    "functools": "functools", "itertools": "itertools", "abc": "abc"},
+    "datetime": {"sys": "sys"},
+    "enum": {"sys": "sys", "bltns": "builtins"},
+    "fractions": {"math": "math", "numbers": "numbers", "operator": "operator", "re": "re",
+                  "sys": "sys"},
+    "ipaddress": {"functools": "functools"},
+    "json": {"codecs": "codecs"},
+    "logging": {"sys": "sys", "os": "os", "time": "time", "io": "io", "re": "re",
+                "traceback": "traceback", "warnings": "warnings", "weakref": "weakref",
+                "collections": "collections", "threading": "threading", "atexit": "atexit"},
+    "pprint": {"re": "re"},
+    "re": {"enum": "enum", "functools": "functools", "copyreg": "copyreg"},
+    "reprlib": {"builtins": "builtins"},
+    "secrets": {"base64": "base64", "binascii": "binascii"},
+    "statistics": {"math": "math", "numbers": "numbers", "random": "random", "sys": "sys"},
+    "textwrap": {"re": "re"},
+    "typing": {"collections": "collections", "contextlib": "contextlib",
+               "functools": "functools", "operator": "operator", "stdlib_re": "re",
+               "sys": "sys", "types": "types", "warnings": "warnings"},
+    "urllib.parse": {"functools": "functools", "re": "re", "sys": "sys", "types": "types",
+                     "warnings": "warnings", "ipaddress": "ipaddress"},
+    "uuid": {"os": "os", "sys": "sys", "platform": "platform"},
+}
+
+# Builtins whose class pattern matches the subject itself: `case int(n)` binds the int.
+# Every other class pattern reads, per positional sub-pattern, the attribute named by the
+# class's __match_args__ (a run-time string): positional sub-patterns are refused there.
+SELF_MATCHING_BUILTINS: Final = frozenset(
+    {"bool", "bytearray", "bytes", "dict", "float", "frozenset", "int", "list", "set", "str",
+     "tuple"}
+)  # fmt: skip
+
+# Dunder names a snippet may define (def, class) or, in a class body, assign: the hooks of
+# Python's operators and protocols. Not: what metaclasses, dataclasses, pickle and copy read
+# from a class (__module__, __annotations__, __dataclass_fields__, __reduce_ex__, ...).
+SPECIAL_METHODS: Final = frozenset(
+    {
+        "__init__", "__new__", "__del__", "__repr__", "__str__", "__bytes__", "__format__",
+        "__hash__", "__bool__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
+        "__getattr__", "__getattribute__", "__setattr__", "__delattr__", "__dir__",
+        "__get__", "__set__", "__delete__", "__set_name__", "__init_subclass__",
+        "__class_getitem__", "__subclasshook__", "__call__", "__len__", "__length_hint__",
+        "__getitem__", "__setitem__", "__delitem__", "__missing__", "__iter__", "__next__",
+        "__reversed__", "__contains__", "__neg__", "__pos__", "__abs__", "__invert__",
+        "__complex__", "__int__", "__float__", "__index__", "__round__", "__trunc__",
+        "__floor__", "__ceil__", "__enter__", "__exit__", "__aenter__", "__aexit__",
+        "__await__", "__aiter__", "__anext__", "__post_init__", "__sizeof__", "__fspath__",
+        *(f"__{p}{op}__" for op in (
+            "add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "divmod", "pow",
+            "lshift", "rshift", "and", "xor", "or") for p in ("", "r", "i")),
+    }
+)  # fmt: skip
+CLASS_DUNDERS_OK: Final = SPECIAL_METHODS | {"__slots__", "__match_args__", "__doc__"}
+
+# Names allowed only as a direct call with exactly this many positional arguments and no
+# keywords (``@wraps(func)``): any other use could pass attribute names as strings.
+CALL_ONLY_NAMES: Final[dict[str, int]] = {"wraps": 1}
+
 DUNDER_LOADS_OK: Final = frozenset({"__name__", "__debug__", "__doc__", "__all__", "__version__"})
 DUNDER_STORES_OK: Final = frozenset({"__all__", "__version__", "__author__", "__doc__"})
-DUNDER_NEVER: Final = frozenset({"__class__", "__dict__", "__globals__", "__code__"})
 DUNDER_ATTRS_OK: Final = frozenset({"__name__", "__qualname__", "__doc__"})
 SUPER_DUNDERS_OK: Final = frozenset(
     {

@@ -11,13 +11,17 @@ import sys
 
 from ._validate_policy import (
     BASIC_CONFIG_KEYWORDS,
+    CALL_ONLY_NAMES,
+    CLASS_DUNDERS_OK,
     DUNDER_ATTRS_OK,
     DUNDER_LOADS_OK,
-    DUNDER_NEVER,
     DUNDER_STORES_OK,
     FORBIDDEN_NAMES,
     KNOWN_SUBMODULES,
+    MODULE_REEXPORTS,
     SCOPES,
+    SELF_MATCHING_BUILTINS,
+    SPECIAL_METHODS,
     SUPER_DUNDERS_OK,
     annotation_problem,
     attribute_forbidden,
@@ -30,6 +34,10 @@ from ._validate_policy import (
 __all__ = ["Found", "check_tree"]
 
 Found = tuple[str, int, int, str]
+
+#: Bases that make a class a metaclass (it would decide isinstance and build classes from
+#: run-time strings when called with (name, bases, namespace)).
+_METACLASS_BASES = frozenset({"type", "ABCMeta", "EnumMeta", "EnumType"})
 
 
 def check_tree(
@@ -63,6 +71,9 @@ class _Checker:
         self.max_depth = max_depth
         self.found: list[Found] = []
         self.modules: dict[str, str] = {}  # local name -> dotted module it is bound to
+        self.receivers: set[int] = set()  # ids of expressions used as `expr.attr`
+        self.bound: set[str] = set()  # every name bound anywhere in the file
+        self.call_ok: set[int] = set()  # ids of call-only names used in an allowed call
 
     # -- helpers ---------------------------------------------------------------
 
@@ -98,18 +109,7 @@ class _Checker:
 
     def run(self, tree: ast.Module) -> None:
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.asname:
-                        self.modules[alias.asname] = alias.name
-                    else:
-                        top = alias.name.partition(".")[0]
-                        self.modules[top] = top
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                for alias in node.names:
-                    sub = f"{node.module}.{alias.name}"
-                    if alias.name in KNOWN_SUBMODULES.get(node.module, ()):
-                        self.modules[alias.asname or alias.name] = sub
+            self.prepare(node)
         stack: list[tuple[ast.AST, int, bool]] = [(tree, 0, False)]
         too_deep = False
         while stack:
@@ -133,6 +133,62 @@ class _Checker:
             for child in ast.iter_child_nodes(node):
                 stack.append((child, depth + 1, child_class))
         self.check_identifiers()
+
+    def prepare(self, node: ast.AST) -> None:
+        """First pass: module bindings, attribute receivers, bound names, allowed calls."""
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    self.modules[alias.asname] = alias.name
+                else:
+                    top = alias.name.partition(".")[0]
+                    self.modules[top] = top
+        elif isinstance(node, ast.ImportFrom):
+            base = self.from_base(node)
+            for alias in node.names:
+                if base is None or alias.name == "*":
+                    continue
+                sub = f"{base}.{alias.name}" if base else alias.name
+                real = MODULE_REEXPORTS.get(base, {}).get(alias.name)
+                if alias.name in KNOWN_SUBMODULES.get(base, ()) or self.is_payload(sub):
+                    self.modules[alias.asname or alias.name] = sub
+                elif real is not None:
+                    self.modules[alias.asname or alias.name] = real
+        elif isinstance(node, ast.Attribute):
+            self.receivers.add(id(node.value))
+        elif isinstance(node, ast.Call):
+            name = _callee_name(node.func)
+            wanted = CALL_ONLY_NAMES.get(name or "")
+            if wanted is not None and len(node.args) == wanted and not node.keywords and not any(
+                isinstance(a, ast.Starred) for a in node.args
+            ):
+                self.call_ok.add(id(node.func))
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            self.bound.add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            self.bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            self.bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            self.bound.add((node.asname or node.name).partition(".")[0])
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            self.bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            self.bound.add(node.rest)
+        elif isinstance(node, ast.Global | ast.Nonlocal):
+            self.bound.update(node.names)
+
+    def from_base(self, node: ast.ImportFrom) -> str | None:
+        """The module a ``from`` import reads from ("" for ``from . import x`` at the top)."""
+        if node.level == 0:
+            return node.module
+        up = node.level - 1
+        if up > len(self.package):
+            return None
+        parts = list(self.package[: len(self.package) - up])
+        if node.module:
+            parts.extend(node.module.split("."))
+        return ".".join(parts)
 
     def visit(self, node: ast.AST, in_class: bool) -> None:
         if isinstance(node, ast.Name):
@@ -159,6 +215,12 @@ class _Checker:
                     node,
                     f"format template reaches forbidden field {bad!r}",
                 )
+        elif isinstance(node, ast.Dict):
+            for key in node.keys:
+                if isinstance(key, ast.Constant) and isinstance(key.value, str) and (
+                    is_dunder(key.value) or is_dunder(nfkc(key.value))
+                ):
+                    self.add("dunder-subscript", key, f"dunder string key {key.value!r}")
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             self.check_binding(node.name, node, allow_dunder=True)
             if isinstance(node, ast.ClassDef):
@@ -166,6 +228,11 @@ class _Checker:
                     if kw.arg is None or kw.arg == "metaclass":
                         what = "metaclass=" if kw.arg else "**keywords"
                         self.add("forbidden-keyword", kw, f"class keyword {what} is not allowed")
+                for base in node.bases:
+                    head = base.func if isinstance(base, ast.Call) else base
+                    if _callee_name(head) in _METACLASS_BASES:
+                        self.add("dynamic-class", base, "a class derived from a metaclass is "
+                                 "a metaclass (it builds classes from run-time strings)")
             else:
                 self.check_annotation(node.returns)
         elif isinstance(node, ast.arg):
@@ -185,6 +252,19 @@ class _Checker:
         elif isinstance(node, ast.MatchClass):
             for attr in node.kwd_attrs:
                 self.check_attr_name(attr, node, receiver=None)
+            cls = node.cls
+            if node.patterns and not (
+                isinstance(cls, ast.Name)
+                and cls.id in SELF_MATCHING_BUILTINS
+                and cls.id not in self.bound
+                and len(node.patterns) == 1
+            ):
+                self.add(
+                    "positional-pattern",
+                    node,
+                    "positional sub-patterns read the attributes named by the class's "
+                    "__match_args__ at run time; use keywords: case Point(x=x, y=y)",
+                )
 
     # -- names -----------------------------------------------------------------
 
@@ -196,20 +276,52 @@ class _Checker:
             if isinstance(node.ctx, ast.Load):
                 ok = name in DUNDER_LOADS_OK
             else:
-                ok = name in DUNDER_STORES_OK or (in_class and name not in DUNDER_NEVER)
+                ok = name in DUNDER_STORES_OK or (in_class and name in CLASS_DUNDERS_OK)
             if not ok:
                 self.add("dunder-name", node, f"dunder name {name!r} is not allowed here")
+        if isinstance(node.ctx, ast.Load):
+            self.check_use(node, name)
+
+    def check_use(self, node: ast.Name | ast.Attribute, name: str) -> None:
+        """A module may only be the receiver of an attribute; a call-only name only called."""
+        if id(node) not in self.receivers:
+            module = self.module_of(node)
+            if module is not None and (self.is_payload(module) or self.import_allowed(module)):
+                self.add_at_attr(
+                    "module-value",
+                    node,
+                    name,
+                    f"module {module!r} may only be used as `{name}.attribute` (not stored, "
+                    "passed, returned or matched)",
+                )
+        if name in CALL_ONLY_NAMES and id(node) not in self.call_ok:
+            self.add_at_attr(
+                "forbidden-attribute",
+                node,
+                name,
+                f"{name!r} is allowed only as a call with {CALL_ONLY_NAMES[name]} positional "
+                f"argument(s), e.g. @{name}(func)",
+            )
 
     def check_binding(self, name: str, node: ast.AST, *, allow_dunder: bool) -> None:
         if name in FORBIDDEN_NAMES:
             self.add("forbidden-name", node, f"binding the name {name!r} is not allowed")
-        elif is_dunder(name) and (not allow_dunder or name in DUNDER_NEVER):
+        elif is_dunder(name) and (not allow_dunder or name not in SPECIAL_METHODS):
             self.add("dunder-name", node, f"binding the dunder name {name!r} is not allowed")
 
     # -- attributes --------------------------------------------------------------
 
     def check_attribute(self, node: ast.Attribute) -> None:
         self.check_attr_name(node.attr, node, receiver=node.value)
+        if isinstance(node.ctx, ast.Load):
+            self.check_use(node, node.attr)
+        elif self.module_of(node.value) is not None:
+            self.add_at_attr(
+                "module-value",
+                node,
+                node.attr,
+                "assigning or deleting a module's attributes is not allowed",
+            )
         if node.attr in ("format", "format_map") and not (
             isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
         ):
@@ -223,10 +335,19 @@ class _Checker:
         module = self.module_of(node.value)
         if module is not None and not self.is_payload(module):
             sub = f"{module}.{node.attr}"
+            real = MODULE_REEXPORTS.get(module, {}).get(node.attr)
             if node.attr in KNOWN_SUBMODULES.get(module, ()):
                 if not self.import_allowed(sub):
                     self.add_at_attr(
                         "forbidden-import", node, node.attr, f"module {sub!r} is not allowed"
+                    )
+            elif real is not None and not attribute_forbidden(node.attr):
+                if not self.import_allowed(real):
+                    self.add_at_attr(
+                        "forbidden-import",
+                        node,
+                        node.attr,
+                        f"{sub!r} is the module {real!r}, which is not allowed",
                     )
             elif node.attr.startswith("_") and not is_dunder(node.attr):
                 self.add_at_attr(
@@ -264,12 +385,18 @@ class _Checker:
                 return
 
     def module_of(self, expr: ast.expr) -> str | None:
+        """The module an expression certainly names (``json``, ``collections.abc``,
+        ``typing.stdlib_re``), or None."""
         if isinstance(expr, ast.Name):
             return self.modules.get(expr.id)
         if isinstance(expr, ast.Attribute):
             parent = self.module_of(expr.value) if _chain_depth(expr) < 16 else None
-            if parent is not None and expr.attr in KNOWN_SUBMODULES.get(parent, ()):
-                return f"{parent}.{expr.attr}"
+            if parent is None:
+                return None
+            sub = f"{parent}.{expr.attr}"
+            if expr.attr in KNOWN_SUBMODULES.get(parent, ()) or self.is_payload(sub):
+                return sub
+            return MODULE_REEXPORTS.get(parent, {}).get(expr.attr)
         return None
 
     # -- imports -----------------------------------------------------------------
@@ -292,6 +419,9 @@ class _Checker:
         for alias in node.names:
             if alias.name != "*":
                 self.check_binding(alias.asname or alias.name, node, allow_dunder=False)
+            if alias.name in CALL_ONLY_NAMES and alias.asname not in (None, alias.name):
+                self.add("forbidden-attribute", node,
+                         f"{alias.name!r} may not be imported under another name")
 
     def check_from(self, node: ast.ImportFrom, module: str, star: bool) -> None:
         if self.is_payload(module):
@@ -308,6 +438,11 @@ class _Checker:
             elif not self.import_allowed(module):
                 self.add("forbidden-import", node, f"import of {module!r} is not allowed")
                 return
+            elif name in MODULE_REEXPORTS.get(module, {}) and not attribute_forbidden(name):
+                real = MODULE_REEXPORTS[module][name]
+                if not self.import_allowed(real):
+                    self.add("forbidden-import", node, f"{sub!r} is the module {real!r}, "
+                             "which is not allowed")
             elif is_dunder(name):
                 self.add("dunder-attribute", node, f"importing {sub!r} is not allowed")
             elif name.startswith("_"):
@@ -354,6 +489,9 @@ class _Checker:
             and (len(node.args) != 1 or node.keywords or isinstance(node.args[0], ast.Starred))
         ):
             self.add("dynamic-class", node, "type() is allowed only with one argument, type(x)")
+        for kw in node.keywords:
+            if kw.arg is not None and (is_dunder(kw.arg) or is_dunder(nfkc(kw.arg))):
+                self.add("dunder-subscript", kw, f"dunder keyword argument {kw.arg!r}")
         fname = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
         if fname == "basicConfig":
             for kw in node.keywords:
@@ -393,6 +531,14 @@ class _Checker:
             )
 
 
+
+
+def _callee_name(expr: ast.expr) -> str | None:
+    if isinstance(expr, ast.Name):
+        return expr.id
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    return None
 
 
 def _chain_depth(expr: ast.expr) -> int:

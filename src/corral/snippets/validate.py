@@ -76,6 +76,8 @@ class ViolationCode(StrEnum):
     FORBIDDEN_KEYWORD = "forbidden-keyword"
     NON_TYPE_ANNOTATION = "non-type-annotation"
     NON_ASCII_IDENTIFIER = "non-ascii-identifier"
+    POSITIONAL_PATTERN = "positional-pattern"
+    MODULE_VALUE = "module-value"
 
 
 @final

@@ -1,4 +1,4 @@
-# expect: forbidden-keyword
+# expect: forbidden-keyword, dynamic-class
 class Meta(type):
     pass
 

@@ -1,0 +1,5 @@
+# expect: module-value
+# Assigning into a module rebinds names its functions (or another payload file) look up.
+import json
+
+json.dumps = print
