@@ -34,10 +34,10 @@ import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 from ..errors import ConfigInvalidError, ProviderError, UnhandledWorkerError
 from ..protocol import (
@@ -52,12 +52,14 @@ from ..protocol import (
 from ..provider import ProcessHandle, Sandbox, SandboxProvider
 from ..spec import Level, NetworkPolicy, ProcessOpts, SandboxLimits, SandboxSpec
 from ._limiter import FifoLimiter
-from ._worker import Collector
+from ._worker import BadRecord, Collector
 
 if TYPE_CHECKING:
     from ..providers.linux.sandbox import LinuxSandbox
 
 __all__ = ["GRACE_MS", "PoolStatistics", "SnippetPool", "WORKER_FILE"]
+
+T = TypeVar("T")
 
 #: The worker's file name inside each sandbox's work dir.
 WORKER_FILE: Final = "_corral_snippet_worker.py"
@@ -71,6 +73,12 @@ _TEMPLATE_MB: Final = 64
 _START_TIMEOUT_S: Final = 30.0
 _WORKER_MODULE: Final = "corral.snippets._worker"
 _FORK_OPTS: Final = ProcessOpts(stdin=True, env={})
+#: A forked worker's stderr is /dev/null once it is set up; more than this is hostile.
+_MAX_STDERR_BYTES: Final = 64 * 1024
+#: After a job, how long processes the run left behind may take to disappear before the
+#: slot is retired (they are SIGKILLed with the run's process group, or not at all).
+_LEFTOVER_POLLS: Final = 10
+_LEFTOVER_POLL_S: Final = 0.01
 
 
 @final
@@ -139,6 +147,10 @@ class _Slot:
             raise UnhandledWorkerError(f"unexpected {frame_.kind!r} frame from the template")
         return frame_.output
 
+    async def leftovers(self) -> bool:
+        """Whether the sandbox holds a process beyond its agent and the template."""
+        return await _leftovers(self.sandbox, 2)
+
     async def close(self) -> None:
         self._drain.cancel()
         with contextlib.suppress(Exception):
@@ -165,8 +177,10 @@ class _ForkSlot:
 
     async def call(self, frame: bytes, job: Mapping[str, Any]) -> Any:
         """Fork one worker, hand it ``frame``, return the run's output. A worker that
-        cannot start or refuses the job, or an agent that exits, raise
-        UnhandledWorkerError; a run whose process dies is a WorkerCrashed output."""
+        cannot start, refuses the job or writes a record no honest worker writes (the run's
+        own process writes them: hostile input), or an agent that exits, raise
+        UnhandledWorkerError (the worker is killed first); a run whose process dies is a
+        WorkerCrashed output."""
         options = dict(job.get("options") or {})
         collector = Collector(options)
         loop = asyncio.get_running_loop()
@@ -177,6 +191,8 @@ class _ForkSlot:
         except (ProviderError, ConfigInvalidError) as e:
             raise UnhandledWorkerError(f"cannot start the snippet's process: {e}") from None
         killed = False
+        bad: str | None = None
+        stderr = asyncio.ensure_future(_drain(proc, _MAX_STDERR_BYTES))
         try:
             try:
                 await proc.stdin.write(frame)
@@ -187,18 +203,26 @@ class _ForkSlot:
             try:
                 async with asyncio.timeout_at(started + grace / 1000):
                     async for chunk in proc.stdout:
-                        if not collector.feed(chunk):
-                            killed = True
-                            break
+                        collector.feed(chunk)
             except TimeoutError:
                 killed = True
-            if killed:
+            except BadRecord as e:
+                bad = str(e)
+            if stderr.done() and not stderr.result():
+                bad = bad or f"the snippet worker wrote more than {_MAX_STDERR_BYTES} bytes " \
+                    "on stderr"
+            if killed or bad is not None:
                 await proc.kill()
             status = await proc.wait()
         except BaseException:
             with contextlib.suppress(Exception):
                 await proc.kill()
             raise
+        finally:
+            stderr.cancel()
+        if bad is not None:
+            raise UnhandledWorkerError(f"the snippet worker wrote a malformed record: {bad}; "
+                                       "it was killed", exit_code=status.exit_code)
         if not self.sandbox.alive:
             raise UnhandledWorkerError("the slot's sandbox agent exited during the run",
                                        exit_code=status.exit_code)
@@ -210,8 +234,16 @@ class _ForkSlot:
         if not collector.started and collector.end is None:
             raise UnhandledWorkerError("the snippet worker exited before the run started",
                                        exit_code=status.exit_code)
-        return collector.finish(status.exit_code, killed,
-                                round((loop.time() - started) * 1000, 3))
+        try:
+            return collector.finish(status.exit_code, killed,
+                                    round((loop.time() - started) * 1000, 3))
+        except BadRecord as e:
+            raise UnhandledWorkerError(f"the snippet worker wrote a malformed record: {e}",
+                                       exit_code=status.exit_code) from None
+
+    async def leftovers(self) -> bool:
+        """Whether a process other than the agent is still in the sandbox after a job."""
+        return await _leftovers(self.sandbox, 1)
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -219,6 +251,48 @@ class _ForkSlot:
 
 
 _AnySlot = _Slot | _ForkSlot
+
+
+async def _drain(proc: ProcessHandle, cap: int) -> bool:
+    """Read a process's stderr to its end, keeping nothing; past ``cap`` bytes, kill the
+    process (so the provider's reader stops buffering it) and return False."""
+    total = 0
+    with contextlib.suppress(Exception):
+        async for chunk in proc.stderr:
+            total += len(chunk)
+            if total > cap:
+                await proc.kill()
+                return False
+    return True
+
+
+def _alive(pids: list[int]) -> int:
+    """How many of ``pids`` are still running (not gone, not zombies already dead)."""
+    count = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            continue  # gone
+        if state not in (b"Z", b"X"):
+            count += 1
+    return count
+
+
+async def _leftovers(sandbox: Sandbox, expected: int) -> bool:
+    """Whether the sandbox holds live processes beyond its ``expected`` own ones (the agent,
+    a template) after a job: something a run detached (``setsid``) and left behind. Seen
+    through the sandbox's cgroup (``LinuxSandbox.host_pids``, the agent first); other
+    providers: never."""
+    host_pids = getattr(sandbox, "host_pids", None)
+    if host_pids is None:
+        return False
+    for _ in range(_LEFTOVER_POLLS):
+        if _alive(host_pids()[1:]) < expected:
+            return False
+        await asyncio.sleep(_LEFTOVER_POLL_S)  # killed ones may still be on their way out
+    return _alive(host_pids()[1:]) >= expected
 
 
 def _worker_source() -> str:
@@ -435,11 +509,15 @@ class SnippetPool:
 
     # -- running ---------------------------------------------------------------------
     async def run_job(self, job: Mapping[str, Any], *, tenant_id: str, level: Level,
-                      timeout_ms: int) -> Any:
-        """Run one worker job (``{"op": "run", ...}``) and return the worker's raw output.
+                      timeout_ms: int, parse: Callable[[Any], T] | None = None) -> Any:
+        """Run one worker job (``{"op": "run", ...}``) and return the worker's raw output,
+        or ``parse(output)`` when given (which raises UnhandledWorkerError for output no
+        honest worker gives: the slot is then discarded like a crashed one).
 
         Returns None when the host backstop fired (the slot was killed).
         Raises UnhandledWorkerError when the template died or misbehaved.
+        After the job, a slot holding a process the run left behind (a ``setsid`` child
+        outside the run's process group) is retired instead of serving again.
         """
         if self._closed:
             raise ProviderError("the snippet pool is closed")
@@ -455,6 +533,7 @@ class SnippetPool:
             wait_s = (timeout_ms + GRACE_MS + _BACKSTOP_MS) / 1000
             try:
                 output = await asyncio.wait_for(slot.call(frame, job), wait_s)
+                parsed = output if parse is None else parse(output)
             except asyncio.CancelledError:
                 self._counts["cancelled"] += 1
                 self._discard(slot)
@@ -474,8 +553,11 @@ class SnippetPool:
                 if any(isinstance(e, dict) and e.get("type") == "WorkerCrashed"
                        for e in output.get("errors", ())):
                     self._counts["crashed"] += 1
-            self._put(slot)
-            return output
+            if await slot.leftovers():
+                self._discard(slot)  # a run left a process behind: never reuse the sandbox
+            else:
+                self._put(slot)
+            return parsed
         finally:
             self._limiter.release()
 

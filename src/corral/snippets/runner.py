@@ -113,12 +113,18 @@ async def _run_in(pool: SnippetPool, files: list[tuple[str, str]], *, tenant_id:
     job = _job(files, timeout_ms, allowed, pool.mem_mb, guard)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    output = await pool.run_job(job, tenant_id=tenant_id, level=level, timeout_ms=timeout_ms)
-    if output is None:  # the host backstop killed a slot that did not answer
+    transcript: Transcript | None = await pool.run_job(
+        job, tenant_id=tenant_id, level=level, timeout_ms=timeout_ms, parse=_from_wire)
+    if transcript is None:  # the host backstop killed a slot that did not answer
         elapsed = round((loop.time() - started) * 1000, 3)
         return Transcript(timed_out=True, duration_ms=elapsed, errors=(SnippetError(
             type="TimeoutError", message=f"the snippet ran past its {timeout_ms} ms timeout "
             "and its sandbox was killed"),))
+    return transcript
+
+
+def _from_wire(output: Any) -> Transcript:
+    """The checked transcript of a worker's output (UnhandledWorkerError if malformed)."""
     return transcript_from_wire(output, sandbox_paths=_SANDBOX_PATHS)
 
 

@@ -174,14 +174,33 @@ def _opt_int(value: object, what: str) -> int | None:
     return value
 
 
+#: Containers a transcript may nest: the wire object, facts, a name, then the facts' own
+#: depth (the worker turns anything deeper into its repr).
+_MAX_NESTING: Final = CAPS["depth"] + 4
+
+
+def _nesting_ok(value: object, limit: int) -> bool:
+    """Whether ``value`` nests at most ``limit`` dicts/lists/tuples deep (iterative, so a
+    hostile depth cannot overflow the stack)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth > limit:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return True
+
+
 def _logs(raw: object, cut: set[str]) -> tuple[LogLine, ...]:
     if not isinstance(raw, list):
         raise _bad("logs")
     out: list[LogLine] = []
     size = 0
     for item in raw:
-        if not isinstance(item, dict) or item.get("stream") not in LOG_STREAMS \
-                or not isinstance(item.get("text"), str):
+        if not isinstance(item, dict) or not isinstance(item.get("stream"), str) \
+                or item["stream"] not in LOG_STREAMS or not isinstance(item.get("text"), str):
             raise _bad("logs[]")
         text = _cut(item["text"], CAPS["line_chars"], cut, "logs")
         size += len(text.encode("utf-8", "replace"))
@@ -198,9 +217,11 @@ def _facts(raw: object, cut: set[str]) -> Mapping[str, Any]:
     out: dict[str, Any] = {}
     size = 2
     for name, value in raw.items():
+        if not isinstance(name, str):
+            raise _bad("facts (a name is not a string)")
         try:
             cost = len(json.dumps(value, ensure_ascii=False, allow_nan=False)) + len(name) + 4
-        except (TypeError, ValueError, RecursionError):
+        except (TypeError, ValueError, RecursionError, OverflowError):
             raise _bad(f"facts[{name[:40]!r}]") from None
         if len(out) >= CAPS["facts_names"] or size + cost > CAPS["facts_bytes"]:
             cut.add("facts")
@@ -238,20 +259,34 @@ def _errors(raw: object, cut: set[str], paths: Sequence[str]) -> tuple[SnippetEr
 
 
 def transcript_from_wire(raw: object, *, sandbox_paths: Sequence[str] = ()) -> Transcript:
-    """Check and cap a transcript dict from the worker. Raises UnhandledWorkerError if malformed."""
+    """Check and cap a transcript dict from the worker. Raises UnhandledWorkerError if
+    malformed, whatever ``raw`` is (the worker's process is hostile input)."""
     if not isinstance(raw, dict):
         raise _bad("not an object")
+    if not _nesting_ok(raw, _MAX_NESTING):
+        raise _bad("nests too deeply")
+    try:
+        return _checked(raw, sandbox_paths)
+    except UnhandledWorkerError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, RecursionError,
+            MemoryError) as exc:  # a shape the checks above missed: still the worker's fault
+        raise _bad(type(exc).__name__) from None
+
+
+def _checked(raw: dict[Any, Any], sandbox_paths: Sequence[str]) -> Transcript:
     cut: set[str] = set()
     result = raw.get("result")
     if result is not None and not isinstance(result, str):
         raise _bad("result")
     duration = raw.get("duration_ms", 0)
     if isinstance(duration, bool) or not isinstance(duration, int | float) \
-            or not math.isfinite(duration):
+            or not -1e12 < duration < 1e12 or not math.isfinite(duration):
         raise _bad("duration_ms")
     timed_out = raw.get("timed_out", False)
     truncated = raw.get("truncated", [])
-    if not isinstance(timed_out, bool) or not isinstance(truncated, list):
+    if not isinstance(timed_out, bool) or not isinstance(truncated, list) \
+            or not all(isinstance(t, str) for t in truncated):
         raise _bad("timed_out/truncated")
     cut.update(t for t in truncated if t in ("logs", "facts", "result", "errors"))
     return Transcript(

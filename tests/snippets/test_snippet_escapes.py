@@ -1,0 +1,258 @@
+"""Escapes of the validator (issue 10, item 3): each case is a snippet that reached `os`, the
+real builtins or unvalidated code on the old validator, run end to end through run_snippet.
+
+For every case a *control* run goes through the same strict pool with the worker's run-time
+guard on (restricted builtins, import guard, the stdlib guards) but WITHOUT the validator: it
+shows what the snippet did before the fix ("escapes": it printed ESCAPED and os.getcwd() or
+the real open), or that a run-time guard now refuses it as well ("guarded"). The validated
+run is refused before anything runs, with the codes named.
+
+A second group passes the validator (its strings are built at run time, which no static check
+sees) and is refused by the worker's run-time guards; on the old worker each printed ESCAPED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from snippet_levels import STRICT_SKIP
+
+from corral.snippets.runner import _DEFAULT, _run_in, run_snippet_sync, shutdown_snippet_pool
+from corral.snippets.transcript import Transcript
+from corral.snippets.validate import DEFAULT_ALLOWED_IMPORTS, validate_source
+from corral.spec import Level
+
+pytestmark = pytest.mark.skipif(bool(STRICT_SKIP), reason=STRICT_SKIP or "ok")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pool() -> Iterator[None]:
+    yield
+    shutdown_snippet_pool()
+
+
+def _unvalidated(source: str) -> Transcript:
+    """The run without the validator, with every run-time layer of the worker on."""
+    return _DEFAULT.submit(lambda pool: _run_in(
+        pool, [("main.py", source)], tenant_id="escapes", level=Level.STRICT, timeout_ms=5000,
+        allowed=DEFAULT_ALLOWED_IMPORTS, guard=True)).result()
+
+
+def _printed(t: Transcript) -> str:
+    return "\n".join(line.text for line in t.logs)
+
+
+VALIDATOR_ESCAPES = [
+    # before: the reported bypass: abc.ABC's __subclasshook__ made `logging` match and the
+    # positional sub-pattern read logging.os
+    pytest.param("""\
+import abc
+import logging
+
+
+class Any(abc.ABC):
+    __match_args__ = ("os",)
+
+    @classmethod
+    def __subclasshook__(cls, other):
+        return True
+
+
+match logging:
+    case Any(found):
+        print("ESCAPED", found.getcwd())
+""", ['module-value', 'positional-pattern'], 'escapes', id="match_abc_subclasshook"),
+    # before: update_wrapper(assigned=('os',)) did getattr(logging, 'os') into the
+    # snippet's __setattr__
+    pytest.param("""\
+import functools
+import logging
+
+got = []
+
+
+class Catch:
+    def __setattr__(self, name, value):
+        got.append(value)
+
+
+functools.update_wrapper(Catch(), logging, assigned=("os",), updated=())
+print("ESCAPED", got[0].getcwd())
+""", ['forbidden-attribute', 'module-value'], 'escapes', id="functools_update_wrapper"),
+    # before: redirect_stdout with _stream='modules' handed back sys.modules
+    pytest.param("""\
+import contextlib
+
+r = contextlib.redirect_stdout(None)
+r._stream = "modules"
+with r:
+    mods = r._old_targets[0]
+print("ESCAPED", mods["os"].getcwd())
+""", ['forbidden-attribute'], 'escapes', id="contextlib_redirect_stream"),
+    # before: a module under another name skipped the private-attribute check: random._os
+    pytest.param("""\
+import random
+
+r = random
+print("ESCAPED", r._os.getcwd())
+""", ['module-value'], 'escapes', id="module_alias_private"),
+    # before: ForwardRef._evaluate eval'd a string with typing's real builtins (printed the
+    # real open)
+    pytest.param("""\
+import typing
+
+ref = typing.get_args(typing.List["open"])[0]
+print("ESCAPED", ref._evaluate({}, {}, frozenset()))
+""", ['forbidden-attribute'], 'escapes', id="typing_forwardref_evaluate"),
+    # before: __annotations__/__module__ in a class body: dataclasses exec'd a field name as
+    # code with logging's globals (os)
+    pytest.param("""\
+import dataclasses
+
+
+class C:
+    __module__ = "logging"
+    __annotations__ = {"a,print('ESCAPED', os.getcwd())": int}
+    a = 1
+
+
+D = dataclasses.dataclass(init=False, repr=False)(C)
+D() == D()
+""", ['dunder-name'], 'guarded', id="dataclass_class_body_injection"),
+    # before: the same through type(type(1))(name, bases, {...})
+    pytest.param("""\
+import dataclasses
+
+T = type(type(1))
+C = T("C", (), {"a": 1, "__module__": "logging",
+                "__annotations__": {"a,print('ESCAPED', os.getcwd())": int}})
+D = dataclasses.dataclass(init=False, repr=False)(C)
+D() == D()
+""", ['dunder-subscript'], 'guarded', id="dynamic_class_namespace"),
+    # before: global_enum replaced builtins.exec with a member; dataclasses then called it
+    # with a module's globals
+    pytest.param("""\
+import dataclasses
+import enum
+
+
+class Spy(enum.Enum):
+    def __call__(self, source, namespace, *rest):
+        print("ESCAPED", sorted(namespace)[:3])
+
+
+enum.global_enum(Spy("E", "ex" + "ec", module="builtins"))
+try:
+    dataclasses.make_dataclass("P", ["x"])
+except Exception:
+    pass
+""", ['forbidden-attribute'], 'escapes', id="enum_global_enum_hook"),
+    # before: Enum._convert_ built members from builtins' namespace (the real open)
+    pytest.param("""\
+import enum
+
+E = enum.Enum._convert_("E", "builtins", lambda name: name == "open")
+print("ESCAPED", E.open.value)
+""", ['forbidden-attribute'], 'escapes', id="enum_convert_builtins"),
+]
+
+
+@pytest.mark.parametrize(("source", "codes", "control"), VALIDATOR_ESCAPES)
+def test_validator_refuses_the_escape(source: str, codes: list[str], control: str) -> None:
+    before = _unvalidated(source)
+    if control == "escapes":
+        assert "ESCAPED" in _printed(before), before.errors  # the validator is the layer here
+    else:
+        assert "ESCAPED" not in _printed(before)
+        assert before.errors and before.errors[0].type == "TypeError"  # the run-time guard
+    t = run_snippet_sync(source, tenant_id="escapes")
+    assert t.rejected and not t.logs and t.duration_ms == 0
+    assert {e.code for e in t.errors} == set(codes)
+    assert {v.code.value for v in validate_source(source)} == set(codes)
+
+
+RUNTIME_ESCAPES = [
+    # before: the namespace keys are built at run time; dataclasses exec'd the field name
+    # with logging's globals (printed os.getcwd())
+    pytest.param("""\
+import dataclasses
+
+T = type(type(1))
+u = "_" * 2
+ns = {"a": 1}
+ns[u + "module" + u] = "logging"
+ns[u + "annotations" + u] = {"a,print('ESCAPED', os.getcwd())": int}
+D = dataclasses.dataclass(init=False, repr=False)(T("C", (), ns))
+D() == D()
+""", id="dataclass_names_from_runtime_strings"),
+    # before: a class attribute replaced Field's name slot; the subclass's generated __eq__
+    # ran unvalidated code (walked object.__subclasses__())
+    pytest.param("""\
+import dataclasses
+
+
+@dataclasses.dataclass
+class A:
+    x: int
+    a = 1
+
+
+dataclasses.Field.name = "a,print('ESCAPED', len(().__class__.__base__.__subclasses__()))"
+
+
+@dataclasses.dataclass(init=False, repr=False)
+class B(A):
+    pass
+
+
+B(1) == B(1)
+""", id="dataclass_field_class_attribute"),
+    # before: copy applied a reduced state with setattr(Target, "__annotations__", ...) and
+    # dataclasses exec'd the planted field name with logging's globals
+    pytest.param("""\
+import copy
+import dataclasses
+
+T = type(type(1))
+u = "_" * 2
+
+
+class Target:
+    a = 1
+
+
+def reduce(self, protocol):
+    state = {u + "module" + u: "logging",
+             u + "annotations" + u: {"a,print('ESCAPED', os.getcwd())": int}}
+    return (lambda: Target, (), (None, state))
+
+
+ns = {}
+ns[u + "reduce_ex" + u] = reduce
+Carrier = T("Carrier", (), ns)
+copy.copy(Carrier())
+D = dataclasses.dataclass(init=False, repr=False)(Target)
+D() == D()
+""", id="copy_state_writes_dunders"),
+    # before: a {-style Formatter (made through type(formatter)) walked msg.__init__.__globals__
+    # and logged the os module
+    pytest.param("""\
+import logging
+
+logging.basicConfig(format="%(message)s")
+fmt = logging.root.handlers[0].formatter
+brace = type(fmt)("ESCAPED {msg." + "__init__." + "__globals__[os]}", None, "{")
+logging.root.handlers[0].setFormatter(brace)
+logging.warning(logging.Handler())
+""", id="logging_brace_style_formatter"),
+]
+
+
+@pytest.mark.parametrize("source", RUNTIME_ESCAPES)
+def test_run_time_guards_refuse_what_the_validator_cannot_see(source: str) -> None:
+    assert validate_source(source) == ()
+    t = run_snippet_sync(source, tenant_id="escapes")
+    assert not t.rejected
+    assert "ESCAPED" not in _printed(t)
+    assert t.errors and t.errors[0].type in ("TypeError", "ValueError"), t.errors
