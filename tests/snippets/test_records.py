@@ -191,27 +191,3 @@ def test_raw_bytes_from_an_escaped_worker(level: str, raw: str) -> None:
 
     asyncio.run(main())
 
-
-def test_a_worker_flooding_stderr_is_killed_and_not_buffered() -> None:
-    """A forked worker's stderr is /dev/null once set up; whatever writes more than the cap
-    there is killed at once, so the provider's reader stops queueing its output."""
-    from corral.snippets.pool import _MAX_STDERR_BYTES, _drain
-
-    class Flood:
-        killed = 0
-        read = 0
-
-        async def _chunks(self) -> Any:
-            while not self.killed:
-                self.read += 65536
-                yield b"e" * 65536
-
-        def __init__(self) -> None:
-            self.stderr = self._chunks()
-
-        async def kill(self) -> None:
-            self.killed += 1
-
-    proc = Flood()
-    assert asyncio.run(_drain(proc, _MAX_STDERR_BYTES)) is False  # type: ignore[arg-type]
-    assert proc.killed == 1 and proc.read <= _MAX_STDERR_BYTES + 65536

@@ -256,3 +256,44 @@ def test_run_time_guards_refuse_what_the_validator_cannot_see(source: str) -> No
     assert not t.rejected
     assert "ESCAPED" not in _printed(t)
     assert t.errors and t.errors[0].type in ("TypeError", "ValueError"), t.errors
+
+
+def test_run_time_guards_cover_modules_imported_during_the_run() -> None:
+    """A template started without --preload imports dataclasses (and, lazily, copy) only
+    when the snippet does: the guard is applied on that import too."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).parents[2] / "src" / "corral" / "snippets" / "_worker.py"
+    options = {"timeout_ms": 3000, "grace_ms": 200, "allowed": sorted(DEFAULT_ALLOWED_IMPORTS),
+               "forbidden": []}
+    frames = b"".join(
+        json.dumps({"v": 1, "kind": "invoke", "ctx": {"runId": "r", "tenantId": "t"},
+                    "input": {"op": "run", "files": [["main.py", source.values[0]]],
+                              "options": options}}).encode() + b"\n"
+        for source in RUNTIME_ESCAPES[:3])
+    out = subprocess.run([sys.executable, "-I", "-S", str(worker)], input=frames,
+                         capture_output=True, timeout=60, check=True)
+    outputs = [json.loads(line)["output"] for line in out.stdout.splitlines()]
+    assert len(outputs) == 3
+    for output in outputs:
+        assert not any("ESCAPED" in log["text"] for log in output["logs"]), output
+        assert output["errors"][0]["type"] == "TypeError", output
+
+
+def test_guards_come_preinstalled_in_strict_runs_and_never_touch_the_host() -> None:
+    t = run_snippet_sync("import sys, dataclasses, copy, logging\n"
+                         "('corral.snippets._sandbox_guards' in sys.modules, "
+                         "dataclasses._create_fn.__name__, copy._reconstruct.__name__, "
+                         "'{' in logging._STYLES)", tenant_id="escapes",
+                         _unsafe_skip_validation=True)
+    assert t.result == "(True, '_checked_create_fn', '_checked_reconstruct', False)", t
+    import copy
+    import dataclasses
+    import logging
+
+    assert dataclasses._create_fn.__name__ == "_create_fn"  # type: ignore[attr-defined]
+    assert copy._reconstruct.__name__ == "_reconstruct"  # type: ignore[attr-defined]
+    assert "{" in logging._STYLES  # type: ignore[attr-defined]

@@ -269,7 +269,8 @@ def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict
     g.update(__package__=PKG, __builtins__=safe)
     sys.modules["__main__"] = main
     sys.stdout, sys.stderr = _Stream(out, "stdout"), _Stream(out, "stderr")
-    _harden()
+    if not _HARDENED:
+        _harden()
     if "logging" in sys.modules:
         _capture_logging(sys.modules["logging"], _Stream(out, "log"))
     if "random" in sys.modules:
@@ -329,6 +330,7 @@ def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict
 # the standard-library corners that would turn such strings into code or attribute writes
 # (docs/validator.md, "Run-time guards").
 
+_UNSET: Any = object()
 #: Names the methods dataclasses generates may read, besides their own parameters and the
 #: generator's locals; and the dunder attributes they use.
 _CODEGEN_NAMES = frozenset({"type", "super", "hash", "NotImplemented"})
@@ -369,73 +371,130 @@ def _check_generated(text: str, name: str, local_names: list[str]) -> None:
                         f"{name} from {text[:200]!r}")
 
 
+def _checked_create_fn(name: str, args: list[str], body: list[str], *,
+                       globals: Any = None, locals: Any = None,  # noqa: A002 (its names)
+                       return_type: Any = _UNSET) -> Any:
+    """``dataclasses._create_fn`` (3.11/3.12), with the generated text checked first."""
+    local_vars: dict[str, Any] = dict(locals or {})
+    ret = ""
+    if return_type is not _UNSET and return_type is not sys.modules["dataclasses"].MISSING:
+        local_vars["_return_type"] = return_type
+        ret = "->_return_type"
+    text = (f"def __create_fn__({', '.join(local_vars)}):\n"
+            f" def {name}({','.join(args)}){ret}:\n"
+            + "\n".join(f"  {line}" for line in body) + f"\n return {name}")
+    _check_generated(text, name, list(local_vars))
+    ns: dict[str, Any] = {}
+    exec(text, globals, ns)
+    return ns["__create_fn__"](**local_vars)
+
+
 def _guard_dataclasses(dc: Any) -> None:
     """dataclasses writes field names into source it execs: check every generated text."""
-    if not callable(getattr(dc, "_create_fn", None)):
-        return  # 3.13+ builds methods differently; nothing to wrap here
-    missing = dc.MISSING
+    if callable(getattr(dc, "_create_fn", None)):  # 3.13+ builds methods differently
+        dc._unguarded_create_fn = dc._create_fn  # kept: freeing it would touch many pages
+        dc._create_fn = _checked_create_fn
 
-    def create_fn(name: str, args: list[str], body: list[str], *,
-                  globals: Any = None, locals: Any = None,  # noqa: A002 (dataclasses' names)
-                  return_type: Any = missing) -> Any:
-        local_vars: dict[str, Any] = dict(locals or {})
-        ret = ""
-        if return_type is not missing:
-            local_vars["_return_type"] = return_type
-            ret = "->_return_type"
-        text = (f"def __create_fn__({', '.join(local_vars)}):\n"
-                f" def {name}({','.join(args)}){ret}:\n"
-                + "\n".join(f"  {line}" for line in body) + f"\n return {name}")
-        _check_generated(text, name, list(local_vars))
-        ns: dict[str, Any] = {}
-        exec(text, globals, ns)
-        return ns["__create_fn__"](**local_vars)
 
-    dc._create_fn = create_fn
+_PLAIN = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+          types.MethodType)
+
+
+def _state_keys_ok(part: Any) -> bool:
+    return part is None or (type(part) is dict and not any(
+        isinstance(k, str) and k.startswith("__") for k in part))
+
+
+def _checked_reconstruct(x: Any, memo: Any, func: Any, args: Any, state: Any = None,
+                         *rest: Any, **kw: Any) -> Any:
+    """``copy._reconstruct``, refusing a state for a class, module or function and dunder
+    state keys (``setattr(y, key, value)`` for each)."""
+    original = sys.modules["copy"]._unguarded_reconstruct
+    if state is None:
+        return original(x, memo, func, args, state, *rest, **kw)
+
+    def make(*a: Any) -> Any:
+        y = func(*a)
+        if isinstance(y, _PLAIN):
+            raise TypeError("copy: refusing to set the state of a class, module or function")
+        pieces = state if type(state) is tuple and len(state) == 2 else (state,)
+        if not hasattr(y, "__setstate__") and not all(_state_keys_ok(p) for p in pieces):
+            raise TypeError("copy: a state with dunder keys is refused")
+        return y
+
+    return original(x, memo, make, args, state, *rest, **kw)
 
 
 def _guard_copy(cp: Any) -> None:
-    """copy applies a reduced object's state with setattr(y, key, value): refuse state on
-    classes, modules and functions, and dunder keys (attribute writes by string)."""
-    original = cp._reconstruct
-    plain = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
-             types.MethodType)
+    """copy applies a reduced object's state with setattr(y, key, value)."""
+    if callable(getattr(cp, "_reconstruct", None)):
+        cp._unguarded_reconstruct = cp._reconstruct
+        cp._reconstruct = _checked_reconstruct
 
-    def keys_ok(part: Any) -> bool:
-        return part is None or (type(part) is dict and not any(
-            isinstance(k, str) and k.startswith("__") for k in part))
 
-    def reconstruct(x: Any, memo: Any, func: Any, args: Any, state: Any = None,
-                    *rest: Any, **kw: Any) -> Any:
-        if state is not None:
-            def make(*a: Any) -> Any:
-                y = func(*a)
-                if isinstance(y, plain):
-                    raise TypeError("copy: refusing to set the state of a class, module or "
-                                    "function")
-                pieces = state if type(state) is tuple and len(state) == 2 else (state,)
-                if not hasattr(y, "__setstate__") and not all(keys_ok(p) for p in pieces):
-                    raise TypeError("copy: a state with dunder keys is refused")
-                return y
-            return original(x, memo, make, args, state, *rest, **kw)
-        return original(x, memo, func, args, state, *rest, **kw)
+def _guard_logging(logging: Any) -> None:
+    """{-style formats walk attributes by a template built at run time."""
+    styles = getattr(logging, "_STYLES", None)
+    if isinstance(styles, dict) and "{" in styles:
+        logging._unguarded_brace_style = styles.pop("{")  # kept, not freed
 
-    cp._reconstruct = reconstruct
+
+_GUARDS = {"dataclasses": _guard_dataclasses, "copy": _guard_copy, "logging": _guard_logging}
+
+
+class _GuardingLoader(Loader):
+    """Loads a guarded module with its real loader, then applies its guard."""
+
+    def __init__(self, inner: Any, name: str) -> None:
+        self.inner, self.name = inner, name
+
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType | None:
+        made: types.ModuleType | None = self.inner.create_module(spec)
+        return made
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.inner.exec_module(module)
+        _GUARDS[self.name](module)
+
+
+class _GuardOnImport(MetaPathFinder):
+    """Guards a module of ``_GUARDS`` that is first imported during the run (a template
+    started without ``--preload``; the standard library's own lazy imports)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if fullname not in _GUARDS:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec: ModuleSpec | None = find(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _GuardingLoader(spec.loader, fullname)
+                return spec
+        return None
+
+
+_GUARD_FINDER = _GuardOnImport()
+_HARDENED = False
 
 
 def _harden() -> None:
-    for name in ("dataclasses", "copy", "logging"):
-        try:
-            _real_import(name)
-        except ImportError:
-            pass
-    if "dataclasses" in sys.modules:
-        _guard_dataclasses(sys.modules["dataclasses"])
-    if "copy" in sys.modules:
-        _guard_copy(sys.modules["copy"])
-    styles = getattr(sys.modules.get("logging"), "_STYLES", None)
-    if isinstance(styles, dict):
-        styles.pop("{", None)  # {-style formats walk attributes by a run-time template
+    """Install the run-time guards in this process. Done once where runs are forked from
+    (a template after its preloads; a strict slot's fork server, through the preload of
+    :mod:`corral.snippets._sandbox_guards`), so a run starts guarded without paying the
+    page copies that patching in a fresh fork costs (~0.1 ms); a run that finds them
+    missing installs them itself. Never in the host: it changes the standard library."""
+    global _HARDENED
+    _HARDENED = True
+    modules = sys.modules
+    if "dataclasses" in modules:
+        _guard_dataclasses(modules["dataclasses"])
+    if "copy" in modules:
+        _guard_copy(modules["copy"])
+    if "logging" in modules:
+        _guard_logging(modules["logging"])
+    sys.meta_path.insert(0, _GUARD_FINDER)
 
 
 def _capture_logging(logging: Any, stream: _Stream) -> None:
@@ -664,6 +723,7 @@ def serve(preload: list[str]) -> None:
             _real_import(name)
         except ImportError:
             pass
+    _harden()  # once, here: every run is a fork of this process
     gc.collect()
     gc.freeze()
     stdin = sys.stdin.buffer

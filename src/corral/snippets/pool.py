@@ -72,9 +72,9 @@ _MAX_REPLY_BYTES: Final = 4 * 1024 * 1024
 _TEMPLATE_MB: Final = 64
 _START_TIMEOUT_S: Final = 30.0
 _WORKER_MODULE: Final = "corral.snippets._worker"
+#: Preloaded last: installs the worker's run-time guards in the fork server, once.
+_GUARDS_MODULE: Final = "corral.snippets._sandbox_guards"
 _FORK_OPTS: Final = ProcessOpts(stdin=True, env={})
-#: A forked worker's stderr is /dev/null once it is set up; more than this is hostile.
-_MAX_STDERR_BYTES: Final = 64 * 1024
 #: After a job, how long processes the run left behind may take to disappear before the
 #: slot is retired (they are SIGKILLed with the run's process group, or not at all).
 _LEFTOVER_POLLS: Final = 10
@@ -112,6 +112,7 @@ class _Slot:
         self._pending: list[Any] = []
         self._stderr = b""
         self._drain = asyncio.ensure_future(self._drain_stderr())
+        self._view = _ProcessView(sandbox, own=1)  # the template
 
     async def _drain_stderr(self) -> None:
         with contextlib.suppress(Exception):
@@ -149,7 +150,7 @@ class _Slot:
 
     async def leftovers(self) -> bool:
         """Whether the sandbox holds a process beyond its agent and the template."""
-        return await _leftovers(self.sandbox, 2)
+        return await self._view.leftovers()
 
     async def close(self) -> None:
         self._drain.cancel()
@@ -170,6 +171,7 @@ class _ForkSlot:
         self.tenant: str | None = None
         self.server_pid = 1  # the agent
         self.last_used = time.monotonic()
+        self._view = _ProcessView(sandbox, own=0)
 
     @property
     def alive(self) -> bool:
@@ -192,7 +194,8 @@ class _ForkSlot:
             raise UnhandledWorkerError(f"cannot start the snippet's process: {e}") from None
         killed = False
         bad: str | None = None
-        stderr = asyncio.ensure_future(_drain(proc, _MAX_STDERR_BYTES))
+        # stderr is not read: the worker puts 0/1/2 on /dev/null before the run starts and
+        # the pipe's last write end goes with them, so no run can write there
         try:
             try:
                 await proc.stdin.write(frame)
@@ -208,9 +211,6 @@ class _ForkSlot:
                 killed = True
             except BadRecord as e:
                 bad = str(e)
-            if stderr.done() and not stderr.result():
-                bad = bad or f"the snippet worker wrote more than {_MAX_STDERR_BYTES} bytes " \
-                    "on stderr"
             if killed or bad is not None:
                 await proc.kill()
             status = await proc.wait()
@@ -218,8 +218,6 @@ class _ForkSlot:
             with contextlib.suppress(Exception):
                 await proc.kill()
             raise
-        finally:
-            stderr.cancel()
         if bad is not None:
             raise UnhandledWorkerError(f"the snippet worker wrote a malformed record: {bad}; "
                                        "it was killed", exit_code=status.exit_code)
@@ -243,7 +241,7 @@ class _ForkSlot:
 
     async def leftovers(self) -> bool:
         """Whether a process other than the agent is still in the sandbox after a job."""
-        return await _leftovers(self.sandbox, 1)
+        return await self._view.leftovers()
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -253,21 +251,8 @@ class _ForkSlot:
 _AnySlot = _Slot | _ForkSlot
 
 
-async def _drain(proc: ProcessHandle, cap: int) -> bool:
-    """Read a process's stderr to its end, keeping nothing; past ``cap`` bytes, kill the
-    process (so the provider's reader stops buffering it) and return False."""
-    total = 0
-    with contextlib.suppress(Exception):
-        async for chunk in proc.stderr:
-            total += len(chunk)
-            if total > cap:
-                await proc.kill()
-                return False
-    return True
-
-
 def _alive(pids: list[int]) -> int:
-    """How many of ``pids`` are still running (not gone, not zombies already dead)."""
+    """How many of ``pids`` (host pids) still run (not gone, not zombies already dead)."""
     count = 0
     for pid in pids:
         try:
@@ -280,19 +265,45 @@ def _alive(pids: list[int]) -> int:
     return count
 
 
-async def _leftovers(sandbox: Sandbox, expected: int) -> bool:
-    """Whether the sandbox holds live processes beyond its ``expected`` own ones (the agent,
-    a template) after a job: something a run detached (``setsid``) and left behind. Seen
-    through the sandbox's cgroup (``LinuxSandbox.host_pids``, the agent first); other
-    providers: never."""
-    host_pids = getattr(sandbox, "host_pids", None)
-    if host_pids is None:
-        return False
-    for _ in range(_LEFTOVER_POLLS):
-        if _alive(host_pids()[1:]) < expected:
-            return False
-        await asyncio.sleep(_LEFTOVER_POLL_S)  # killed ones may still be on their way out
-    return _alive(host_pids()[1:]) >= expected
+class _ProcessView:
+    """Whether a slot's sandbox holds, after a job, a live process beyond its own ones:
+    something a run detached (``setsid``) from its process group and left behind.
+
+    Every process of the sandbox descends from its agent (the pid namespace's init), and
+    one whose parent died is re-parented to the agent: so the agent's children, beyond
+    the slot's own (``own``: the template, if any), are exactly what was left behind.
+    Read in ``/proc/AGENT/task/AGENT/children`` (one small file); without it, through the
+    sandbox's cgroup (``LinuxSandbox.host_pids``). A provider with neither view (subproc)
+    is never checked."""
+
+    def __init__(self, sandbox: Sandbox, *, own: int) -> None:
+        self.sandbox, self.own = sandbox, own
+        self.agent = 0
+
+    def extra(self) -> int:
+        if not getattr(self.sandbox, "alive", False):
+            return 0  # destroyed or its agent exited: the slot is discarded anyway
+        host_pids = getattr(self.sandbox, "host_pids", None)
+        if host_pids is None:
+            return 0
+        if not self.agent:
+            pids = host_pids()
+            if not pids:
+                return 0
+            self.agent = pids[0]
+        try:
+            with open(f"/proc/{self.agent}/task/{self.agent}/children", "rb") as f:
+                children = [int(p) for p in f.read().split()]
+        except (OSError, ValueError):
+            children = host_pids()[1:]  # every process of the sandbox but the agent
+        return _alive(children) - self.own if children else 0
+
+    async def leftovers(self) -> bool:
+        for _ in range(_LEFTOVER_POLLS):
+            if self.extra() <= 0:
+                return False
+            await asyncio.sleep(_LEFTOVER_POLL_S)  # killed ones may be on their way out
+        return self.extra() > 0
 
 
 def _worker_source() -> str:
@@ -424,7 +435,7 @@ class SnippetPool:
         from ..providers.linux.host import LinuxProvider
         if not isinstance(provider, LinuxProvider):
             return False
-        names = [_WORKER_MODULE, *self._preload.split(",")]
+        names = [_WORKER_MODULE, *self._preload.split(","), _GUARDS_MODULE]
         try:
             missing = await provider.preload_python([n for n in names if n])
         except ProviderError:
