@@ -155,6 +155,22 @@ import enum
 E = enum.Enum._convert_("E", "builtins", lambda name: name == "open")
 print("ESCAPED", E.open.value)
 """, ['forbidden-attribute'], 'escapes', id="enum_convert_builtins"),
+    # before: a {-style template built at run time walked msg.__init__.__globals__ (the
+    # format check only sees literal templates) and printed the os module
+    pytest.param("""\
+import logging
+
+style = logging.StrFormatStyle("ESCAPED {msg." + "__init__." + "__globals__[os]}")
+print(style._format(logging.makeLogRecord({"msg": logging.Handler()})))
+""", ['forbidden-attribute'], 'escapes', id="logging_str_format_style"),
+    # before: uuid re-exports platform, which was never allowlisted (it runs `file`,
+    # reads the interpreter binary)
+    pytest.param("""\
+import uuid
+
+print("ESCAPED", uuid.platform.libc_ver(), uuid.platform._syscmd_file("/", "none"))
+""", ['forbidden-import', 'private-module-attribute'], 'escapes',
+                 id="uuid_platform_reexport"),
 ]
 
 
