@@ -27,7 +27,7 @@ from imagebuild import Member, oci_layout
 
 WORKER = r'''
 import json, os, shutil, sys, tempfile, time
-from corral.providers.linux.images import ImageCache
+from corral.images.cache import ImageCache
 image, runs = sys.argv[1], int(sys.argv[2])
 out = {"cold": [], "hit": [], "hit_new_cache": []}
 for _ in range(runs):

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from corral.runner import run_bounded, run_bounded_async
+from corral.run.bounded import run_bounded, run_bounded_async
 
 __all__ = ["main"]
 

@@ -26,12 +26,12 @@ import sys
 import time
 from typing import Any
 
-from corral.protocol import FrameOk, OutputFrame, parse_frame
+from corral.core.spec import ExecOpts, SandboxLimits, SandboxSpec
 from corral.providers.linux import LinuxProvider, LinuxSandbox
-from corral.snippets.pool import WORKER_FILE, SnippetPool, _frame, _worker_source
-from corral.snippets.runner import _job, run_snippet
-from corral.snippets.validate import DEFAULT_ALLOWED_IMPORTS
-from corral.spec import ExecOpts, SandboxLimits, SandboxSpec
+from corral.snippets.host.pool import WORKER_FILE, SnippetPool, _frame, _worker_source
+from corral.snippets.host.runner import _job, run_snippet
+from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS
+from corral.wire.protocol import FrameOk, OutputFrame, parse_frame
 
 SNIPPET = "1+1"
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corral.core.spec import SandboxSpec
 from corral.providers.linux import LinuxProvider
-from corral.spec import SandboxSpec
 
 __all__ = ["main"]
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from corral import errors
-from corral.errors import (
+from corral.core import errors
+from corral.core.errors import (
     ERROR_CLASSES,
     ConfigInvalidError,
     CorralError,

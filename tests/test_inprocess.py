@@ -12,22 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from corral.errors import (
+from corral.core.errors import (
     ConfigInvalidError,
     LevelNotSupportedError,
     ProviderError,
     SandboxTimeoutError,
 )
+from corral.core.spec import ExecOpts, Level, NetworkPolicy, ProcessOpts, SandboxLimits, SandboxSpec
 from corral.providers import get_provider_class
 from corral.providers.inprocess import InProcessProvider, InProcessSandbox
-from corral.spec import (
-    ExecOpts,
-    Level,
-    NetworkPolicy,
-    ProcessOpts,
-    SandboxLimits,
-    SandboxSpec,
-)
 from corral.testing import check_provider
 
 PY = sys.executable

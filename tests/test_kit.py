@@ -9,16 +9,15 @@ from collections.abc import Sequence
 
 import pytest
 
-from corral._cancel import CancelToken
-from corral.errors import (
+from corral.core.cancel import CancelToken
+from corral.core.contract import ProcessHandle, Sandbox, SandboxProvider
+from corral.core.errors import (
     ConfigInvalidError,
     LevelNotSupportedError,
     ProviderError,
     SandboxTimeoutError,
 )
-from corral.provider import ProcessHandle, Sandbox, SandboxProvider
-from corral.providers.inprocess import InProcessProvider, InProcessSandbox
-from corral.spec import (
+from corral.core.spec import (
     ExecOpts,
     ExecResult,
     Level,
@@ -27,13 +26,8 @@ from corral.spec import (
     SandboxLimits,
     SandboxSpec,
 )
-from corral.testing import (
-    CHECKS,
-    FakeProvider,
-    FakeSandbox,
-    check_provider,
-    check_provider_sync,
-)
+from corral.providers.inprocess import InProcessProvider, InProcessSandbox
+from corral.testing import CHECKS, FakeProvider, FakeSandbox, check_provider, check_provider_sync
 
 UNRESTRICTED = NetworkPolicy.unrestricted()
 

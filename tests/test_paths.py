@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from corral._paths import read_file_under, split_relative, write_file_under
-from corral.errors import ConfigInvalidError
+from corral.core.errors import ConfigInvalidError
+from corral.providers.confined import read_file_under, split_relative, write_file_under
 
 
 @pytest.mark.parametrize("bad", ["", "..", "../x", "a/../../x", "a/..", "/etc/passwd",

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from corral import protocol as p
-from corral.errors import ConfigInvalidError
-from corral.protocol import (
+from corral.core.errors import ConfigInvalidError
+from corral.core.spec import ResumeInfo
+from corral.wire import protocol as p
+from corral.wire.protocol import (
     DEFAULT_MAX_LINE_BYTES,
     PROTOCOL_VERSION,
     SUSPEND_EXIT_CODE,
@@ -34,7 +35,6 @@ from corral.protocol import (
     parse_frame,
     parse_frames,
 )
-from corral.spec import ResumeInfo
 
 CTX_MIN = ProtocolContext(run_id="r1", tenant_id="t1")
 CTX_MIN_WIRE = b'{"runId":"r1","tenantId":"t1","dryRun":false,"state":{},"nodeOutputs":{}}'
@@ -463,6 +463,7 @@ def test_protocol_module_imports_no_io() -> None:
     assert imported <= {
         "__future__",
         "collections",
+        "corral",  # its pure core only: tests/test_pure_core.py checks which
         "dataclasses",
         "enum",
         "json",

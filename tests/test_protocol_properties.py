@@ -6,7 +6,8 @@ from typing import Any
 
 from hypothesis import given, settings, strategies as st
 
-from corral.protocol import (
+from corral.core.spec import ResumeInfo
+from corral.wire.protocol import (
     EXCERPT_BYTES,
     ErrorBody,
     ErrorFrame,
@@ -24,7 +25,6 @@ from corral.protocol import (
     encode_frame,
     parse_frame,
 )
-from corral.spec import ResumeInfo
 
 SETTINGS = settings(max_examples=200, deadline=None)
 

@@ -29,8 +29,9 @@ PUBLIC = [
 
 #: public modules; each declares __all__
 MODULES = [
-    "corral", "corral.errors", "corral.spec", "corral.protocol", "corral.provider",
-    "corral.runner", "corral.strict_run", "corral.dispatch", "corral.snippets",
+    "corral", "corral.core.errors", "corral.core.spec", "corral.wire.protocol",
+    "corral.core.contract", "corral.run.bounded", "corral.run.strict", "corral.dispatch",
+    "corral.snippets",
     "corral.testing", "corral.providers", "corral.providers.inprocess",
     "corral.providers.subproc", "corral.providers.linux",
 ]

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from corral.errors import ConfigInvalidError
-from corral.spec import (
+from corral.core.errors import ConfigInvalidError
+from corral.core.spec import (
     ExecOpts,
     InvocationMode,
     Level,

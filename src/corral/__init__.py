@@ -10,10 +10,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._cancel import (
-    CancelToken as CancelToken,
+from corral.core.cancel import CancelToken as CancelToken
+from corral.core.contract import (
+    ProcessHandle as ProcessHandle,
+    ProcessStdin as ProcessStdin,
+    Sandbox as Sandbox,
+    SandboxProvider as SandboxProvider,
+    pause as pause,
+    restore as restore,
+    resume as resume,
+    snapshot as snapshot,
 )
-from .errors import (
+from corral.core.errors import (
     ConfigInvalidError as ConfigInvalidError,
     CorralError as CorralError,
     CreateCancelledError as CreateCancelledError,
@@ -30,17 +38,7 @@ from .errors import (
     SnapshotNotSupportedError as SnapshotNotSupportedError,
     UnhandledWorkerError as UnhandledWorkerError,
 )
-from .provider import (
-    ProcessHandle as ProcessHandle,
-    ProcessStdin as ProcessStdin,
-    Sandbox as Sandbox,
-    SandboxProvider as SandboxProvider,
-    pause as pause,
-    restore as restore,
-    resume as resume,
-    snapshot as snapshot,
-)
-from .spec import (
+from corral.core.spec import (
     DEFAULT_ENTRYPOINT_PATH as DEFAULT_ENTRYPOINT_PATH,
     Capability as Capability,
     ExecOpts as ExecOpts,
@@ -60,28 +58,20 @@ from .spec import (
 )
 
 if TYPE_CHECKING:
-    from .dispatch import (
+    from corral.dispatch import (
         OutputOutcome as OutputOutcome,
         SuspendedOutcome as SuspendedOutcome,
         invoke as invoke,
         invoke_in as invoke_in,
         invoke_sync as invoke_sync,
     )
-    from .protocol import (
-        PROTOCOL_VERSION as PROTOCOL_VERSION,
-        SUSPEND_EXIT_CODE as SUSPEND_EXIT_CODE,
-        FrameDecoder as FrameDecoder,
-        SandboxSuspensionRequest as SandboxSuspensionRequest,
-        encode_frame as encode_frame,
-        parse_frame as parse_frame,
-        parse_frames as parse_frames,
-    )
-    from .runner import (
+    from corral.run.bounded import (
         RunResult as RunResult,
         run_bounded as run_bounded,
         run_bounded_async as run_bounded_async,
     )
-    from .snippets import (
+    from corral.run.strict import run_strict as run_strict, run_strict_async as run_strict_async
+    from corral.snippets import (
         LogLine as LogLine,
         PoolStatistics as PoolStatistics,
         SnippetError as SnippetError,
@@ -97,15 +87,17 @@ if TYPE_CHECKING:
         validate_files as validate_files,
         validate_source as validate_source,
     )
-    from .strict_run import (
-        run_strict as run_strict,
-        run_strict_async as run_strict_async,
+    from corral.wire.protocol import (
+        PROTOCOL_VERSION as PROTOCOL_VERSION,
+        SUSPEND_EXIT_CODE as SUSPEND_EXIT_CODE,
+        FrameDecoder as FrameDecoder,
+        SandboxSuspensionRequest as SandboxSuspensionRequest,
+        encode_frame as encode_frame,
+        parse_frame as parse_frame,
+        parse_frames as parse_frames,
     )
 
 __version__ = "0.1.0"
-
-# documented where users import it from (its home module is private)
-CancelToken.__module__ = __name__
 
 #: lazily loaded public name -> its module
 _LAZY: dict[str, str] = {
@@ -124,22 +116,22 @@ _LAZY: dict[str, str] = {
     "invoke": ".dispatch",
     "invoke_in": ".dispatch",
     "invoke_sync": ".dispatch",
-    "FrameDecoder": ".protocol",
-    "PROTOCOL_VERSION": ".protocol",
-    "SUSPEND_EXIT_CODE": ".protocol",
-    "SandboxSuspensionRequest": ".protocol",
-    "encode_frame": ".protocol",
-    "parse_frame": ".protocol",
-    "parse_frames": ".protocol",
-    "RunResult": ".runner",
-    "run_bounded": ".runner",
-    "run_bounded_async": ".runner",
+    "FrameDecoder": ".wire.protocol",
+    "PROTOCOL_VERSION": ".wire.protocol",
+    "SUSPEND_EXIT_CODE": ".wire.protocol",
+    "SandboxSuspensionRequest": ".wire.protocol",
+    "encode_frame": ".wire.protocol",
+    "parse_frame": ".wire.protocol",
+    "parse_frames": ".wire.protocol",
+    "RunResult": ".run.bounded",
+    "run_bounded": ".run.bounded",
+    "run_bounded_async": ".run.bounded",
     "Violation": ".snippets",
     "sanitize_stack": ".snippets",
     "validate_files": ".snippets",
     "validate_source": ".snippets",
-    "run_strict": ".strict_run",
-    "run_strict_async": ".strict_run",
+    "run_strict": ".run.strict",
+    "run_strict_async": ".run.strict",
 }
 
 __all__ = [

@@ -27,7 +27,7 @@ def invoke(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, st
 
 
 def test_json_report_matches_the_probe(capsys: pytest.CaptureFixture[str]) -> None:
-    from corral.providers.linux.hostinfo import probe
+    from corral.providers.linux.host.hostinfo import probe
     code, out = invoke(["--json"], capsys)
     assert code == 0
     report = json.loads(out)

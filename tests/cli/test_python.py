@@ -69,13 +69,13 @@ def test_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
 
 
 def test_unreadable_module_is_config_invalid(tmp_path: Path) -> None:
-    from corral.errors import ConfigInvalidError
+    from corral.core.errors import ConfigInvalidError
     with pytest.raises(ConfigInvalidError, match="--module"):
         corral_python(*LEVEL, "1", "--module", str(tmp_path / "missing.py"))
 
 
 def test_cli_default_timeout_is_the_runners() -> None:
     from corral.cli import python as cli_python
-    from corral.snippets.runner import DEFAULT_TIMEOUT_MS
+    from corral.snippets.host.runner import DEFAULT_TIMEOUT_MS
 
     assert cli_python.DEFAULT_TIMEOUT_MS == DEFAULT_TIMEOUT_MS

@@ -24,10 +24,7 @@ from typing import Any
 
 import pytest
 
-from corral.dispatch import Outcome, invoke, invoke_in
-from corral.handler import entrypoint_script
-from corral.providers.inprocess import InProcessProvider
-from corral.spec import (
+from corral.core.spec import (
     HandlerRef,
     InvocationMode,
     Level,
@@ -35,6 +32,9 @@ from corral.spec import (
     SandboxInvocationContext,
     SandboxSpec,
 )
+from corral.dispatch import Outcome, invoke, invoke_in
+from corral.handler import entrypoint_script
+from corral.providers.inprocess import InProcessProvider
 
 sys.path.insert(0, os.path.dirname(__file__))  # for imagebuild
 

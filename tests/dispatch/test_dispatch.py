@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 from dispatch_support import Via
 
-from corral.dispatch import OutputOutcome, SuspendedOutcome
-from corral.errors import (
+from corral.core.errors import (
     ConfigInvalidError,
     LimitsExceededError,
     ProviderError,
     SandboxTimeoutError,
     UnhandledWorkerError,
 )
-from corral.spec import ResumeInfo, SandboxInvocationContext
+from corral.core.spec import ResumeInfo, SandboxInvocationContext
+from corral.dispatch import OutputOutcome, SuspendedOutcome
 
 ECHO = '''
 def handler(payload, ctx):
@@ -38,7 +38,7 @@ def handler(payload, ctx):
 '''
 
 RAISES = '''
-from corral.errors import ConfigInvalidError
+from corral.core.errors import ConfigInvalidError
 def bad_field(payload, ctx):
     raise ConfigInvalidError("doc.title", "must not be empty")
 def plain(payload, ctx):

@@ -20,9 +20,9 @@ import pytest
 from dispatch_support import LINUX_WHY
 from imagebuild import Member, deep_layer, header_bomb, oci_layout, oci_layout_blobs
 
-from corral.errors import ConfigInvalidError
-from corral.providers.linux.images import ImageCache
-from corral.spec import InvocationMode, SandboxSpec
+from corral.core.errors import ConfigInvalidError
+from corral.core.spec import InvocationMode, SandboxSpec
+from corral.images.cache import ImageCache
 
 # Unpacks in a separate host process, which reports what it raised and its own peak
 # RSS (VmHWM) before and after; RLIMIT_AS 4 GiB and the caller's timeout keep code
@@ -30,7 +30,7 @@ from corral.spec import InvocationMode, SandboxSpec
 HOST = r'''
 import json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
-from corral.providers.linux.images import ImageCache
+from corral.images.cache import ImageCache
 
 def hwm():
     with open("/proc/self/status") as f:
@@ -191,7 +191,7 @@ def test_ordinary_images_still_unpack_and_a_hit_needs_no_child(
     assert Path(u.rootfs, "a").read_bytes() == b"A"
     assert sorted(os.listdir(tmp_path / "cache")) == [".lock", ".seen", u.key[7:]]
     assert sorted(os.listdir(Path(u.rootfs).parent)) == ["rootfs", "size"]
-    from corral.providers.linux import images
+    from corral.images import cache as images
 
     def no_child(*a: Any, **kw: Any) -> Any:
         raise AssertionError("a child was started for an unchanged image")

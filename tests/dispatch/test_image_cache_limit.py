@@ -12,15 +12,15 @@ import pytest
 from dispatch_support import LINUX_WHY, shared_tmp
 from imagebuild import Member, oci_layout
 
-from corral.errors import ConfigInvalidError, ProviderError
-from corral.providers.linux.images import (
+from corral.core.errors import ConfigInvalidError, ProviderError
+from corral.core.spec import InvocationMode, SandboxSpec
+from corral.images.cache import (
     CACHE_LIMIT_ENV,
     DEFAULT_MAX_CACHE_BYTES,
     ImageCache,
     UnpackedImage,
     mounted_digests,
 )
-from corral.spec import InvocationMode, SandboxSpec
 
 
 def _image(root: Path, name: str) -> str:

@@ -13,12 +13,12 @@ import pytest
 from dispatch_support import LINUX_WHY, entrypoint_member, shared_cache, shared_tmp
 from imagebuild import Member, oci_layout
 
+from corral.core.errors import ConfigInvalidError, LevelNotSupportedError
+from corral.core.spec import HandlerRef, InvocationMode, Level, NetworkPolicy, SandboxSpec
 from corral.dispatch import OutputOutcome, invoke
-from corral.errors import ConfigInvalidError, LevelNotSupportedError
 from corral.providers.inprocess import InProcessProvider
-from corral.providers.linux.plan import HostLayout, LinuxOptions, build_plan
+from corral.providers.linux.policy.plan import HostLayout, LinuxOptions, build_plan
 from corral.providers.subproc import SubprocProvider
-from corral.spec import HandlerRef, InvocationMode, Level, NetworkPolicy, SandboxSpec
 
 LEVELS = {"inprocess": Level.NONE, "subproc": Level.CONTEXT_ISOLATED}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from imagebuild import Member, docker_archive, layer_tar, oci_archive, oci_layout
 
-from corral.errors import ConfigInvalidError
-from corral.providers.linux.images import ImageCache
+from corral.core.errors import ConfigInvalidError
+from corral.images.cache import ImageCache
 
 HANDLER = Member("corral/handler-base/entrypoint.py", data=b"print('hi')\n", mode=0o4755)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import corral
-from corral.spec import SandboxLimits, SandboxSpec
+from corral.core.spec import SandboxLimits, SandboxSpec
 
 
 def _host_can_sandbox() -> str:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from corral.errors import LevelNotSupportedError
-from corral.providers.linux.cgroups import CgroupManager, SandboxCgroup, detect
-from corral.spec import SandboxLimits
+from corral.core.errors import LevelNotSupportedError
+from corral.core.spec import SandboxLimits
+from corral.providers.linux.host.cgroups import CgroupManager, SandboxCgroup, detect
 
 pytestmark = pytest.mark.linux
 PREFIX = "corraltest"
@@ -132,7 +132,7 @@ def test_memory_limit_is_enforced_on_a_bounded_allocator(mgr: CgroupManager) -> 
         assert u.oom_kills >= 1
         assert 24 <= u.peak_mem_mb <= 33
         # the pre-4.13 fallback (peak reached the memsw limit) sees the same hit
-        from corral.providers.linux._cgroupfs import V1_PEAK_FALLBACK
+        from corral.providers.linux.host.cgroupfs import V1_PEAK_FALLBACK
         if cg.version == "v1":
             assert SandboxCgroup(cg.name, "v1", cg.dirs, V1_PEAK_FALLBACK).memory_hit()
     finally:
@@ -265,9 +265,9 @@ def test_require_names_what_is_missing() -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="drops to uid 65534 from root")
 def test_unprivileged_without_delegation_is_refused_by_name(
         nobody_python: tuple[str, str]) -> None:
-    code = ("from corral.providers.linux.cgroups import CgroupManager\n"
-            "from corral.spec import SandboxLimits\n"
-            "from corral.errors import LevelNotSupportedError\n"
+    code = ("from corral.providers.linux.host.cgroups import CgroupManager\n"
+            "from corral.core.spec import SandboxLimits\n"
+            "from corral.core.errors import LevelNotSupportedError\n"
             "m = CgroupManager(prefix='corraltest')\n"
             "try:\n"
             "    m.require(SandboxLimits(mem_mb=64))\n"
@@ -341,7 +341,7 @@ def test_v2_fake_without_controllers_says_why(tmp_path: Path) -> None:
 
 
 def test_v2_fake_enable_and_limits(tmp_path: Path) -> None:
-    from corral.providers.linux._cgroupfs import v2_enable
+    from corral.providers.linux.host.cgroupfs import v2_enable
     own = fake_v2(tmp_path / "own")
     base = fake_v2(own / PREFIX)
     v2_enable(str(own), str(base))
@@ -392,7 +392,7 @@ def test_detect_prefers_v2_when_it_has_the_controllers(tmp_path: Path) -> None:
 
 
 def test_parsers() -> None:
-    from corral.providers.linux._cgroupfs import parse_mountinfo, parse_proc_cgroup
+    from corral.providers.linux.host.cgroupfs import parse_mountinfo, parse_proc_cgroup
     m = parse_mountinfo(
         "35 25 0:30 / /sys/fs/cgroup/cpu,cpuacct rw shared:9 - cgroup cgroup rw,cpu,cpuacct\n"
         "36 25 0:31 /ctr /sys/fs/cgroup/my\\040dir rw - cgroup2 cgroup2 rw\n")

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from corral.errors import ProviderError
-from corral.providers.linux.client import MAX_HEADER, Channel
-from corral.spec import SandboxLimits, SandboxSpec
+from corral.core.errors import ProviderError
+from corral.core.spec import SandboxLimits, SandboxSpec
+from corral.providers.linux.host.channel import MAX_HEADER, Channel
 
 PY = sys.executable
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from corral.errors import LimitsExceededError
-from corral.providers.linux.cpuwatch import CpuWatch
-from corral.spec import ExecOpts, ProcessOpts, SandboxLimits, SandboxSpec
+from corral.core.errors import LimitsExceededError
+from corral.core.spec import ExecOpts, ProcessOpts, SandboxLimits, SandboxSpec
+from corral.providers.linux.host.cpuwatch import CpuWatch
 
 pytestmark = pytest.mark.linux
 PY = sys.executable

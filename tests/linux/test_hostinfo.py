@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from corral.providers.linux import hostinfo
-from corral.providers.linux.cgroups import detect
-from corral.providers.linux.hostinfo import Check, probe, providers_report
+from corral.providers.linux.host import hostinfo
+from corral.providers.linux.host.cgroups import detect
+from corral.providers.linux.host.hostinfo import Check, probe, providers_report
 
 pytestmark = pytest.mark.linux
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -28,7 +28,7 @@ def run_probe_json(*prelude: str, py: str = sys.executable, src: str = SRC,
     """probe() in a fresh interpreter (optionally after ``prelude``), as JSON."""
     code = "\n".join([f"import sys; sys.path.insert(0, {src!r})", *prelude,
                       "import json",
-                      "from corral.providers.linux import hostinfo",
+                      "from corral.providers.linux.host import hostinfo",
                       "print(json.dumps(hostinfo.probe().to_dict()))"])
     r = subprocess.run([py, "-I", "-c", code], capture_output=True, timeout=60,
                        check=True, **kw)  # type: ignore[call-overload]
@@ -77,13 +77,14 @@ def test_unprivileged_view_agrees_with_util_linux(nobody_python: tuple[str, str]
 
 
 def test_failures_are_reported_with_the_reason() -> None:
-    if importlib.util.find_spec("corral.providers.linux.seccomp") is None:
+    if importlib.util.find_spec("corral.providers.linux.policy.seccomp") is None:
         pytest.skip("seccomp module not written yet")
     if not probe().seccomp.ok:
         pytest.skip(f"seccomp not usable here: {probe().seccomp.detail}")
     # Inside corral's own seccomp filter unshare is denied: the probe must say so.
     d = run_probe_json(
-        "from corral.providers.linux import _sys_unsafe as su, seccomp",
+        "from corral.providers.linux import _sys_unsafe as su\n"
+        "from corral.providers.linux.policy import seccomp",
         "su.set_no_new_privs()",
         "su.seccomp_install(seccomp.build_filter(su.machine_arch()))")
     checks = checks_of(d)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, strategies as st
 
-from corral.providers.linux import _jsonline
+from corral.wire import jsonline as _jsonline
 
 _values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text()

@@ -19,7 +19,7 @@ _HOST = """
 import asyncio, sys
 sys.path.insert(0, sys.argv[1])
 from corral.providers.linux import LinuxProvider
-from corral.spec import ProcessOpts, SandboxLimits, SandboxSpec
+from corral.core.spec import ProcessOpts, SandboxLimits, SandboxSpec
 
 async def main():
     p = LinuxProvider(spares=0)

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from corral.errors import ConfigInvalidError, LevelNotSupportedError
+from corral.core.errors import ConfigInvalidError, LevelNotSupportedError
+from corral.core.spec import InvocationMode, NetworkPolicy, SandboxLimits, SandboxSpec
 from corral.providers.linux import _sys_unsafe as su
-from corral.providers.linux.plan import (
+from corral.providers.linux.policy.plan import (
     DEFAULT_LIMITS,
     ENV_BASE,
     PER_SANDBOX_ID,
@@ -19,7 +20,6 @@ from corral.providers.linux.plan import (
     SandboxPlan,
     build_plan,
 )
-from corral.spec import InvocationMode, NetworkPolicy, SandboxLimits, SandboxSpec
 
 ROOT_HOST = HostLayout(
     euid=0, egid=0, system_dirs=("/usr",),
@@ -192,3 +192,12 @@ def test_plan_is_frozen_and_wire_safe() -> None:
     assert wire["uid_map"] == [0, PER_SANDBOX_ID, 1]
     assert len(wire["mounts"]) == len(p.mounts)
     assert isinstance(p.mounts[0], MountStep)
+
+
+def test_plan_namespace_bits_are_the_kernels() -> None:
+    """The pure plan spells the CLONE_NEW* bits itself; they must match the raw ones."""
+    from corral.providers.linux import _sys_unsafe as su
+    from corral.providers.linux.policy.plan import NAMESPACES
+
+    assert NAMESPACES == (su.CLONE_NEWUSER | su.CLONE_NEWNS | su.CLONE_NEWPID | su.CLONE_NEWNET
+                          | su.CLONE_NEWIPC | su.CLONE_NEWUTS | su.CLONE_NEWCGROUP)

@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from corral.errors import ConfigInvalidError, LimitsExceededError
-from corral.spec import ExecOpts, ExecResult, SandboxLimits, SandboxSpec
+from corral.core.errors import ConfigInvalidError, LimitsExceededError
+from corral.core.spec import ExecOpts, ExecResult, SandboxLimits, SandboxSpec
 
 pytestmark = pytest.mark.linux
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from corral._cancel import CancelToken
-from corral.errors import (
+from corral.core.cancel import CancelToken
+from corral.core.errors import (
     ConfigInvalidError,
     CreateCancelledError,
     InvalidSnapshotHandleError,
@@ -28,7 +28,7 @@ from corral.errors import (
     ProviderError,
     SandboxTimeoutError,
 )
-from corral.spec import ExecOpts, ProcessOpts, SandboxLimits, SandboxSpec, SnapshotHandle
+from corral.core.spec import ExecOpts, ProcessOpts, SandboxLimits, SandboxSpec, SnapshotHandle
 
 pytestmark = pytest.mark.linux
 PY = sys.executable
@@ -266,7 +266,7 @@ def test_snapshot_restore_and_bad_handles(linux: Any) -> None:
 
 def test_refusals(linux: Any) -> None:
     async def test(p: Any) -> None:
-        from corral.spec import NetworkPolicy
+        from corral.core.spec import NetworkPolicy
         with pytest.raises(LevelNotSupportedError):
             await p.create(SandboxSpec(tenant_id="t", run_id="r", level="context-isolated"))
         with pytest.raises(LevelNotSupportedError, match="allowlist"):
@@ -469,8 +469,8 @@ _UNPRIV = r"""
 import asyncio, json, sys
 sys.path.insert(0, sys.argv[1])
 from corral.providers.linux import LinuxProvider
-from corral.errors import LevelNotSupportedError
-from corral.spec import SandboxLimits, SandboxSpec
+from corral.core.errors import LevelNotSupportedError
+from corral.core.spec import SandboxLimits, SandboxSpec
 
 async def main():
     out = {}

@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 
 import corral
+from corral.core.spec import ProcessOpts, SandboxSpec
 from corral.providers.linux import _sys_unsafe as su
-from corral.providers.linux._uidpool import BLOCK, FIRST_UID, LAST_UID, UidPool
-from corral.spec import ProcessOpts, SandboxSpec
+from corral.providers.linux.host.uidpool import BLOCK, FIRST_UID, LAST_UID, UidPool
 
 pytestmark = [
     pytest.mark.linux,
@@ -395,7 +395,7 @@ def test_a_pool_skips_a_block_whose_lock_file_went_meanwhile(
         lock_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The race a removed lock file opens: its last holder removes it between our
     open and our flock; the lock we then get is on a file nobody else will see."""
-    from corral.providers.linux import _uidpool
+    from corral.providers.linux.host import uidpool as _uidpool
 
     real = fcntl.flock
     raced: list[str] = []

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from corral.errors import ConfigInvalidError
-from corral.spec import SandboxSpec
+from corral.core.errors import ConfigInvalidError
+from corral.core.spec import SandboxSpec
 
 pytestmark = pytest.mark.linux
 
@@ -202,7 +202,8 @@ def test_a_link_inside_a_bind_is_not_followed(linux: Any, socket_dir: tuple[Path
 
 def test_a_tree_too_big_to_check_is_refused(linux: Any, host_dir: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from corral.providers.linux import LinuxProvider, _bind_scan
+    from corral.providers.linux import LinuxProvider
+    from corral.providers.linux.host import bind_scan as _bind_scan
 
     for i in range(20):
         (host_dir / "lib" / f"f{i}").write_text("x")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from corral.errors import LevelNotSupportedError
-from corral.providers.linux import seccomp
-from corral.providers.linux.seccomp import (
+from corral.core.errors import LevelNotSupportedError
+from corral.providers.linux.policy import seccomp
+from corral.providers.linux.policy.seccomp import (
     ARG_RULES,
     DENIED_SYSCALLS,
     REVIEWED_ALLOWED,
@@ -273,7 +273,9 @@ def test_module_is_pure() -> None:
     src = Path(seccomp.__file__).read_text()
     imports = set(re.findall(r"^(?:from|import) ([\w.]+)", src, re.M))
     assert imports <= {"__future__", "struct", "dataclasses", "typing", "enum",
-                       "collections.abc", "...errors", "._bpf", "._syscall_numbers"}
+                       "collections.abc", "corral.core.errors",
+                       "corral.providers.linux.policy.bpf",
+                       "corral.providers.linux.policy.syscall_numbers"}
 
 
 # -- the real kernel (x86_64 here) ------------------------------------------

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from corral.errors import ConfigInvalidError
-from corral.spec import ProcessOpts, SandboxLimits, SandboxSpec
+from corral.core.errors import ConfigInvalidError
+from corral.core.spec import ProcessOpts, SandboxLimits, SandboxSpec
 
 pytestmark = pytest.mark.linux
 

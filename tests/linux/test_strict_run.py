@@ -11,9 +11,9 @@ import pytest
 
 from corral import CancelToken
 from corral.cli import main
-from corral.errors import ConfigInvalidError
-from corral.runner import Outcome
-from corral.strict_run import run_strict
+from corral.core.errors import ConfigInvalidError
+from corral.run.bounded import Outcome
+from corral.run.strict import run_strict
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,7 @@ def test_stdout_cap_exact_to_the_byte() -> None:
 
 
 def test_memory_limit_of_the_whole_tree() -> None:
-    from corral.spec import SandboxLimits
+    from corral.core.spec import SandboxLimits
     # bounded: at most 512 MiB in 4 MiB steps against a 64 MiB cap
     r = py("b=[]\nfor _ in range(128): b.append(bytearray(4 << 20))",
            limits=SandboxLimits(mem_mb=64))

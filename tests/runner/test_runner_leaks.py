@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from corral import CancelToken
-from corral.runner import CWD_PREFIX, Outcome, run_bounded, run_bounded_async
+from corral.run.bounded import CWD_PREFIX, Outcome, run_bounded, run_bounded_async
 
 PY = [sys.executable, "-I", "-S", "-c"]
 SLEEP = [*PY, "import time; time.sleep(30)"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from corral import ConfigInvalidError
-from corral.runner import (
+from corral.run.bounded import (
     TOKEN_VAR,
     Outcome,
     RunResult,

@@ -19,7 +19,7 @@ from corral import (
     SandboxCancelledError,
     SandboxTimeoutError,
 )
-from corral.runner import (
+from corral.run.bounded import (
     OUTCOME_EXIT_STATUS,
     Outcome,
     RunResult,
@@ -217,7 +217,7 @@ def test_exit_status_table_matches_error_table() -> None:
 
 def test_without_pidfd_a_watcher_thread_is_used_and_joined(
         py: Py, monkeypatch: pytest.MonkeyPatch) -> None:
-    import corral._runner_core as core
+    import corral.run.engine as core
 
     monkeypatch.setattr(core, "_USE_PIDFD", False)
     threads = threading.active_count()

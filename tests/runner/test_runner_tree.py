@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from corral.runner import Outcome, run_bounded
+from corral.run.bounded import Outcome, run_bounded
 
 Py = Callable[[str], tuple[str, list[str]]]
 
@@ -70,7 +70,7 @@ def test_a_stray_holding_the_pipe_does_not_hang_the_run(
 def test_strays_found_without_ns_last_pid(
         py: Py, argv_token: str, wait_gone: Callable[[str], list[int]],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import corral._runner_tree as tree
+    import corral.run.tree as tree
 
     monkeypatch.setattr(tree, "_LAST_PID", "/nonexistent/ns_last_pid")  # listing fallback
     r = run_bounded(*py(_daemon_code(argv_token, "")), timeout_ms=5000)

@@ -16,8 +16,8 @@ def _strict_reason() -> str:
         return "not Linux"
 
     async def probe() -> None:
+        from corral.core.spec import SandboxSpec
         from corral.providers.linux import LinuxProvider
-        from corral.spec import SandboxSpec
         provider = LinuxProvider()
         try:
             sandbox = await provider.create(SandboxSpec(tenant_id="probe", run_id="probe"))

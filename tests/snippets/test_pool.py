@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from snippet_levels import LEVELS
 
-from corral.errors import ConfigInvalidError, UnhandledWorkerError
-from corral.snippets.pool import PoolStatistics, SnippetPool
-from corral.snippets.runner import run_snippet
-from corral.snippets.transcript import Transcript
+from corral.core.errors import ConfigInvalidError, UnhandledWorkerError
+from corral.snippets.host.pool import PoolStatistics, SnippetPool
+from corral.snippets.host.runner import run_snippet
+from corral.snippets.host.transcript import Transcript
 
 
 def with_pool(level: str, body: Callable[[SnippetPool], Awaitable[Any]], **kw: Any) -> Any:

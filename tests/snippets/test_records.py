@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from snippet_levels import LEVELS
 
-from corral.errors import UnhandledWorkerError
-from corral.snippets._worker import BadRecord, Collector
-from corral.snippets.pool import SnippetPool
-from corral.snippets.runner import run_snippet
-from corral.snippets.transcript import Transcript, transcript_from_wire
+from corral.core.errors import UnhandledWorkerError
+from corral.snippets.host.pool import SnippetPool
+from corral.snippets.host.runner import run_snippet
+from corral.snippets.host.transcript import Transcript, transcript_from_wire
+from corral.snippets.sandbox.worker import BadRecord, Collector
 
 OPTIONS = {"timeout_ms": 1000}
 GO = b'{"go": true}\n'

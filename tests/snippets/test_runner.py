@@ -20,17 +20,17 @@ import pytest
 from snippet_levels import LEVELS
 
 from corral import CancelToken
-from corral.errors import ConfigInvalidError, SandboxCancelledError
-from corral.protocol import FrameOk, OutputFrame, parse_frame
-from corral.snippets.runner import (
+from corral.core.errors import ConfigInvalidError, SandboxCancelledError
+from corral.snippets.host.runner import (
     MAX_FILES,
     _timeout,
     run_snippet,
     run_snippet_sync,
     shutdown_snippet_pool,
 )
-from corral.snippets.transcript import CAPS, TRUNCATION_MARK, Transcript
-from corral.snippets.validate import DEFAULT_ALLOWED_IMPORTS
+from corral.snippets.host.transcript import CAPS, TRUNCATION_MARK, Transcript
+from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS
+from corral.wire.protocol import FrameOk, OutputFrame, parse_frame
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -222,7 +222,7 @@ def test_asyncio_cancel_of_run_snippet() -> None:
 
 # -- the worker on its own: the wire protocol and the run-time import guard ---------------
 
-WORKER = Path(__file__).parents[2] / "src" / "corral" / "snippets" / "_worker.py"
+WORKER = Path(__file__).parents[2] / "src" / "corral" / "snippets" / "sandbox" / "worker.py"
 
 
 def _talk(frames: list[dict[str, Any]]) -> list[Any]:

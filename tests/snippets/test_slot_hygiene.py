@@ -13,8 +13,8 @@ from collections.abc import Callable
 import pytest
 from snippet_levels import STRICT_SKIP
 
-from corral.snippets.pool import SnippetPool
-from corral.snippets.runner import run_snippet
+from corral.snippets.host.pool import SnippetPool
+from corral.snippets.host.runner import run_snippet
 
 pytestmark = pytest.mark.skipif(bool(STRICT_SKIP), reason=STRICT_SKIP or "ok")
 

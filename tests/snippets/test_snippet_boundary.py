@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from snippet_levels import STRICT_SKIP
 
-from corral.snippets.pool import SnippetPool
-from corral.snippets.runner import run_snippet
-from corral.snippets.transcript import Transcript
+from corral.snippets.host.pool import SnippetPool
+from corral.snippets.host.runner import run_snippet
+from corral.snippets.host.transcript import Transcript
 
 pytestmark = pytest.mark.skipif(bool(STRICT_SKIP), reason=STRICT_SKIP or "ok")
 

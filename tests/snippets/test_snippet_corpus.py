@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.snippets.validate import ViolationCode, validate_source
+from corral.snippets.validator import ViolationCode, validate_source
 
 CORPUS = Path(__file__).parent / "corpus"
 ALLOWED = sorted((CORPUS / "allowed").glob("*.py"))

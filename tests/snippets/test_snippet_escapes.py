@@ -18,10 +18,10 @@ from collections.abc import Iterator
 import pytest
 from snippet_levels import STRICT_SKIP
 
-from corral.snippets.runner import _DEFAULT, _run_in, run_snippet_sync, shutdown_snippet_pool
-from corral.snippets.transcript import Transcript
-from corral.snippets.validate import DEFAULT_ALLOWED_IMPORTS, validate_source
-from corral.spec import Level
+from corral.core.spec import Level
+from corral.snippets.host.runner import _DEFAULT, _run_in, run_snippet_sync, shutdown_snippet_pool
+from corral.snippets.host.transcript import Transcript
+from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS, validate_source
 
 pytestmark = pytest.mark.skipif(bool(STRICT_SKIP), reason=STRICT_SKIP or "ok")
 
@@ -282,7 +282,7 @@ def test_run_time_guards_cover_modules_imported_during_the_run() -> None:
     import sys
     from pathlib import Path
 
-    worker = Path(__file__).parents[2] / "src" / "corral" / "snippets" / "_worker.py"
+    worker = Path(__file__).parents[2] / "src" / "corral" / "snippets" / "sandbox" / "worker.py"
     options = {"timeout_ms": 3000, "grace_ms": 200, "allowed": sorted(DEFAULT_ALLOWED_IMPORTS),
                "forbidden": []}
     frames = b"".join(
@@ -301,7 +301,7 @@ def test_run_time_guards_cover_modules_imported_during_the_run() -> None:
 
 def test_guards_come_preinstalled_in_strict_runs_and_never_touch_the_host() -> None:
     t = run_snippet_sync("import sys, dataclasses, copy, logging\n"
-                         "('corral.snippets._sandbox_guards' in sys.modules, "
+                         "('corral.snippets.sandbox.guards' in sys.modules, "
                          "dataclasses._create_fn.__name__, copy._reconstruct.__name__, "
                          "'{' in logging._STYLES)", tenant_id="escapes",
                          _unsafe_skip_validation=True)

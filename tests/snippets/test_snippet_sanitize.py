@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from corral.snippets.sanitize import DEFAULT_PREFIXES, sanitize_stack
+from corral.snippets.host.sanitize import DEFAULT_PREFIXES, sanitize_stack
 
 NO_PREFIXES: dict[str, tuple[str, ...]] = {"prefixes": (), "temp_dirs": ()}
 

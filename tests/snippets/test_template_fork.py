@@ -14,10 +14,10 @@ import pytest
 from snippet_levels import STRICT_SKIP
 
 import corral
-from corral.errors import ConfigInvalidError
-from corral.snippets.pool import SnippetPool
-from corral.snippets.runner import run_snippet
-from corral.spec import ExecOpts, ProcessOpts, SandboxLimits, SandboxSpec
+from corral.core.errors import ConfigInvalidError
+from corral.core.spec import ExecOpts, ProcessOpts, SandboxLimits, SandboxSpec
+from corral.snippets.host.pool import SnippetPool
+from corral.snippets.host.runner import run_snippet
 
 pytestmark = pytest.mark.skipif(bool(STRICT_SKIP), reason=STRICT_SKIP or "ok")
 
@@ -213,7 +213,7 @@ def test_start_python_fork_refuses_unknown_or_unloaded_entries() -> None:
             assert e2.value.field == "entry"
             await sb.destroy()
             assert sb.host_pids() == []
-            assert await provider.preload_python(["corral.snippets._worker"]) == []
+            assert await provider.preload_python(["corral.snippets.sandbox.worker"]) == []
             sb = await provider.create(SandboxSpec(tenant_id="t", run_id="r2",
                                                    limits=SandboxLimits(cpu_ms=5000)))
             proc = await sb.start_python_fork(["--once"], ProcessOpts(stdin=True))

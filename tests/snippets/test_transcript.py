@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from corral.errors import UnhandledWorkerError
-from corral.snippets.transcript import (
+from corral.core.errors import UnhandledWorkerError
+from corral.snippets.host.transcript import (
     CAPS,
     TRUNCATION_MARK,
     LogLine,
@@ -19,7 +19,7 @@ from corral.snippets.transcript import (
     transcript_from_wire,
     transcript_rejected,
 )
-from corral.snippets.validate import validate_source
+from corral.snippets.validator import validate_source
 
 
 def wire(**over: Any) -> dict[str, Any]:

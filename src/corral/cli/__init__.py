@@ -1,9 +1,9 @@
 """The ``corral`` command: thin verbs over the library.
 
 Each verb is a module with ``add_parser(subparsers)`` and ``run(args) -> int``.
-Only :class:`~corral.errors.CorralError` is caught here: it is printed as
+Only :class:`~corral.core.errors.CorralError` is caught here: it is printed as
 ``corral: <code>: <message>`` on stderr and the command exits with the
-error's ``exit_status`` (the one table, in :mod:`corral.errors` and
+error's ``exit_status`` (the one table, in :mod:`corral.core.errors` and
 ``docs/errors.md``). Anything else is a bug and keeps its traceback.
 """
 
@@ -14,7 +14,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from ..errors import CorralError
+from corral.core.errors import CorralError
 
 __all__ = ["main"]
 

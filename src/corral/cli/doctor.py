@@ -33,7 +33,7 @@ def collect() -> dict[str, Any]:
     if not sys.platform.startswith("linux"):
         return {"host": {"kernel": os.uname().release, "platform": sys.platform, "checks": []},
                 "providers": [_not_linux()]}
-    from ..providers.linux import hostinfo
+    from corral.providers.linux.host import hostinfo
     info = hostinfo.probe()
     return {"host": info.to_dict(),
             "providers": [r.to_dict() for r in hostinfo.providers_report(info)]}

@@ -15,10 +15,10 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigInvalidError
+from corral.core.errors import ConfigInvalidError
 
 if TYPE_CHECKING:
-    from ..snippets.transcript import Transcript
+    from corral.snippets.host.transcript import Transcript
 
 #: --timeout when not given (the snippet runner's own default; a test keeps them equal)
 DEFAULT_TIMEOUT_MS = 5000
@@ -76,7 +76,7 @@ def _payload(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _fact(value: Any) -> str:
-    from ..snippets.transcript import thaw
+    from corral.snippets.host.transcript import thaw
 
     return json.dumps(thaw(value), ensure_ascii=False)
 
@@ -110,7 +110,7 @@ def render(t: Transcript) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run the snippet; print the transcript; exit 0, 1 or 124."""
     # imported here, not at the top: every verb's module loads to build the parser
-    from ..snippets.runner import run_snippet_sync, shutdown_snippet_pool
+    from corral.snippets.host.runner import run_snippet_sync, shutdown_snippet_pool
 
     files = _payload(args)
     try:

@@ -1,10 +1,10 @@
 """``corral run [options] -- CMD ARGS...``: one bounded run from the shell.
 
-Thin over :func:`corral.runner.run_bounded`. The child's output is streamed
+Thin over :func:`corral.run.bounded.run_bounded`. The child's output is streamed
 to ours as it arrives, or with ``--json`` the whole result is printed as one
 JSON object on stdout. The exit status is the child's own (128 + N if signal
 N killed it), or the outcome's status from the one table,
-:data:`corral.runner.OUTCOME_EXIT_STATUS` (timeout 124, cancelled 130,
+:data:`corral.run.bounded.OUTCOME_EXIT_STATUS` (timeout 124, cancelled 130,
 overflow / memory / cpu 137, spawn error 127); an invalid option exits with
 ``ConfigInvalidError.exit_status`` (64). SIGINT and SIGTERM cancel the run
 (shutdown signal, grace, SIGKILL; outcome ``cancelled``).
@@ -28,9 +28,10 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, BinaryIO
 
-from .._cancel import CancelToken
-from ..errors import ConfigInvalidError
-from ..runner import (
+from corral.cli._terminal import TerminalSanitizer
+from corral.core.cancel import CancelToken
+from corral.core.errors import ConfigInvalidError
+from corral.run.bounded import (
     DEFAULT_MAX_STDERR_BYTES,
     DEFAULT_MAX_STDOUT_BYTES,
     Outcome,
@@ -38,7 +39,6 @@ from ..runner import (
     exit_status_of,
     run_bounded,
 )
-from ._terminal import TerminalSanitizer
 
 __all__ = ["DEFAULT_TIMEOUT_MS", "add_parser", "run"]
 
@@ -222,8 +222,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_strict(args: argparse.Namespace, cmd: str, cmd_args: list[str],
                 token: CancelToken, out: tuple[_Output, _Output] | None) -> RunResult:
-    from ..spec import SandboxLimits
-    from ..strict_run import run_strict
+    from corral.core.spec import SandboxLimits
+    from corral.run.strict import run_strict
 
     limits = SandboxLimits(mem_mb=args.mem_mb, cpu_ms=args.cpu_ms,
                            max_processes=args.max_processes, disk_mb=args.disk_mb)

@@ -2,7 +2,7 @@
 
 ``python -m corral.handler MODULE_OR_FILE:ATTRIBUTE`` (or the script
 :func:`entrypoint_script` names, the file images carry at
-:data:`~corral.spec.DEFAULT_ENTRYPOINT_PATH`) reads the frames of seed 01 on
+:data:`~corral.core.spec.DEFAULT_ENTRYPOINT_PATH`) reads the frames of seed 01 on
 stdin, calls ``handler(input, ctx)`` and writes one frame back. See
 ``docs/handlers.md``.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from .base import (
+from corral.handler.base import (
     HANDLER_ENV,
     HandlerContext,
     build_context,
@@ -43,5 +43,5 @@ __all__ = [
 
 def entrypoint_script() -> str:
     """The host path of the standalone entrypoint script (copy it into an image at
-    :data:`~corral.spec.DEFAULT_ENTRYPOINT_PATH`, next to an importable corral)."""
+    :data:`~corral.core.spec.DEFAULT_ENTRYPOINT_PATH`, next to an importable corral)."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "entrypoint.py")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .base import main
+from corral.handler.base import main
 
 __all__: list[str] = []
 

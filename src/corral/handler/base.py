@@ -1,12 +1,12 @@
 """The handler-base entrypoint: frames on stdin -> one handler call -> one frame on stdout.
 
 Runs inside the sandbox (``python -m corral.handler TARGET``, or the script at
-:data:`~corral.spec.DEFAULT_ENTRYPOINT_PATH` in an image). It reads zero or
+:data:`~corral.core.spec.DEFAULT_ENTRYPOINT_PATH` in an image). It reads zero or
 more ``resume`` frames and then one ``invoke`` frame, loads the handler named
 by ``TARGET`` (``MODULE_OR_FILE:ATTRIBUTE``, from argv or the
 :data:`HANDLER_ENV` variable), calls ``handler(input, ctx)`` and writes exactly
 one ``output``, ``error`` or ``suspend`` frame. Exit codes: 0 after
-``output``, 1 after ``error``, :data:`~corral.protocol.SUSPEND_EXIT_CODE` (42)
+``output``, 1 after ``error``, :data:`~corral.wire.protocol.SUSPEND_EXIT_CODE` (42)
 after ``suspend``. While the handler runs, file descriptor 1 points at stderr,
 so nothing the handler (or a child it starts) prints can corrupt the frame
 stream. The same call logic serves the dispatcher's in-context mode.
@@ -25,8 +25,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Final, final
 
-from ..errors import ConfigInvalidError, CorralError, ErrorCode
-from ..protocol import (
+from corral.core.errors import ConfigInvalidError, CorralError, ErrorCode
+from corral.core.spec import HandlerRef, ResumeInfo
+from corral.wire.protocol import (
     DEFAULT_MAX_LINE_BYTES,
     SUSPEND_EXIT_CODE,
     ErrorBody,
@@ -41,7 +42,6 @@ from ..protocol import (
     SuspendFrame,
     encode_frame,
 )
-from ..spec import HandlerRef, ResumeInfo
 
 __all__ = [
     "HANDLER_ENV",
@@ -86,7 +86,7 @@ class HandlerContext:
 
     def wait_token(self, token_id: str) -> Any:
         """The value token ``token_id`` completed with; if it has not completed yet,
-        raise :class:`~corral.protocol.SandboxSuspensionRequest` (the run suspends)."""
+        raise :class:`~corral.wire.protocol.SandboxSuspensionRequest` (the run suspends)."""
         if token_id in self.resumed_tokens:
             return self.resumed_tokens[token_id]
         raise SandboxSuspensionRequest(token_id)
@@ -180,7 +180,7 @@ async def _await(aw: Awaitable[Any]) -> Any:
 def error_frame_for(exc: BaseException) -> ErrorFrame:
     """The error frame for an exception a handler raised.
 
-    A :class:`~corral.errors.CorralError` keeps its code, message and facts
+    A :class:`~corral.core.errors.CorralError` keeps its code, message and facts
     (as ``details``). Any other exception is ``unhandled-worker`` with the
     message ``"Type: text"`` and the exception type and traceback in ``details``.
     """
@@ -210,7 +210,7 @@ def result_frame(call: Callable[[], Any]) -> StdoutFrame:
 
     A return value becomes ``output`` (one that JSON cannot write becomes a
     ``config-invalid`` error naming ``output``), a
-    :class:`~corral.protocol.SandboxSuspensionRequest` becomes ``suspend``, and
+    :class:`~corral.wire.protocol.SandboxSuspensionRequest` becomes ``suspend``, and
     any other ``Exception`` becomes ``error`` (see :func:`error_frame_for`).
     """
     try:

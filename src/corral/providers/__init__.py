@@ -1,6 +1,6 @@
 """The provider registry: short name -> module, imported lazily.
 
-Each module named here exposes ``PROVIDER_CLASS`` (a :class:`~corral.provider.SandboxProvider`
+Each module named here exposes ``PROVIDER_CLASS`` (a :class:`~corral.core.contract.SandboxProvider`
 subclass) and is imported only when that provider is asked for, so heavy or
 platform-specific code costs nothing until used.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..errors import ConfigInvalidError
+from corral.core.errors import ConfigInvalidError
 
 __all__ = ["PROVIDERS", "get_provider_class", "provider_names"]
 

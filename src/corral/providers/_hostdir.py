@@ -15,13 +15,13 @@ import os
 import tempfile
 import uuid
 
-from .._cancel import CancelToken
-from .._paths import read_file_under, split_relative, write_file_under
-from .._runner_tree import remove_tree
-from ..errors import ConfigInvalidError, CreateCancelledError, ProviderError
-from ..provider import Sandbox
-from ..spec import SandboxSpec
-from ._image_dir import copy_image_dir
+from corral.core.cancel import CancelToken
+from corral.core.contract import Sandbox
+from corral.core.errors import ConfigInvalidError, CreateCancelledError, ProviderError
+from corral.core.spec import SandboxSpec
+from corral.images.hostdir import copy_image_dir
+from corral.providers.confined import read_file_under, split_relative, write_file_under
+from corral.run.tree import remove_tree
 
 __all__ = ["HostDirSandbox", "make_sandbox_dir", "remove_sandbox_dir"]
 

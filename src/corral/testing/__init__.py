@@ -1,7 +1,7 @@
 """Testing aids: the provider conformance kit and a scripted fake provider.
 
 * :func:`check_provider` (and :func:`check_provider_sync`) runs the contract's
-  checks against any :class:`~corral.provider.SandboxProvider`; every corral
+  checks against any :class:`~corral.core.contract.SandboxProvider`; every corral
   provider passes it, and you can run it against your own adapter.
 * :class:`FakeProvider` is a test double, not a sandbox: exec answers come
   from a handler you write, files live in memory. Use it to test code that
@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
-from ._fake import FakeHandler, FakeProvider, FakeSandbox
-from ._kit import CHECKS, check_provider, check_provider_sync
+from corral.testing._fake import FakeHandler, FakeProvider, FakeSandbox
+from corral.testing._kit import CHECKS, check_provider, check_provider_sync
 
 __all__ = ["CHECKS", "FakeHandler", "FakeProvider", "FakeSandbox", "check_provider",
            "check_provider_sync"]

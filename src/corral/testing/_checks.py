@@ -10,10 +10,10 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from ..errors import ConfigInvalidError, ProviderError, SandboxTimeoutError
-from ..spec import ExecOpts, ExecResult, ProcessOpts
-from ._checks_life import check_cancel, check_level, check_lifecycle, check_limits
-from ._kit import Kit, drain, expect, read_until, within
+from corral.core.errors import ConfigInvalidError, ProviderError, SandboxTimeoutError
+from corral.core.spec import ExecOpts, ExecResult, ProcessOpts
+from corral.testing._checks_life import check_cancel, check_level, check_lifecycle, check_limits
+from corral.testing._kit import Kit, drain, expect, read_until, within
 
 __all__ = ["CHECK_FUNCS"]
 

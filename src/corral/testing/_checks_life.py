@@ -7,8 +7,9 @@ import asyncio
 import copy
 from typing import Any
 
-from .._cancel import CancelToken
-from ..errors import (
+from corral.core.cancel import CancelToken
+from corral.core.contract import Sandbox, pause, restore, resume, snapshot
+from corral.core.errors import (
     ConfigInvalidError,
     CreateCancelledError,
     InvalidSnapshotHandleError,
@@ -18,9 +19,8 @@ from ..errors import (
     RestoreNotSupportedError,
     SnapshotNotSupportedError,
 )
-from ..provider import Sandbox, pause, restore, resume, snapshot
-from ..spec import Level, ProcessOpts, SandboxLimits, SnapshotHandle
-from ._kit import Kit, expect, read_until, within
+from corral.core.spec import Level, ProcessOpts, SandboxLimits, SnapshotHandle
+from corral.testing._kit import Kit, expect, read_until, within
 
 __all__ = ["check_cancel", "check_level", "check_lifecycle", "check_limits"]
 

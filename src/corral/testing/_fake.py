@@ -23,16 +23,16 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TypeAlias, final
 
-from .._cancel import CancelToken
-from .._paths import split_relative
-from ..errors import (
+from corral.core.cancel import CancelToken
+from corral.core.contract import ProcessHandle, ProcessStdin, Sandbox, SandboxProvider
+from corral.core.errors import (
     ConfigInvalidError,
     CreateCancelledError,
     LevelNotSupportedError,
     ProviderError,
 )
-from ..provider import ProcessHandle, ProcessStdin, Sandbox, SandboxProvider
-from ..spec import ExecOpts, ExecResult, ExitStatus, Level, ProcessOpts, SandboxSpec
+from corral.core.spec import ExecOpts, ExecResult, ExitStatus, Level, ProcessOpts, SandboxSpec
+from corral.providers.confined import split_relative
 
 __all__ = ["FakeHandler", "FakeProvider", "FakeSandbox"]
 

@@ -18,8 +18,8 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
-from ..provider import Sandbox, SandboxProvider
-from ..spec import ExecOpts, ExecResult, Level, NetworkPolicy, SandboxLimits, SandboxSpec
+from corral.core.contract import Sandbox, SandboxProvider
+from corral.core.spec import ExecOpts, ExecResult, Level, NetworkPolicy, SandboxLimits, SandboxSpec
 
 __all__ = ["CHECKS", "Kit", "check_provider", "check_provider_sync", "expect", "within"]
 
@@ -195,7 +195,7 @@ async def check_provider(
     names = _select(only, skip)
     if not processes:
         names = [n for n in names if n not in PROCESS_CHECKS]
-    from ._checks import CHECK_FUNCS  # the checks import this module
+    from corral.testing._checks import CHECK_FUNCS  # the checks import this module
 
     host_dir = tempfile.mkdtemp(prefix="corral-kit-host-")
     kit = Kit(provider, level=lv, python=python, network=network or NetworkPolicy.none(),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._provider import InProcessProvider, InProcessSandbox
+from corral.providers.inprocess._provider import InProcessProvider, InProcessSandbox
 
 __all__ = ["PROVIDER_CLASS", "InProcessProvider", "InProcessSandbox"]
 

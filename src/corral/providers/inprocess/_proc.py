@@ -9,9 +9,9 @@ import signal
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 
-from ...errors import ConfigInvalidError, ProviderError
-from ...provider import ProcessHandle, ProcessStdin
-from ...spec import ExitStatus, ResourceUsage
+from corral.core.contract import ProcessHandle, ProcessStdin
+from corral.core.errors import ConfigInvalidError, ProviderError
+from corral.core.spec import ExitStatus, ResourceUsage
 
 __all__ = ["Child", "InProcessHandle", "spawn"]
 

@@ -9,15 +9,15 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar, final
 
-from ..._cancel import CancelToken
-from ...errors import (
+from corral.core.cancel import CancelToken
+from corral.core.contract import ProcessHandle, Sandbox, SandboxProvider
+from corral.core.errors import (
     ConfigInvalidError,
     LevelNotSupportedError,
     ProviderError,
     SandboxTimeoutError,
 )
-from ...provider import ProcessHandle, Sandbox, SandboxProvider
-from ...spec import (
+from corral.core.spec import (
     Capability,
     ExecOpts,
     ExecResult,
@@ -26,9 +26,9 @@ from ...spec import (
     ProcessOpts,
     SandboxSpec,
 )
-from .._hostdir import HostDirSandbox, make_sandbox_dir, remove_sandbox_dir
-from .._image_dir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec
-from ._proc import Child, InProcessHandle, spawn
+from corral.images.hostdir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec
+from corral.providers._hostdir import HostDirSandbox, make_sandbox_dir, remove_sandbox_dir
+from corral.providers.inprocess._proc import Child, InProcessHandle, spawn
 
 __all__ = ["InProcessProvider", "InProcessSandbox"]
 
@@ -166,7 +166,7 @@ class InProcessProvider(SandboxProvider):
     Modes: None, ``in-context`` and ``json-stdio``. ``json-stdio`` may name
     ``spec.image``: a local directory of the handler's files, copied into the
     work dir at ``create`` (no root filesystem of its own at this level; see
-    :mod:`corral.providers._image_dir`). ``handler-image`` is refused with
+    :mod:`corral.images.hostdir`). ``handler-image`` is refused with
     ``ConfigInvalidError("mode")``.
 
     Args:

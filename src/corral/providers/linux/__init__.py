@@ -1,8 +1,11 @@
 """The strict Linux provider: namespaces, seccomp, cgroups and rlimits, no extra binaries.
 
-``LinuxProvider`` (registry name ``linux``) gives level ``strict``. The host
-side lives in ``host.py``/``sandbox.py`` and is imported lazily, so the fork
-server (which imports this package) does not load asyncio.
+``LinuxProvider`` (registry name ``linux``) gives level ``strict``. One
+subpackage per side: ``host`` (the provider, its sandboxes, the channel to each
+agent, cgroups), ``init`` (the processes that build and serve a sandbox: fork
+server, pid 1, agent), ``policy`` (the pure plan and seccomp filter); raw
+syscalls only in ``_sys_unsafe``. The host side is imported lazily, so the
+fork server (which imports this package) does not load asyncio.
 """
 
 from __future__ import annotations
@@ -12,17 +15,17 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["PROVIDER_CLASS", "LinuxProvider", "LinuxSandbox"]
 
 if TYPE_CHECKING:
-    from .host import LinuxProvider
-    from .sandbox import LinuxSandbox
+    from corral.providers.linux.host.provider import LinuxProvider
+    from corral.providers.linux.host.sandbox import LinuxSandbox
 
     PROVIDER_CLASS = LinuxProvider
 
 
 def __getattr__(name: str) -> Any:
     if name in ("LinuxProvider", "PROVIDER_CLASS"):
-        from .host import LinuxProvider
+        from corral.providers.linux.host.provider import LinuxProvider
         return LinuxProvider
     if name == "LinuxSandbox":
-        from .sandbox import LinuxSandbox
+        from corral.providers.linux.host.sandbox import LinuxSandbox
         return LinuxSandbox
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

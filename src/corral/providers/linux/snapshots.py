@@ -7,10 +7,10 @@ dir and extracts it: regular files and directories only, no links, no
 absolute or ``..`` names (Python 3.11.2 has no ``tarfile`` filters).
 
 Host side: :class:`SnapshotStore` keeps the archives in memory and hands
-out :class:`~corral.spec.SnapshotHandle` envelopes whose doc carries an id,
+out :class:`~corral.core.spec.SnapshotHandle` envelopes whose doc carries an id,
 the archive's sha256 and an HMAC-SHA256 over both under a per-provider random
 key. A tampered, foreign (other provider or key) or stale (dropped) handle
-raises :class:`~corral.errors.InvalidSnapshotHandleError`.
+raises :class:`~corral.core.errors.InvalidSnapshotHandleError`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import stat
 import tarfile
 from typing import Final, final
 
-from ..._paths import split_relative, write_file_under
-from ...errors import InvalidSnapshotHandleError
-from ...spec import SnapshotHandle
+from corral.core.errors import InvalidSnapshotHandleError
+from corral.core.spec import SnapshotHandle
+from corral.providers.confined import split_relative, write_file_under
 
 __all__ = ["ADAPTER_ID", "SnapshotStore", "replace_dir", "tar_dir"]
 

@@ -5,8 +5,11 @@ See ``docs/providers/subproc.md`` for what it enforces and what it does not.
 
 from __future__ import annotations
 
-from ._process import SubprocProcess as SubprocProcess
-from ._provider import SubprocProvider as SubprocProvider, SubprocSandbox as SubprocSandbox
+from corral.providers.subproc._process import SubprocProcess as SubprocProcess
+from corral.providers.subproc._provider import (
+    SubprocProvider as SubprocProvider,
+    SubprocSandbox as SubprocSandbox,
+)
 
 __all__ = ["PROVIDER_CLASS", "SubprocProcess", "SubprocProvider", "SubprocSandbox"]
 

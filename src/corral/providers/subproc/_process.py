@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import final
 
-from ..._runner_core import BoundedRun
-from ..._runner_result import RunResult
-from ...errors import ProviderError
-from ...provider import ProcessHandle, ProcessStdin
-from ...spec import ExitStatus
+from corral.core.contract import ProcessHandle, ProcessStdin
+from corral.core.errors import ProviderError
+from corral.core.spec import ExitStatus
+from corral.run.engine import BoundedRun
+from corral.run.result import RunResult
 
 __all__ = ["ChunkQueue", "SubprocProcess", "exit_code_of"]
 

@@ -3,7 +3,7 @@
 A sandbox is a private directory (``mkdtemp``, mode 0700) holding ``work/``
 (the commands' cwd and ``HOME``) and ``tmp/`` (``TMPDIR``), plus the process
 trees of the commands run in it. Each command runs through the bounded runner
-(:mod:`corral.runner`): own session and process group, environment
+(:mod:`corral.run.bounded`): own session and process group, environment
 allowlist, wall-clock timeout, output caps, whole-tree kill at its end.
 
 NOT a security boundary: commands run as the caller's user, see the host's
@@ -20,18 +20,10 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import Final, final
 
-from ..._cancel import CancelToken
-from ..._runner_core import BoundedRun
-from ..._runner_opts import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES, make_options
-from ..._runner_result import Outcome, RunResult
-from ..._runner_tree import spawn_process
-from ...errors import (
-    ConfigInvalidError,
-    LevelNotSupportedError,
-    ProviderError,
-)
-from ...provider import ProcessHandle, Sandbox, SandboxProvider
-from ...spec import (
+from corral.core.cancel import CancelToken
+from corral.core.contract import ProcessHandle, Sandbox, SandboxProvider
+from corral.core.errors import ConfigInvalidError, LevelNotSupportedError, ProviderError
+from corral.core.spec import (
     Capability,
     ExecOpts,
     ExecResult,
@@ -40,9 +32,13 @@ from ...spec import (
     ProcessOpts,
     SandboxSpec,
 )
-from .._hostdir import HostDirSandbox, make_sandbox_dir, remove_sandbox_dir
-from .._image_dir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec
-from ._process import ChunkQueue, SubprocProcess, exit_code_of
+from corral.images.hostdir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec
+from corral.providers._hostdir import HostDirSandbox, make_sandbox_dir, remove_sandbox_dir
+from corral.providers.subproc._process import ChunkQueue, SubprocProcess, exit_code_of
+from corral.run.engine import BoundedRun
+from corral.run.options import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES, make_options
+from corral.run.result import Outcome, RunResult
+from corral.run.tree import spawn_process
 
 __all__ = ["SubprocProvider", "SubprocSandbox"]
 
@@ -187,7 +183,7 @@ class SubprocProvider(SandboxProvider):
 
     Mode ``json-stdio`` takes ``spec.image``: a local directory of the handler's
     files, copied into the work dir at ``create`` (this level has no root
-    filesystem of its own; see :mod:`corral.providers._image_dir`).
+    filesystem of its own; see :mod:`corral.images.hostdir`).
     ``handler-image`` is refused with ``ConfigInvalidError("mode")``.
     """
 

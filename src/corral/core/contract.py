@@ -1,0 +1,213 @@
+"""The provider contract: the one seam every isolation back end implements.
+
+Semantics every provider keeps (the conformance kit in :mod:`corral.testing`
+checks them):
+
+* **Never run weaker.** ``create(spec)`` gives a sandbox at ``spec.level`` or
+  raises :class:`~corral.core.errors.LevelNotSupportedError`; a limit or network
+  policy it cannot enforce is refused with a typed error, never ignored.
+* **Roll back.** If ``create`` fails, or the ``cancel`` token fires while it
+  runs, everything it built is released; a token cancel raises
+  :class:`~corral.core.errors.CreateCancelledError`. An asyncio cancellation rolls
+  back the same way and propagates untouched.
+* **Destroy always releases.** ``destroy()`` kills every process of the
+  sandbox and removes its files, mounts and cgroups, even if a graceful stop
+  fails; it is idempotent. After it, every other method raises
+  ``ProviderError``.
+* **Files stay inside.** ``write_file`` / ``read_file`` paths are relative to
+  the sandbox's work dir (absolute paths must lie under it); ``..``, absolute
+  paths outside and symlinks that lead out raise ``ConfigInvalidError``.
+* **Optional lifecycle** (``snapshot``, ``restore``, ``pause``, ``resume``) is
+  present on a sandbox only if the provider supports it, and then its
+  capability string is advertised. Detect it with ``hasattr(sb, "pause")``,
+  or call :func:`snapshot` / :func:`pause` ..., which raise the matching
+  not-supported error when it is absent.
+
+``Sandbox`` and ``ProcessHandle`` objects are made by providers only.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol, runtime_checkable
+
+from corral.core.cancel import CancelToken
+from corral.core.errors import (
+    PauseNotSupportedError,
+    RestoreNotSupportedError,
+    SnapshotNotSupportedError,
+)
+from corral.core.spec import (
+    ExecOpts,
+    ExecResult,
+    ExitStatus,
+    Level,
+    ProcessOpts,
+    SandboxSpec,
+    SnapshotHandle,
+)
+
+__all__ = [
+    "ProcessHandle",
+    "ProcessStdin",
+    "Sandbox",
+    "SandboxProvider",
+    "SupportsPause",
+    "SupportsRestore",
+    "SupportsSnapshot",
+    "pause",
+    "restore",
+    "resume",
+    "snapshot",
+]
+
+
+class ProcessStdin(abc.ABC):
+    """The writable end of a started process's stdin."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Write all of ``data``. Raises ``ProviderError`` if the process closed it."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close stdin (EOF for the process). Idempotent."""
+
+
+class ProcessHandle(abc.ABC):
+    """A process started in a sandbox, with streamed output.
+
+    ``stdout`` / ``stderr`` yield chunks as they arrive and end at EOF; read
+    both (or neither) to avoid the process blocking on a full pipe.
+    """
+
+    stdin: ProcessStdin
+    stdout: AsyncIterator[bytes]
+    stderr: AsyncIterator[bytes]
+
+    @abc.abstractmethod
+    async def wait(self) -> ExitStatus:
+        """Wait for the process to end and return how it ended."""
+
+    @abc.abstractmethod
+    async def kill(self) -> None:
+        """Kill the process (and what it started). Idempotent."""
+
+
+class Sandbox(abc.ABC):
+    """One live sandbox. Built by a provider's ``create``."""
+
+    #: a provider-unique id, stable for the sandbox's life
+    id: str
+    spec: SandboxSpec
+
+    @abc.abstractmethod
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
+        """Run ``argv`` to completion and return its output and exit code.
+
+        Raises:
+            SandboxTimeoutError: ``opts.timeout_ms`` passed; the command was
+                killed, partial output is on the error.
+            LimitsExceededError: the command hit a sandbox limit.
+            ConfigInvalidError: bad argv or options.
+        """
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Create or replace the file at ``path`` (parents are created)."""
+
+    @abc.abstractmethod
+    async def read_file(self, path: str) -> bytes:
+        """Return the whole content of the file at ``path``.
+
+        Raises:
+            FileNotFoundError: no such file (the builtin, as ``open`` raises).
+            ConfigInvalidError: the path leaves the sandbox or is not a
+                regular file.
+        """
+
+    @abc.abstractmethod
+    async def start_process(self, argv: Sequence[str],
+                            opts: ProcessOpts | None = None) -> ProcessHandle:
+        """Start ``argv`` and return a handle streaming its output."""
+
+    @abc.abstractmethod
+    async def destroy(self) -> None:
+        """Release everything. Idempotent; never raises for a second call."""
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.destroy()
+
+
+@runtime_checkable
+class SupportsSnapshot(Protocol):
+    async def snapshot(self) -> SnapshotHandle: ...
+
+
+@runtime_checkable
+class SupportsRestore(Protocol):
+    async def restore(self, handle: SnapshotHandle) -> None: ...
+
+
+@runtime_checkable
+class SupportsPause(Protocol):
+    async def pause(self) -> None: ...
+
+    async def resume(self) -> None: ...
+
+
+class SandboxProvider(abc.ABC):
+    """Creates sandboxes of the levels it supports."""
+
+    #: short registry name ("inprocess", "subproc", "linux", ...)
+    name: str
+    #: the levels this provider can give on this host
+    levels: frozenset[Level]
+    #: capability strings (see :class:`corral.core.spec.Capability`)
+    capabilities: frozenset[str]
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
+        """Build a sandbox for ``spec``.
+
+        Raises:
+            LevelNotSupportedError: ``spec.level`` is not one of ``levels``
+                (or a host primitive it needs is missing: ``missing`` says which).
+            ConfigInvalidError: a limit or network policy it cannot enforce.
+            CreateCancelledError: ``cancel`` fired; everything was rolled back.
+        """
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Release provider-wide resources (warm pools, helper processes)."""
+
+
+async def snapshot(sandbox: Sandbox) -> SnapshotHandle:
+    """``sandbox.snapshot()``, or :class:`SnapshotNotSupportedError` if it has none."""
+    if not isinstance(sandbox, SupportsSnapshot):
+        raise SnapshotNotSupportedError(f"{type(sandbox).__name__} cannot take snapshots")
+    return await sandbox.snapshot()
+
+
+async def restore(sandbox: Sandbox, handle: SnapshotHandle) -> None:
+    """``sandbox.restore(handle)``, or :class:`RestoreNotSupportedError`."""
+    if not isinstance(sandbox, SupportsRestore):
+        raise RestoreNotSupportedError(f"{type(sandbox).__name__} cannot restore snapshots")
+    await sandbox.restore(handle)
+
+
+async def pause(sandbox: Sandbox) -> None:
+    """``sandbox.pause()``, or :class:`PauseNotSupportedError`."""
+    if not isinstance(sandbox, SupportsPause):
+        raise PauseNotSupportedError(f"{type(sandbox).__name__} cannot be paused")
+    await sandbox.pause()
+
+
+async def resume(sandbox: Sandbox) -> None:
+    """``sandbox.resume()``, or :class:`PauseNotSupportedError`."""
+    if not isinstance(sandbox, SupportsPause):
+        raise PauseNotSupportedError(f"{type(sandbox).__name__} cannot be resumed")
+    await sandbox.resume()

@@ -1,0 +1,377 @@
+"""What a run needs: frozen value types for sandbox specs and process I/O.
+
+Everything here is a frozen, slotted, keyword-only dataclass validated at
+construction: a bad value raises :class:`~corral.core.errors.ConfigInvalidError`
+naming the field. Strings are accepted where an enum is expected and coerced.
+
+This module is pure: no I/O imports.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from corral.core.errors import ConfigInvalidError
+
+__all__ = [
+    "DEFAULT_ENTRYPOINT_PATH",
+    "KNOWN_CAPABILITIES",
+    "Capability",
+    "ExecOpts",
+    "ExecResult",
+    "ExitStatus",
+    "HandlerRef",
+    "InvocationMode",
+    "Level",
+    "NetworkPolicy",
+    "ProcessOpts",
+    "ResourceUsage",
+    "ResumeInfo",
+    "SandboxInvocationContext",
+    "SandboxLimits",
+    "SandboxSpec",
+    "SnapshotHandle",
+]
+
+#: Where the handler-base entrypoint lives inside a handler image.
+DEFAULT_ENTRYPOINT_PATH: Final = "/corral/handler-base/entrypoint.py"
+
+
+class Level(enum.StrEnum):
+    """Isolation levels, weakest first. Only ``strict`` is a security boundary."""
+
+    NONE = "none"
+    CONTEXT_ISOLATED = "context-isolated"
+    STRICT = "strict"
+
+    @property
+    def rank(self) -> int:
+        return _LEVEL_RANK[self]
+
+
+_LEVEL_RANK = {Level.NONE: 0, Level.CONTEXT_ISOLATED: 1, Level.STRICT: 2}
+
+
+class InvocationMode(enum.StrEnum):
+    """How a handler is invoked. ``json-stdio`` and ``handler-image`` need an image."""
+
+    IN_CONTEXT = "in-context"
+    JSON_STDIO = "json-stdio"
+    HANDLER_IMAGE = "handler-image"
+
+
+class Capability(enum.StrEnum):
+    """The capability strings seed 01 knows. Providers may add their own strings."""
+
+    PREVIEW_URL = "preview-url"
+    STREAMING = "streaming"
+    WARM_POOL = "warm-pool"
+    STRICT = "strict"
+    CONTEXT_ISOLATED = "context-isolated"
+    NETWORK_ALLOWLIST = "network-allowlist"
+    NETWORK_UNRESTRICTED = "network-unrestricted"
+    # corral's own, for the optional lifecycle methods
+    SNAPSHOT = "snapshot"
+    RESTORE = "restore"
+    PAUSE = "pause"
+
+
+KNOWN_CAPABILITIES: Final = frozenset(c.value for c in Capability)
+
+
+def _coerce_enum(cls: type[enum.StrEnum], value: object, name: str) -> Any:
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return cls(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in cls)
+        raise ConfigInvalidError(
+            name, f"unknown value {value!r} (expected one of {allowed})") from None
+
+
+def _check_count(name: str, value: object, *, allow_none: bool = True, minimum: int = 1) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigInvalidError(name, f"must be an integer, got {type(value).__name__}")
+    if value < minimum:
+        raise ConfigInvalidError(name, f"must be >= {minimum}, got {value}")
+
+
+def _check_str(name: str, value: object, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, str) or not value:
+        raise ConfigInvalidError(name, "must be a non-empty string")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxLimits:
+    """Resource limits for one sandbox (the whole process tree).
+
+    ``None`` means the caller asks for no limit; a provider may still apply
+    its own documented defaults. A provider that cannot enforce a limit that
+    is set refuses the spec with a typed error; it never ignores it.
+
+    Attributes:
+        mem_mb: memory plus swap, MiB.
+        cpu_ms: CPU time of all processes together, ms.
+        disk_mb: size of the writable file area (work dir and /tmp), MiB.
+        max_processes: processes and threads alive at once.
+    """
+
+    mem_mb: int | None = None
+    cpu_ms: int | None = None
+    disk_mb: int | None = None
+    max_processes: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_count("limits.mem_mb", self.mem_mb)
+        _check_count("limits.cpu_ms", self.cpu_ms)
+        _check_count("limits.disk_mb", self.disk_mb)
+        _check_count("limits.max_processes", self.max_processes)
+
+    def merged(self, defaults: SandboxLimits) -> SandboxLimits:
+        """These limits with every unset field taken from ``defaults``."""
+        return SandboxLimits(
+            mem_mb=self.mem_mb if self.mem_mb is not None else defaults.mem_mb,
+            cpu_ms=self.cpu_ms if self.cpu_ms is not None else defaults.cpu_ms,
+            disk_mb=self.disk_mb if self.disk_mb is not None else defaults.disk_mb,
+            max_processes=(self.max_processes if self.max_processes is not None
+                           else defaults.max_processes),
+        )
+
+    def asked(self) -> dict[str, int]:
+        """The limits that are set, by field name."""
+        return {k: v for k in ("mem_mb", "cpu_ms", "disk_mb", "max_processes")
+                if (v := getattr(self, k)) is not None}
+
+
+NetworkKind = Literal["none", "allowlist", "unrestricted"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkPolicy:
+    """Network access. ``none`` (the default) leaves loopback only.
+
+    Providers fail closed: a policy they cannot enforce is refused.
+    """
+
+    kind: NetworkKind = "none"
+    hosts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("none", "allowlist", "unrestricted"):
+            raise ConfigInvalidError("network.kind", f"unknown value {self.kind!r}")
+        hosts = tuple(self.hosts)
+        object.__setattr__(self, "hosts", hosts)
+        if self.kind == "allowlist":
+            if not hosts:
+                raise ConfigInvalidError("network.hosts", "an allowlist needs at least one host")
+            for i, h in enumerate(hosts):
+                if not isinstance(h, str) or not h.strip() or any(c.isspace() for c in h):
+                    raise ConfigInvalidError(f"network.hosts[{i}]", f"not a host name: {h!r}")
+        elif hosts:
+            raise ConfigInvalidError(
+                "network.hosts", f"hosts only go with kind 'allowlist', not {self.kind!r}")
+
+    @classmethod
+    def none(cls) -> NetworkPolicy:
+        return cls(kind="none")
+
+    @classmethod
+    def allowlist(cls, *hosts: str) -> NetworkPolicy:
+        return cls(kind="allowlist", hosts=hosts)
+
+    @classmethod
+    def unrestricted(cls) -> NetworkPolicy:
+        return cls(kind="unrestricted")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HandlerRef:
+    """Names a handler: an artifact and, inside it, a module and attribute.
+
+    ``module_path`` is a dotted module name or a path to a ``.py`` file;
+    ``attribute`` the callable in it. ``entrypoint_path`` overrides the
+    handler-base entrypoint of an image.
+    """
+
+    artifact_id: str
+    version: str
+    module_path: str | None = None
+    attribute: str = "handler"
+    entrypoint_path: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_str("handler.artifact_id", self.artifact_id)
+        _check_str("handler.version", self.version)
+        _check_str("handler.module_path", self.module_path, allow_none=True)
+        _check_str("handler.attribute", self.attribute)
+        _check_str("handler.entrypoint_path", self.entrypoint_path, allow_none=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumeInfo:
+    """The token a suspended handler waited on, and the value it resumes with."""
+
+    token_id: str
+    value: Any = None
+
+    def __post_init__(self) -> None:
+        _check_str("resume.token_id", self.token_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxInvocationContext:
+    """Run context carried to a handler (``ctx`` on the invoke frame)."""
+
+    dry_run: bool = False
+    state: Mapping[str, Any] = field(default_factory=dict)
+    node_outputs: Mapping[str, Any] = field(default_factory=dict)
+    resume: ResumeInfo | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxSpec:
+    """What a sandbox must provide.
+
+    ``mode`` is ``None`` for a general-purpose sandbox (exec, files, processes)
+    and names an :class:`InvocationMode` for handler dispatch; ``json-stdio``
+    and ``handler-image`` need ``image``.
+    """
+
+    tenant_id: str
+    run_id: str
+    node_id: str | None = None
+    image: str | None = None
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)
+    level: Level = Level.STRICT
+    mode: InvocationMode | None = None
+    invocation: SandboxInvocationContext | None = None
+
+    def __post_init__(self) -> None:
+        _check_str("tenant_id", self.tenant_id)
+        _check_str("run_id", self.run_id)
+        _check_str("node_id", self.node_id, allow_none=True)
+        _check_str("image", self.image, allow_none=True)
+        object.__setattr__(self, "level", _coerce_enum(Level, self.level, "level"))
+        if self.mode is not None:
+            mode = _coerce_enum(InvocationMode, self.mode, "mode")
+            object.__setattr__(self, "mode", mode)
+            if mode in (InvocationMode.JSON_STDIO, InvocationMode.HANDLER_IMAGE) and not self.image:
+                raise ConfigInvalidError("image", f"mode {mode.value!r} requires an image")
+        if not isinstance(self.limits, SandboxLimits):
+            raise ConfigInvalidError("limits", "must be a SandboxLimits")
+        if not isinstance(self.network, NetworkPolicy):
+            raise ConfigInvalidError("network", "must be a NetworkPolicy")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResourceUsage:
+    """What a run used. 0 means not measured."""
+
+    cpu_ms: int = 0
+    wall_ms: int = 0
+    peak_mem_mb: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecOpts:
+    """Options for one ``Sandbox.exec``.
+
+    Attributes:
+        timeout_ms: wall-clock deadline for this call; narrows, never widens,
+            the provider's own.
+        env: the environment, an allowlist (the host's is never merged).
+        cwd: working directory inside the sandbox (relative to its work dir).
+        stdin: bytes written to the command's stdin, then closed.
+    """
+
+    timeout_ms: int | None = None
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    stdin: bytes | None = None
+
+    def __post_init__(self) -> None:
+        _check_count("timeout_ms", self.timeout_ms)
+        _check_env(self.env)
+        if self.stdin is not None and not isinstance(self.stdin, bytes | bytearray):
+            raise ConfigInvalidError("stdin", "must be bytes")
+
+
+def _check_env(env: Mapping[str, str] | None) -> None:
+    if env is None:
+        return
+    for k, v in env.items():
+        if not isinstance(k, str) or not k or "=" in k or "\0" in k:
+            raise ConfigInvalidError("env", f"bad variable name {k!r}")
+        if not isinstance(v, str) or "\0" in v:
+            raise ConfigInvalidError(f"env[{k}]", "value must be a string without NUL")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecResult:
+    """The result of ``Sandbox.exec``. Output is raw bytes; ``*_text`` decodes."""
+
+    stdout: bytes
+    stderr: bytes
+    exit_code: int
+    usage: ResourceUsage = field(default_factory=ResourceUsage)
+
+    @property
+    def stdout_text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def stderr_text(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessOpts:
+    """Options for ``Sandbox.start_process``. ``stdin=True`` gives a writable pipe."""
+
+    stdin: bool = True
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    timeout_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_env(self.env)
+        _check_count("timeout_ms", self.timeout_ms)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExitStatus:
+    """How a started process ended: ``exit_code`` (negative = killed by signal)."""
+
+    exit_code: int
+    usage: ResourceUsage = field(default_factory=ResourceUsage)
+
+    @property
+    def signal(self) -> int | None:
+        return -self.exit_code if self.exit_code < 0 else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotHandle:
+    """An opaque envelope only the producing provider can restore."""
+
+    v: Literal[1] = 1
+    adapter_id: str
+    doc: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        if self.v != 1:
+            raise ConfigInvalidError("snapshot.v", f"unsupported version {self.v!r}")
+        _check_str("snapshot.adapter_id", self.adapter_id)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": self.v, "adapterId": self.adapter_id, "doc": dict(self.doc)}
+

@@ -1,0 +1,408 @@
+"""LinuxProvider and LinuxSandbox: the host side of the strict Linux provider."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from typing import Any, Final, final
+
+from corral.core.cancel import CancelToken
+from corral.core.contract import SandboxProvider
+from corral.core.errors import (
+    ConfigInvalidError,
+    CreateCancelledError,
+    LevelNotSupportedError,
+    ProviderError,
+)
+from corral.core.spec import Level, SandboxLimits, SandboxSpec
+from corral.images.cache import ImageCache, UnpackedImage, unreachable_part
+from corral.providers.linux import _sys_unsafe as su
+from corral.providers.linux.host.channel import Zygote
+from corral.providers.linux.host.cpuwatch import CpuWatch
+from corral.providers.linux.host.launch import launch, race
+from corral.providers.linux.host.sandbox import LinuxSandbox
+from corral.providers.linux.host.spares import Launched, Reaper, kill_launched, shape_key
+from corral.providers.linux.init import mounts
+from corral.providers.linux.policy.plan import (
+    DEFAULT_LIMITS,
+    LinuxOptions,
+    SandboxPlan,
+    _extra_binds,
+    _id_maps,
+    build_plan,
+    check_spec,
+)
+from corral.providers.linux.snapshots import SnapshotStore
+
+__all__ = ["DEFAULT_STDERR_CAP", "DEFAULT_STDOUT_CAP", "LinuxProvider", "LinuxSandbox"]
+
+DEFAULT_STDOUT_CAP: Final = 8 * 1024 * 1024
+DEFAULT_STDERR_CAP: Final = 1024 * 1024
+
+
+@final
+class LinuxProvider(SandboxProvider):
+    """Level ``strict`` on Linux: namespaces, seccomp, cgroups and rlimits.
+
+    One zygote (fork server) per provider builds sandboxes; each sandbox is a
+    pid namespace whose pid 1 is an agent that spawns commands on request.
+
+    Args:
+        default_limits: applied where a spec leaves a limit unset; by default
+            mem_mb=512, max_processes=256, disk_mb=256 (cpu_ms unset: not capped).
+        outside_uid / outside_gid: host ids that uid/gid 0 inside map to (and that
+            own the sandbox's user namespace); default: a host uid of each
+            sandbox's own when running as root (see ``_uidpool.py``), the
+            caller's own ids otherwise.
+        cgroup_root: a delegated cgroup dir (or v1 mapping) to nest sandboxes in.
+        stdout_cap / stderr_cap: per-exec output caps (bytes).
+        image_cache_dir: where ``spec.image`` is unpacked (``images.ImageCache``;
+            default ``images.default_cache_dir()``). An image is taken only with
+            mode ``json-stdio`` or ``handler-image``; its rootfs is bound
+            read-only under the host's system dirs, interpreter and corral.
+        spares: how many pre-warmed spare sandboxes to keep ready (default 1;
+            0: every ``create`` builds its sandbox cold). A spare is built like
+            a cold sandbox before it is asked for, claimed by one ``create``
+            whose plan has the same shape (its limits are written into the
+            spare's cgroup before it is handed out), never reused or shared;
+            see ``spares.py``. Each idle spare holds one agent process and its
+            namespaces and cgroup until claimed or ``aclose``.
+        ro_binds: more host paths (absolute, existing) bound read-only at the
+            same path in every sandbox: another interpreter's prefix, a
+            toolchain. A path under the host's system dirs is visible already;
+            one that would hide the sandbox's own /proc, /dev, /etc, /work or
+            /tmp is refused (ConfigInvalidError naming ``ro_binds``), and so is one
+            that is or holds a unix socket (connect() ignores a read-only bind;
+            see ``_bind_scan``: checked once, here). As root, sources reach
+            the sandbox as detached mount trees made by the fork server (not
+            root: opened before the sandbox takes its uid), so a path under a
+            0700 home dir binds in; the sandbox reads it as its outside uid.
+
+    Limits the host cannot enforce are refused at ``create`` with
+    LevelNotSupportedError naming the missing primitive; so are a missing
+    seccomp filter and missing namespaces. ``reaped_orphans`` lists the cgroups
+    of dead earlier providers this one removed at start.
+    """
+
+    name = "linux"
+    levels: frozenset[Level] = frozenset({Level.STRICT})
+
+    def __init__(self, *, default_limits: SandboxLimits = DEFAULT_LIMITS,
+                 outside_uid: int | None = None, outside_gid: int | None = None,
+                 cgroup_root: str | None = None, hostname: str = "sandbox",
+                 stdout_cap: int = DEFAULT_STDOUT_CAP,
+                 stderr_cap: int = DEFAULT_STDERR_CAP, spares: int = 1,
+                 image_cache_dir: str | None = None, ro_binds: Sequence[str] = ()) -> None:
+        from corral.providers.linux.host.cgroups import CgroupManager
+        if isinstance(spares, bool) or not isinstance(spares, int) or not 0 <= spares <= 8:
+            raise ConfigInvalidError("spares", f"must be an integer 0..8, got {spares!r}")
+        self.spares = spares
+        self.options = LinuxOptions(outside_uid=outside_uid, outside_gid=outside_gid,
+                                    default_limits=default_limits, hostname=hostname,
+                                    extra_ro_binds=_checked_ro_binds(ro_binds))
+        self.stdout_cap, self.stderr_cap = stdout_cap, stderr_cap
+        self._image_cache_dir = image_cache_dir
+        self.images: ImageCache | None = None  # made on the first image
+        self._host = mounts.detect_host_layout()
+        if self.options.extra_ro_binds:  # refuse what would hide a sandbox dir now
+            _extra_binds(self._host, self.options, with_package=False)
+        self._cgroups = CgroupManager(root=cgroup_root)
+        self.reaped_orphans: tuple[str, ...] = tuple(self._cgroups.reap_orphans())
+        self.snapshots = SnapshotStore()
+        caps = {"strict", "streaming", "snapshot", "restore"}
+        if self._cgroups.support.has("freezer"):
+            caps.add("pause")
+        self.capabilities = frozenset(caps)
+        self._zygote: Zygote | None = None
+        self._zlock: asyncio.Lock | None = None
+        self._prog: bytes | None = None
+        self._live: set[LinuxSandbox] = set()
+        self._closed = False
+        self._spares: dict[str, list[Launched]] = {}
+        self._building: dict[str, asyncio.Task[Launched]] = {}
+        self._chores: set[asyncio.Future[Any]] = set()
+        self._reaper = Reaper()
+        #: enforces cpu_ms for every live sandbox that has one (one timer for all)
+        self._cpu_watch = CpuWatch()
+        self._plans: dict[tuple[Any, ...], SandboxPlan] = {}  # create's cache (image-less)
+        self._keys: dict[int, tuple[SandboxPlan, str]] = {}   # id(plan) -> its shape key
+        self._preloaded: set[str] = set()  # modules the current zygote imported
+        self._plock: asyncio.Lock | None = None
+
+    # -- helpers -----------------------------------------------------------------
+    def _seccomp(self) -> bytes:
+        if self._prog is None:
+            from corral.providers.linux.policy import seccomp
+            arch = su.machine_arch()
+            try:
+                self._prog = seccomp.build_filter(arch)
+            except LevelNotSupportedError:
+                raise
+            except Exception as e:
+                raise LevelNotSupportedError("strict", (), str(e),
+                                             missing=f"seccomp filter for {arch}") from e
+        return self._prog
+
+    async def _zygote_for(self, prog: bytes) -> Zygote:
+        if self._zlock is None:
+            self._zlock = asyncio.Lock()
+        async with self._zlock:
+            if self._zygote is None or not self._zygote.alive:
+                if self._zygote is not None:
+                    self._zygote.stop()
+                self._zygote = Zygote(self._host.package_root, prog)
+                await self._zygote.start()
+                self._preloaded = set()
+            return self._zygote
+
+    def plan(self, spec: SandboxSpec, *, image: UnpackedImage | None = None) -> SandboxPlan:
+        """The plan ``create(spec)`` would apply (refusals included).
+
+        ``image`` is ``spec.image`` unpacked; when not given it is unpacked here
+        (blocking; ``create`` does it in a worker thread).
+        """
+        if spec.image is not None and image is None:
+            check_spec(spec)
+            image = self._unpack(spec.image)
+        plan = build_plan(spec, options=self.options, host=self._host,
+                          rootfs=None if image is None else image.rootfs,
+                          image_env=None if image is None else _env_of(image.config.env))
+        self._cgroups.require(plan.limits)
+        return plan
+
+    def _unpack(self, image: str) -> UnpackedImage:
+        """Unpack (or find in the cache) ``image``, reachable by the sandbox's user."""
+        if self.images is None:
+            self.images = ImageCache(self._image_cache_dir)
+        unpacked = self.images.unpack(image)
+        (_u, uid_out, _n), (_g, gid_out, _m) = _id_maps(self.options, self._host)
+        blocked = unreachable_part(unpacked.rootfs, uid_out, gid_out)
+        if blocked is not None:
+            who = "a uid of its own" if uid_out < 0 else f"uid {uid_out}"
+            raise ConfigInvalidError(
+                "image", f"the sandbox's user ({who}) cannot reach {unpacked.rootfs!r}: "
+                f"{blocked!r} is not searchable by it; put the image (or image_cache_dir) "
+                "where it is")
+        return unpacked
+
+    async def _plan_for(self, spec: SandboxSpec) -> SandboxPlan:
+        if spec.image is None:
+            # build_plan reads only these fields of a spec without an image
+            ckey = (spec.level, spec.network, spec.mode, spec.limits)
+            hit = self._plans.get(ckey)
+            if hit is None:
+                if len(self._plans) >= 64:
+                    self._plans.clear()
+                hit = self._plans[ckey] = self.plan(spec)
+            return hit
+        check_spec(spec)  # cheap refusals before any unpacking
+        image = await asyncio.to_thread(self._unpack, spec.image)
+        return self.plan(spec, image=image)
+
+    # -- the contract ---------------------------------------------------------------
+    async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None
+                     ) -> LinuxSandbox:
+        if self._closed:
+            raise ProviderError("the provider is closed")
+        if not isinstance(spec, SandboxSpec):
+            raise ConfigInvalidError("spec", "must be a SandboxSpec")
+        plan = await self._plan_for(spec)
+        prog = self._seccomp()
+        if cancel is not None and cancel.cancelled:
+            raise CreateCancelledError(f"create cancelled: {cancel.reason}")
+        item: Launched | None = None
+        if self.spares > 0:
+            known = self._keys.get(id(plan))
+            if known is None or known[0] is not plan:
+                if len(self._keys) >= 64:
+                    self._keys.clear()
+                known = self._keys[id(plan)] = (plan, shape_key(plan))
+            key = known[1]
+            item = await self._claim(key, plan, cancel)
+            self._refill(key, plan)
+        if item is None:
+            if self._closed:  # aclose ran while this create waited for a spare
+                raise ProviderError("the provider is closed")
+            item = await self._launch(plan, prog, cancel, limits=plan.limits)
+        try:
+            if cancel is not None and cancel.cancelled:
+                raise CreateCancelledError(f"create cancelled: {cancel.reason}")
+            sb = LinuxSandbox(provider=self, sid=item.sid, spec=spec, plan=plan,
+                              channel=item.chan, pidfd=item.pidfd, cgroup=item.cg)
+        except BaseException:
+            await asyncio.shield(kill_launched(item, self._reaper))
+            raise
+        self._live.add(sb)
+        return sb
+
+    async def preload_python(self, modules: Sequence[str]) -> list[str]:
+        """Import ``modules`` into the fork server, so sandboxes created from now on
+        share their pages (a python template started with
+        :meth:`LinuxSandbox.start_python_fork` needs its entry point preloaded).
+
+        Idle spares built before are replaced. Returns the names that could not be
+        imported. Modules load from the host's interpreter and corral's import root,
+        outside any sandbox; only pass names of trusted code.
+        """
+        if self._closed:
+            raise ProviderError("the provider is closed")
+        names = [str(m) for m in modules]
+        if self._plock is None:
+            self._plock = asyncio.Lock()
+        async with self._plock:
+            if not set(names) - self._preloaded:
+                return []
+            missing = await (await self._zygote_for(self._seccomp())).preload(names)
+            self._preloaded.update(set(names) - set(missing))
+            for key in list(self._spares):  # forked before: they lack the new modules
+                for item in self._spares.pop(key):
+                    self._track(asyncio.ensure_future(kill_launched(item, self._reaper)))
+            return missing
+
+    # -- pre-warmed spares (see spares.py) -------------------------------------------
+    async def _claim(self, key: str, plan: SandboxPlan, cancel: CancelToken | None
+                     ) -> Launched | None:
+        """A spare of this shape with ``plan``'s limits applied, or None (build cold)."""
+        while True:
+            pool = self._spares.get(key)
+            if pool:
+                item = pool.pop()
+            else:
+                task = self._building.get(key)
+                if task is None:
+                    return None
+                # sooner than a cold launch queued behind it in the zygote
+                await race(asyncio.wait([task]), cancel)
+                if task.cancelled() or task.exception() is not None:
+                    return None
+                continue  # the finished build put its spare into the pool
+            if item.chan.is_closed:  # its agent died while idle
+                await kill_launched(item, self._reaper)
+                continue
+            try:
+                if item.cg is not None:
+                    item.cg.apply(plan.limits)   # before anything of the caller runs
+            except Exception:
+                await kill_launched(item, self._reaper)
+                return None  # the cold path reports what is wrong
+            return item
+
+    def _refill(self, key: str, plan: SandboxPlan) -> None:
+        """Keep ``self.spares`` spares of the latest shape built or building."""
+        if self._closed:
+            return
+        for other in [k for k in self._spares if k != key]:
+            for item in self._spares.pop(other):
+                self._track(asyncio.ensure_future(kill_launched(item, self._reaper)))
+        have = len(self._spares.get(key, ())) + (key in self._building)
+        if have < self.spares and key not in self._building:
+            task = asyncio.ensure_future(self._build_spare(key, plan))
+            task.add_done_callback(_retrieve)
+            self._building[key] = task
+
+    async def _build_spare(self, key: str, plan: SandboxPlan) -> Launched:
+        try:
+            item = await self._launch(plan, self._seccomp(), None, limits=SandboxLimits())
+        finally:
+            if self._building.get(key) is asyncio.current_task():
+                del self._building[key]
+        if self._closed:
+            await kill_launched(item, self._reaper)
+            raise ProviderError("the provider is closed")
+        self._spares.setdefault(key, []).append(item)
+        have = len(self._spares[key])
+        if have < self.spares:
+            self._refill(key, plan)
+        return item
+
+    def _track(self, fut: asyncio.Future[Any]) -> None:
+        self._chores.add(fut)
+        fut.add_done_callback(self._chores.discard)
+
+    async def wait_spares(self) -> int:
+        """Wait for background work (spare builds, removals of destroyed sandboxes'
+        cgroups); returns how many idle spares exist. For tests and benchmarks."""
+        while self._building or self._chores:
+            await asyncio.wait(list(self._building.values()) + list(self._chores))
+        await self._reaper.drain()
+        return sum(len(v) for v in self._spares.values())
+
+    # -- one launch (see _launch.py) ---------------------------------------------------
+    async def _launch(self, plan: SandboxPlan, prog: bytes, cancel: CancelToken | None,
+                      *, limits: SandboxLimits) -> Launched:
+        return await launch(plan, prog, cancel, limits=limits, cgroups=self._cgroups,
+                            zygote_for=self._zygote_for)
+
+    def _forget(self, sb: LinuxSandbox) -> None:
+        self._live.discard(sb)
+        self._cpu_watch.discard(sb)
+
+    async def aclose(self) -> None:
+        """Destroy every live sandbox and spare, stop the zygote, drop the snapshots.
+
+        Returns once their processes are gone and their cgroups removed. Idempotent.
+        """
+        self._closed = True
+        if self._building:
+            await asyncio.wait(list(self._building.values()))
+        for key in list(self._spares):
+            for item in self._spares.pop(key):
+                await kill_launched(item, self._reaper)
+        for sb in list(self._live):
+            await sb.destroy()
+        self._cpu_watch.close()
+        while self._chores:
+            await asyncio.wait(list(self._chores))
+        await self._reaper.stop()
+        if self._zygote is not None:
+            self._zygote.stop()
+            self._zygote = None
+        self.snapshots.clear()
+
+    @property
+    def zygote_pid(self) -> int | None:
+        """The fork server's pid (None before the first create); for leak checks."""
+        return self._zygote.proc.pid if self._zygote is not None else None
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a background build's failure as seen (the next create builds cold)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _checked_ro_binds(paths: Sequence[str]) -> tuple[str, ...]:
+    """``ro_binds`` as a tuple of absolute paths that exist on the host and hold no
+    unix socket (a read-only bind does not stop connect(): see ``_bind_scan``)."""
+    from corral.providers.linux.host.bind_scan import UncheckableError, find_unix_socket
+    if isinstance(paths, (str, bytes)):
+        raise ConfigInvalidError("ro_binds", "must be a sequence of paths, not one string")
+    out: list[str] = []
+    for p in paths:
+        if not isinstance(p, str) or not p.startswith("/") or "\0" in p:
+            raise ConfigInvalidError("ro_binds", f"not an absolute host path: {p!r}")
+        if not os.path.exists(p):
+            raise ConfigInvalidError("ro_binds", f"{p!r} does not exist on the host")
+        try:
+            sock = find_unix_socket(p)
+        except (UncheckableError, OSError) as e:
+            raise ConfigInvalidError(
+                "ro_binds", f"cannot check {p!r} for unix sockets: {e}; bind a smaller "
+                "tree") from None
+        if sock is not None:
+            raise ConfigInvalidError(
+                "ro_binds", f"{p!r} is or holds a unix socket, {sock!r}: a sandbox could "
+                "connect to it through a read-only bind; bind a tree without sockets")
+        out.append(p)
+    return tuple(out)
+
+
+def _env_of(entries: tuple[str, ...]) -> dict[str, str]:
+    """An image config's ``Env`` (``NAME=value`` strings) as a dict."""
+    out: dict[str, str] = {}
+    for e in entries:
+        name, eq, value = e.partition("=")
+        if eq and name and "\0" not in e:
+            out[name] = value
+    return out

@@ -1,0 +1,597 @@
+"""LinuxSandbox: one live strict sandbox, driven through its agent."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, final
+
+from corral.core.contract import Sandbox
+from corral.core.errors import (
+    ConfigInvalidError,
+    LimitsExceededError,
+    PauseNotSupportedError,
+    ProviderError,
+    SandboxTimeoutError,
+    error_from_code,
+)
+from corral.core.spec import ExecOpts, ExecResult, ProcessOpts, SandboxSpec, SnapshotHandle
+from corral.providers.confined import split_relative
+from corral.providers.linux.host.channel import REQUEST_TIMEOUT_S, Channel
+from corral.providers.linux.host.process import (
+    ExitInfo,
+    LinuxProcess,
+    PipeReader,
+    Run,
+    StdinPipe,
+    usage_of,
+)
+from corral.providers.linux.host.spares import kill_and_remove, only_init_left, wait_exit
+from corral.providers.linux.policy.plan import SandboxPlan
+
+if TYPE_CHECKING:
+    from corral.providers.linux.host.provider import LinuxProvider
+
+__all__ = ["LinuxSandbox"]
+
+_EOF_GRACE_S = 0.2
+#: exit events kept for pids whose spawn reply is still on its way, at most
+_MAX_EARLY = 1024
+#: longest error text taken from the agent
+_MAX_REASON = 1000
+#: payload throughput a request's deadline allows for (well below a local socket's)
+_BYTES_PER_S = 32 * 1024 * 1024
+#: a kill request's deadline
+_KILL_TIMEOUT_S = 5.0
+
+
+def _int(h: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    """An integer field of an agent frame (ValueError if missing or not an int)."""
+    v = h.get(key, default)
+    if type(v) is not int:
+        raise ValueError(f"field {key!r} is not an integer")
+    return v
+
+
+def _check_argv(argv: Sequence[str]) -> list[str]:
+    if isinstance(argv, str | bytes) or not argv:
+        raise ConfigInvalidError("argv", "must be a non-empty sequence of strings")
+    out = list(argv)
+    for a in out:
+        if not isinstance(a, str) or "\0" in a:
+            raise ConfigInvalidError("argv", f"not a usable argument: {a!r}")
+    return out
+
+
+@final
+class LinuxSandbox(Sandbox):
+    """A sandbox of the linux provider (made by LinuxProvider.create only).
+
+    ``read_file`` of a missing file raises ``ConfigInvalidError("path", "no such
+    file: ...")``. A command that cannot be started (not found, not executable)
+    gives exit code 127 (126 for other exec errors) and the reason on stderr,
+    like a shell.
+    """
+
+    def __init__(self, *, provider: LinuxProvider, sid: str, spec: SandboxSpec,
+                 plan: SandboxPlan, channel: Channel, pidfd: int, cgroup: Any) -> None:
+        self.id = sid
+        self.spec = spec
+        self.plan = plan
+        self._provider = provider
+        self._chan = channel
+        self._pidfd = pidfd
+        self._cg = cgroup
+        self._runs: dict[int, Run] = {}
+        self._early: dict[int, ExitInfo] = {}
+        self._destroyed = False
+        self._paused = False
+        self._ran = False  # whether any command was started yet
+        #: CPU time (ms) seen when the provider's watcher killed the sandbox at its
+        #: cpu_ms cap; 0 while it has not
+        self._cpu_over = 0
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        channel.set_event_handler(self._on_event)
+        channel.on_violation = self._on_violation
+        channel.closed.add_done_callback(lambda _f: self._on_agent_gone())
+        self._watch_cpu()
+
+    # -- plumbing -------------------------------------------------------------------
+    def _live(self) -> None:
+        if self._destroyed:
+            raise ProviderError(f"sandbox {self.id} was destroyed")
+        if self._chan.is_closed:
+            self._check_cpu()  # killed at its CPU cap: say so, not "gone"
+            if self._chan.violation:
+                raise ProviderError(f"sandbox {self.id} was killed: its agent broke the "
+                                    f"protocol ({self._chan.violation})")
+            raise ProviderError(f"sandbox {self.id} is gone (its agent exited)")
+
+    def _on_event(self, h: dict[str, Any]) -> None:
+        """An event frame from the agent (an exit); a malformed one raises, and the
+        channel then closes as a protocol violation."""
+        if h.get("ev") != "exit":
+            return
+        pid = _int(h, "pid")
+        info = ExitInfo(code=_int(h, "code"), cpu_ms=_int(h, "cpu_ms", 0),
+                        maxrss_kb=_int(h, "maxrss_kb", 0), disk_free=_int(h, "disk_free", -1))
+        run = self._runs.pop(pid, None)
+        if run is None:
+            if len(self._early) >= _MAX_EARLY:
+                raise ValueError("exit events for more processes than were started")
+            self._early[pid] = info
+        elif not run.exit.done():
+            run.exit.set_result(info)
+
+    def _on_violation(self, why: str) -> None:
+        """The agent broke the protocol: treat the sandbox as crashed, kill it now (pid 1
+        of its pid namespace: every process dies with it); destroy frees the rest."""
+        if self._pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def _on_agent_gone(self) -> None:
+        self._resumed.set()  # a request waiting for resume finds the sandbox gone
+        for run in self._runs.values():
+            if not run.exit.done():
+                run.exit.set_result(ExitInfo(code=-signal.SIGKILL))
+        self._runs.clear()
+
+    async def _call(self, header: dict[str, Any], payload: bytes = b"",
+                    fds: Sequence[int] = (), *, reply_payload: bool = False,
+                    timeout: float | None = None) -> tuple[dict[str, Any], bytes]:
+        """One request to the agent. Its reply may carry a payload only when
+        ``reply_payload`` (read, snapshot), up to the most the agent could hold in
+        memory; every request has a deadline (the paused time aside: a frozen agent
+        answers once resumed), and a late or malformed answer kills the sandbox."""
+        self._live()
+        await self._resumed.wait()
+        self._live()
+        cap = self._payload_cap()
+        if timeout is None:
+            timeout = REQUEST_TIMEOUT_S + (
+                len(payload) + (cap if reply_payload else 0)) / _BYTES_PER_S
+        h, p, _fds = await self._chan.request(header, payload, fds, timeout=timeout,
+                                              max_reply=cap if reply_payload else 0)
+        if "error" in h:
+            reason = str(h.get("reason", ""))[:_MAX_REASON]
+            if h["error"] == "not-found":
+                raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox",
+                                        str(h.get("path"))[:_MAX_REASON])
+            if h["error"] == "config-invalid":
+                raise ConfigInvalidError(str(h.get("field", "?"))[:_MAX_REASON], reason)
+            if h["error"] == "os":
+                raise ProviderError(f"sandbox agent: {reason}")
+            raise error_from_code(str(h["error"])[:_MAX_REASON], reason)
+        return h, p
+
+    def _payload_cap(self) -> int:
+        """The largest payload the agent may send: what it could hold in memory (it
+        builds a reply whole), at least the writable area's size."""
+        mib = max(self.plan.limits.mem_mb or 0, self.plan.limits.disk_mb or 0, 1)
+        return (mib + 1) * 1024 * 1024
+
+    def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        out = dict(self.plan.env_base)
+        if env:
+            out.update(env)
+        return out
+
+    def _cwd(self, cwd: str | None) -> str:
+        if cwd in (None, "", ".", self.plan.work_dir, self.plan.work_dir + "/"):
+            return ""
+        return "/".join(split_relative(str(cwd), root_alias=self.plan.work_dir))
+
+    async def _spawn(self, argv: Sequence[str], env: Mapping[str, str] | None,
+                     cwd: str | None, *, entry: str | None = None
+                     ) -> tuple[Run | None, int, int, int, str]:
+        """Start a command (or, with ``entry``, a fork_call of the agent with ``argv``
+        as its args); returns (run, stdin fd, stdout fd, stderr fd, spawn error)."""
+        args = [str(a) for a in argv] if entry is not None else _check_argv(argv)
+        e, c = self._env(env), self._cwd(cwd)
+        self._live()
+        self._ran = True
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            req: dict[str, Any] = {"op": "spawn", "argv": args, "env": e, "cwd": c}
+            if entry is not None:
+                req = {"op": "fork_call", "entry": entry, "args": args, "env": e, "cwd": c}
+            if self.plan.cpu_rlimit_s is not None:  # per command: spares share no plan
+                req["cpu_s"] = self.plan.cpu_rlimit_s
+            h, _p = await self._call(req, fds=[in_r, out_w, err_w])
+        except BaseException:
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+        if "pid" not in h:
+            return None, in_w, out_r, err_r, str(h.get("reason", "cannot start"))[:_MAX_REASON]
+        pid = _int(h, "pid")
+        run = Run(pid)
+        early = self._early.pop(pid, None)
+        if early is not None:
+            run.exit.set_result(early)
+        else:
+            self._runs[pid] = run
+        self._watch_cpu()
+        return run, in_w, out_r, err_r, ""
+
+    async def _kill_run(self, run: Run, why: str) -> None:
+        if run.exit.done():
+            return
+        run.killed_for = run.killed_for or why
+        try:
+            # a timeout must end promptly: an agent that cannot answer a kill in a few
+            # seconds is treated as crashed and the whole sandbox dies
+            await self._call({"op": "kill", "pid": run.pid, "sig": int(signal.SIGKILL)},
+                             timeout=_KILL_TIMEOUT_S)
+        except ProviderError:
+            pass
+
+    # -- cpu_ms: the provider's watcher (cpuwatch.py) kills the whole sandbox ----------
+    def _watch_cpu(self) -> None:
+        """Have the provider's CPU watcher enforce cpu_ms for this sandbox's whole
+        life (from creation to destroy, commands running or not); idempotent."""
+        cap = self.plan.limits.cpu_ms
+        if cap is None or self._cg is None or self._destroyed or self._cpu_over:
+            return
+        self._provider._cpu_watch.add(self, cap, self._cg.cpu_ms, self._cpu_cap_hit)
+
+    def _cpu_error(self) -> LimitsExceededError:
+        return LimitsExceededError(
+            "cpu", self.plan.limits.cpu_ms or 0, self._cpu_over,
+            "the sandbox used up its CPU time (cpu_ms) and was killed with every process "
+            "in it")
+
+    def _cpu_cap_hit(self, used: int) -> None:
+        """The watcher saw ``used`` >= cpu_ms: kill the whole sandbox, now.
+
+        Runs on the event loop, so every command awaited right now fails with
+        LimitsExceededError("cpu") before the agent's death can be noticed. The
+        init of the sandbox's pid namespace is SIGKILLed through its pidfd; the
+        kernel then kills every other process of the namespace (setsid or not).
+        A paused sandbox burns nothing and dies when thawed (resume or destroy).
+        The sandbox stays dead: later calls raise the same error; destroy cleans up.
+        """
+        if self._destroyed or self._cpu_over:
+            return
+        self._cpu_over = max(used, self.plan.limits.cpu_ms or 0, 1)
+        for run in list(self._runs.values()):
+            self._fail_run(run)
+        if self._pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def _fail_run(self, run: Run) -> None:
+        if not run.exit.done():
+            run.killed_for = "cpu"
+            run.exit.set_exception(self._cpu_error())
+            run.exit.exception()  # marked seen: a handle nobody waits on logs nothing
+
+    def _check_cpu(self) -> None:
+        """Raise LimitsExceededError("cpu") once the sandbox was killed at its cap."""
+        if self._cpu_over and not self._destroyed:
+            raise self._cpu_error()
+
+    async def _start(self, argv: Sequence[str], env: Mapping[str, str] | None,
+                     cwd: str | None, *, entry: str | None = None
+                     ) -> tuple[Run | None, int, int, int, str]:
+        """:meth:`_spawn`, refused (or its run failed) once the CPU cap killed the sandbox."""
+        self._check_cpu()
+        try:
+            got = await self._spawn(argv, env, cwd, entry=entry)
+        except ProviderError:
+            self._check_cpu()  # the agent died at the cap while the request was out
+            raise
+        if got[0] is not None and self._cpu_over:
+            self._fail_run(got[0])
+        return got
+
+    def _oom_kills(self) -> int:
+        if self._cg is None:
+            return 0
+        try:
+            return int(self._cg.oom_kills())
+        except (OSError, ValueError):
+            return 0
+
+    def _pids_max_events(self) -> int:
+        """The pids controller's count of refused forks (0 if unknown)."""
+        if self._cg is None:
+            return 0
+        d = self._cg.dirs.get("unified") or self._cg.dirs.get("pids")
+        try:
+            with open(os.path.join(d, "pids.events")) as f:
+                for line in f:
+                    k, _, v = line.partition(" ")
+                    if k == "max":
+                        return int(v)
+        except (OSError, TypeError, ValueError):
+            pass
+        return 0
+
+    def _limit_error(self, run: Run, info: ExitInfo, before: tuple[int, int]
+                     ) -> LimitsExceededError | None:
+        lim = self.plan.limits
+        oom_before, pids_before = before
+        if run.killed_for == "cpu" or (lim.cpu_ms is not None and (
+                info.code == -signal.SIGXCPU or (info.code == -signal.SIGKILL
+                                                 and self._cpu_over))):
+            if not self._cpu_over:  # RLIMIT_CPU, the second line, struck first
+                return LimitsExceededError("cpu", lim.cpu_ms or 0, max(
+                    info.cpu_ms, self._cg.cpu_ms() if self._cg is not None else 0),
+                    "a command used up its CPU time (RLIMIT_CPU)")
+            return self._cpu_error()
+        if lim.mem_mb is not None and info.code == -signal.SIGKILL and (
+                self._oom_kills() > oom_before):
+            return LimitsExceededError("memory", lim.mem_mb, 0,
+                                       "the command was killed by the out-of-memory killer")
+        if lim.max_processes is not None and info.code != 0 and (
+                self._pids_max_events() > pids_before):
+            return LimitsExceededError("processes", lim.max_processes, 0,
+                                       "a fork failed at the sandbox's process limit")
+        disk = lim.disk_mb or 0
+        if info.code == -signal.SIGXFSZ or (info.code != 0 and 0 <= info.disk_free < min(
+                1 << 20, disk * 1024 * 1024 // 50)):
+            return LimitsExceededError("disk", disk, disk,
+                                       "the sandbox's writable area (/work and /tmp) is full")
+        return None
+
+    # -- the contract -------------------------------------------------------------------
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None, *,
+                   on_output: Callable[[int, bytes], object] | None = None) -> ExecResult:
+        """The contract's exec; ``on_output(fd, chunk)`` (fd 1 or 2), when given, sees
+        each chunk of output as it arrives (``corral run --level strict`` streams it)."""
+        opts = opts or ExecOpts()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        # counters before this command (a sandbox that never ran one has none yet)
+        before = (self._oom_kills(), self._pids_max_events()) if self._ran else (0, 0)
+        run, in_w, out_r, err_r, spawn_err = await self._start(argv, opts.env, opts.cwd)
+        stdin = StdinPipe(in_w)
+        out, err = bytearray(), bytearray()
+        caps = ((out, self._provider.stdout_cap), (err, self._provider.stderr_cap))
+        over: list[tuple[int, int]] = []
+        killers: list[asyncio.Future[None]] = []
+
+        def sink(i: int) -> Any:
+            buf, cap = caps[i]
+
+            def take(data: bytes) -> None:
+                if on_output is not None:
+                    on_output(i + 1, data)
+                buf.extend(data)
+                if len(buf) > cap and run is not None and not over:
+                    over.append((cap, len(buf)))
+                    killers.append(asyncio.ensure_future(self._kill_run(run, "output")))
+            return take
+
+        readers = [PipeReader(out_r, sink(0)), PipeReader(err_r, sink(1))]
+        try:
+            if run is None:
+                stdin.close_now()
+                for r in readers:
+                    r.stop()
+                code = 127 if "not found" in spawn_err or "No such file" in spawn_err else 126
+                return ExecResult(stdout=b"", stderr=spawn_err.encode() + b"\n", exit_code=code)
+            feeder = asyncio.ensure_future(self._feed(stdin, opts.stdin))
+            timeout = None if opts.timeout_ms is None else opts.timeout_ms / 1000
+            try:
+                async with asyncio.timeout(timeout):
+                    info = await asyncio.shield(run.exit)
+                    await asyncio.wait([r.eof for r in readers], timeout=_EOF_GRACE_S)
+            except TimeoutError:
+                await self._kill_run(run, "timeout")
+                await asyncio.wait([run.exit], timeout=5)
+                await asyncio.wait([r.eof for r in readers], timeout=_EOF_GRACE_S)
+                raise SandboxTimeoutError(
+                    f"command timed out after {opts.timeout_ms} ms and was killed",
+                    timeout_ms=opts.timeout_ms or 0, stdout=bytes(out[:caps[0][1]]),
+                    stderr=bytes(err[:caps[1][1]])) from None
+            finally:
+                feeder.cancel()
+        finally:
+            stdin.close_now()
+            for r in readers:
+                r.stop()
+            if run is not None and not run.exit.done():
+                await self._kill_run(run, "cancelled")
+        if over:
+            raise LimitsExceededError("output", over[0][0], over[0][1],
+                                      "the command wrote more than the output cap; it was killed")
+        limit = self._limit_error(run, info, before)
+        if limit is not None:
+            raise limit
+        wall = int((loop.time() - started) * 1000)
+        return ExecResult(stdout=bytes(out), stderr=bytes(err), exit_code=info.code,
+                          usage=usage_of(info, wall))
+
+    @staticmethod
+    async def _feed(stdin: StdinPipe, data: bytes | None) -> None:
+        try:
+            if data:
+                await stdin.write(data)
+        except ProviderError:
+            pass
+        finally:
+            stdin.close_now()
+
+    async def start_process(self, argv: Sequence[str],
+                            opts: ProcessOpts | None = None) -> LinuxProcess:
+        opts = opts or ProcessOpts()
+        started = asyncio.get_running_loop().time()
+        run, in_w, out_r, err_r, spawn_err = await self._start(argv, opts.env, opts.cwd)
+        if run is None:
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+            raise ConfigInvalidError("argv", f"cannot start: {spawn_err}")
+        stdin = StdinPipe(in_w)
+        if not opts.stdin:
+            stdin.close_now()
+        return LinuxProcess(run, stdin, out_r, err_r, self._kill_run, started, opts.timeout_ms)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the sandbox's agent still serves (not destroyed, not exited)."""
+        return not self._destroyed and not self._chan.is_closed
+
+    async def start_python_fork(self, args: Sequence[str] = (),
+                                opts: ProcessOpts | None = None, *,
+                                entry: str = "corral.snippets.sandbox.worker:main"
+                                ) -> LinuxProcess:
+        """Like :meth:`start_process`, but the process is a fork of the sandbox's agent
+        calling ``entry(args)`` instead of an exec'd interpreter: it shares the pages
+        the fork server preloaded (:meth:`LinuxProvider.preload_python`), so it starts
+        in about a millisecond and costs far less memory than a fresh ``python``. Not
+        part of the provider contract.
+
+        The child is set up as a command is (new session, the pipes on 0/1/2 and no
+        other descriptor, ``opts.env`` over the plan's base env, the cwd, the CPU
+        rlimit) and keeps the sandbox's containment; ``sys.path`` holds only the
+        interpreter's own read-only dirs. When it exits, its process group is
+        killed. ``entry`` must be one of the agent's ``FORK_ENTRIES`` and
+        preloaded, else ConfigInvalidError("entry").
+        """
+        opts = opts or ProcessOpts()
+        started = asyncio.get_running_loop().time()
+        run, in_w, out_r, err_r, spawn_err = await self._start(args, opts.env, opts.cwd,
+                                                               entry=entry)
+        if run is None:
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+            raise ConfigInvalidError("entry", f"cannot start: {spawn_err}")
+        stdin = StdinPipe(in_w)
+        if not opts.stdin:
+            stdin.close_now()
+        return LinuxProcess(run, stdin, out_r, err_r, self._kill_run, started, opts.timeout_ms)
+
+    def host_pids(self) -> list[int]:
+        """The host pids of the sandbox's processes (its agent first), e.g. to read
+        their /proc/PID/smaps; empty once destroyed. For diagnostics and benchmarks."""
+        agent = -1
+        if self._pidfd >= 0:
+            try:
+                with open(f"/proc/self/fdinfo/{self._pidfd}", encoding="ascii") as f:
+                    for line in f:
+                        if line.startswith("Pid:"):
+                            agent = int(line.split()[1])
+            except (OSError, ValueError):
+                pass
+        if agent <= 0:
+            return []
+        others: list[int] = []
+        if self._cg is not None:
+            try:
+                others = [p for p in self._cg.pids() if p != agent]
+            except OSError:
+                others = []
+        return [agent, *sorted(others)]
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        self._check_cpu()
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        split_relative(path, root_alias=self.plan.work_dir)
+        await self._call({"op": "write", "path": path}, raw)
+
+    async def read_file(self, path: str) -> bytes:
+        self._check_cpu()
+        split_relative(path, root_alias=self.plan.work_dir)
+        _h, payload = await self._call({"op": "read", "path": path}, reply_payload=True)
+        return payload
+
+    async def snapshot(self) -> SnapshotHandle:
+        """Capture /work (regular files and dirs); the handle restores in this provider only."""
+        self._check_cpu()
+        _h, payload = await self._call({"op": "snapshot"}, reply_payload=True)
+        return self._provider.snapshots.put(payload)
+
+    async def restore(self, handle: SnapshotHandle) -> None:
+        """Replace /work with a snapshot's content (InvalidSnapshotHandleError if not ours)."""
+        self._check_cpu()
+        data = self._provider.snapshots.get(handle)
+        await self._call({"op": "restore"}, data)
+
+    def _freezer(self) -> Any:
+        self._check_cpu()
+        self._live()
+        if self._cg is None or "pause" not in self._provider.capabilities:
+            raise PauseNotSupportedError("this host has no cgroup freezer for corral")
+        return self._cg
+
+    async def pause(self) -> None:
+        """Freeze every process of the sandbox (cgroup freezer)."""
+        await asyncio.to_thread(self._freezer().freeze)
+        self._paused = True
+        self._resumed.clear()
+
+    async def resume(self) -> None:
+        """Thaw what :meth:`pause` froze."""
+        await asyncio.to_thread(self._freezer().thaw)
+        self._paused = False
+        self._resumed.set()
+
+    async def destroy(self) -> None:
+        """End the sandbox. Idempotent.
+
+        The promise: once destroy returns, no process of the sandbox executes
+        another instruction of user space, and none can be started. The agent
+        (the pid-namespace init) is SIGKILLed through its pidfd. If the
+        sandbox's cgroup then counts that init as its only task, destroy returns
+        at once (a task with SIGKILL pending never returns to user space, and
+        with no other task nothing can fork). Otherwise destroy waits until the
+        init has exited, which the kernel allows only after it killed and
+        reaped every other process of the namespace. The rest (the init's
+        exit, removing the empty cgroup) finishes on the provider's reaper
+        thread, and ``aclose`` waits for it. If the init does not exit within
+        a few seconds, destroy kills and removes the cgroup itself first.
+        """
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._provider._forget(self)
+        self._chan.close()
+        cg, self._cg = self._cg, None
+        gone = False
+        if self._pidfd >= 0:
+            pidfd, self._pidfd = self._pidfd, -1
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+            if self._paused and cg is not None:
+                try:
+                    cg.thaw()  # frozen tasks die only once thawed
+                except Exception:
+                    pass
+            if cg is not None and only_init_left(cg):
+                # the init is the only task and has SIGKILL pending: it never runs
+                # user code again and nothing can fork; its exit finishes off-path
+                self._on_agent_gone()
+                self._provider._reaper.submit(cg, pidfd)
+                return
+            try:
+                gone = await wait_exit(pidfd)
+            except BaseException:
+                if cg is not None:  # cancelled: the reaper still kills and removes it
+                    self._provider._reaper.submit(cg)
+                raise
+            finally:
+                os.close(pidfd)
+        self._on_agent_gone()
+        if cg is not None:
+            if gone:
+                self._provider._reaper.submit(cg)
+            else:
+                await asyncio.to_thread(kill_and_remove, cg)

@@ -1,0 +1,401 @@
+"""The in-sandbox agent: pid 1 of the sandbox, serving the host over one socket.
+
+Forked from the zygote with everything it needs already imported. It runs
+the containment checklist, says ``ready`` (or one error line), then serves
+requests until the host closes the socket; it exits then, and the kernel
+kills every other process of the pid namespace with it.
+
+Frames both ways: one JSON line, followed by ``len`` raw bytes when the
+header has a ``len``. A ``spawn`` request carries the command's stdin,
+stdout and stderr pipe ends as SCM_RIGHTS, so output flows straight from
+the command to the host, never through the agent. Commands start with
+posix_spawn in a new session (their own process group, no controlling
+terminal), with fds 0/1/2 only and default signal dispositions.
+
+A ``fork_call`` request starts a process the same way but without execve:
+the agent forks and the child calls one of :data:`FORK_ENTRIES` (an
+in-process entry point preloaded in the zygote, e.g. the snippet worker,
+which runs one snippet and exits), so the child shares the zygote's loaded
+pages instead of starting an interpreter. When it exits, the agent SIGKILLs
+its process group (whatever it started and left behind). The child gets what
+a spawned command gets (new session, the passed pipes on 0/1/2 and no other
+descriptor, the request's env as ``os.environ``, the cwd, the CPU rlimit, a
+fresh interpreter's signal dispositions) and keeps what the agent has (namespaces, no capabilities,
+no_new_privs, seccomp, rlimits, not dumpable). Its memory is a copy of the
+agent's; the zygote runs with an empty environment and holds no secrets.
+
+Imports: the zygote drops corral's import root from ``sys.path`` and
+empties the ``__path__`` of corral's packages (:func:`seal_imports`) before
+it forks any sandbox, so no import, lazy or not, in the agent or a forked
+child can load code from the sandbox's writable area (where a host import
+root under ``/work`` or ``/tmp`` would land).
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import resource
+import select
+import signal
+import socket
+import stat
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from corral.core.errors import ConfigInvalidError
+from corral.providers.confined import read_file_under, split_relative, write_file_under
+from corral.providers.linux import _sys_unsafe as su, fdpass as _fdpass, snapshots
+from corral.providers.linux.init import contain
+from corral.wire import jsonline as _jsonline
+
+__all__ = ["FORK_ENTRIES", "main", "seal_imports"]
+
+_MAX_FDS: Final = 3
+_RESET_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT,
+                         signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP)
+#: what ``fork_call`` may run: ``module:function``, called with the request's args (a
+#: list of str); the module must already be loaded (preloaded in the zygote)
+FORK_ENTRIES: Final = frozenset({"corral.snippets.sandbox.worker:main"})
+
+
+def seal_imports() -> Callable[[], None]:
+    """No import from corral's import root from now on (see the module docstring).
+
+    The zygote seals itself once, so every agent forked from it starts sealed
+    and touches none of these objects (each module it would touch costs every
+    sandbox a copied page). Returns the undo, for the zygote's preloads."""
+    import corral
+    pkg = os.path.dirname(os.path.abspath(str(corral.__file__)))
+    root = os.path.dirname(pkg)
+    saved_path = list(sys.path)
+    saved: dict[str, Any] = {}
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) not in (root, pkg)]
+    for name, module in list(sys.modules.items()):
+        if (name == "corral" or name.startswith("corral.")) and hasattr(module, "__path__"):
+            saved[name] = module.__path__
+            module.__path__ = []
+    sys.path_importer_cache.clear()
+
+    def unseal() -> None:
+        sys.path[:] = saved_path
+        for name, path in saved.items():
+            sys.modules[name].__path__ = path
+        sys.path_importer_cache.clear()
+
+    return unseal
+
+
+class _Agent:
+    def __init__(self, sock: socket.socket, plan: Mapping[str, Any]) -> None:
+        self.sock = sock
+        self.work = str(plan["work_dir"])
+        self.cpu_s: int | None = plan.get("cpu_rlimit_s")
+        self.buf = bytearray()
+        self.fds: list[int] = []
+        self.children: set[int] = set()
+        self.forked: set[int] = set()  # fork_call children: their group dies with them
+
+    # -- I/O ------------------------------------------------------------------
+    def send(self, header: Mapping[str, Any], payload: bytes = b"") -> None:
+        h = dict(header)
+        if payload:
+            h["len"] = len(payload)
+        self.sock.sendall(_jsonline.dumps(h) + b"\n" + payload)
+
+    def _fill(self) -> bool:
+        data, fds = _fdpass.recv(self.sock, max_fds=_MAX_FDS)
+        for fd in fds:
+            os.set_inheritable(fd, False)
+        self.fds.extend(fds)
+        self.buf += data
+        return bool(data)
+
+    def frames(self) -> list[tuple[dict[str, Any], bytes]]:
+        out: list[tuple[dict[str, Any], bytes]] = []
+        while True:
+            nl = self.buf.find(b"\n")
+            if nl < 0:
+                return out
+            header = _jsonline.loads(bytes(self.buf[:nl]))
+            n = int(header.get("len", 0))
+            if len(self.buf) < nl + 1 + n:
+                return out
+            payload = bytes(self.buf[nl + 1: nl + 1 + n])
+            del self.buf[: nl + 1 + n]
+            out.append((header, payload))
+
+    # -- requests ---------------------------------------------------------------
+    def handle(self, h: dict[str, Any], payload: bytes) -> None:
+        rid = h.get("id")
+        try:
+            op = h["op"]
+            if op == "spawn":
+                self.send({"id": rid, **self.spawn(h)})
+            elif op == "fork_call":
+                self.send({"id": rid, **self.fork_call(h)})
+            elif op == "kill":
+                self.kill(int(h["pid"]), int(h.get("sig", signal.SIGKILL)))
+                self.send({"id": rid, "ok": True})
+            elif op == "write":
+                write_file_under(self.work, h["path"], payload, root_alias=self.work)
+                self.send({"id": rid, "ok": True})
+            elif op == "read":
+                self.send({"id": rid, "ok": True},
+                          read_file_under(self.work, h["path"], root_alias=self.work))
+            elif op == "snapshot":
+                self.send({"id": rid, "ok": True}, snapshots.tar_dir(self.work))
+            elif op == "restore":
+                snapshots.replace_dir(self.work, payload)
+                self.send({"id": rid, "ok": True})
+            elif op == "ping":
+                self.send({"id": rid, "ok": True})
+            else:
+                self.send({"id": rid, "error": "config-invalid", "field": "op",
+                           "reason": f"unknown op {op!r}"})
+        except ConfigInvalidError as e:
+            self.send({"id": rid, "error": "config-invalid", "field": e.field,
+                       "reason": e.reason})
+        except FileNotFoundError as e:
+            if op == "read":  # the contract: a missing file is the builtin FileNotFoundError
+                self.send({"id": rid, "error": "not-found", "path": str(h.get("path"))})
+            else:
+                self.send({"id": rid, "error": "config-invalid", "field": "path",
+                           "reason": f"no such file: {e.filename or h.get('path')!r}"})
+        except OSError as e:
+            self.send({"id": rid, "error": "os", "errno": e.errno or 0, "reason": str(e)})
+
+    def _resolve(self, prog: str, path_env: str) -> str:
+        if "/" in prog:
+            return prog
+        for d in path_env.split(":"):
+            cand = os.path.join(d or ".", prog)
+            try:
+                if stat.S_ISREG(os.stat(cand).st_mode) and os.access(cand, os.X_OK):
+                    return cand
+            except OSError:
+                continue
+        raise FileNotFoundError(errno.ENOENT, f"command not found: {prog}", prog)
+
+    def _take_stdio(self, op: str) -> list[int]:
+        """The three descriptors the request came with (the caller closes them)."""
+        fds, self.fds = self.fds[:_MAX_FDS], self.fds[_MAX_FDS:]
+        if len(fds) != _MAX_FDS:
+            for fd in fds:
+                os.close(fd)
+            raise OSError(errno.EBADF, f"{op} needs three descriptors")
+        return fds
+
+    @staticmethod
+    def _limit_cpu(pid: int, cpu_s: int | None) -> None:
+        """The CPU rlimit of a started command, in place before the reply."""
+        if cpu_s:
+            try:
+                resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+            except OSError:
+                pass  # already gone
+
+    def spawn(self, h: Mapping[str, Any]) -> dict[str, Any]:
+        fds = self._take_stdio("spawn")
+        try:
+            argv = [str(a) for a in h["argv"]]
+            env = {str(k): str(v) for k, v in h["env"].items()}
+            cwd = self._cwd(h)
+            try:
+                prog = self._resolve(argv[0], env.get("PATH", ""))
+            except FileNotFoundError:
+                return {"errno": errno.ENOENT, "reason": f"command not found: {argv[0]}"}
+            os.chdir(cwd)
+            try:
+                pid = os.posix_spawn(
+                    prog, argv, env,
+                    file_actions=[(os.POSIX_SPAWN_DUP2, fds[0], 0),
+                                  (os.POSIX_SPAWN_DUP2, fds[1], 1),
+                                  (os.POSIX_SPAWN_DUP2, fds[2], 2)],
+                    setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
+            except OSError as e:
+                return {"errno": e.errno or 0, "reason": f"{argv[0]}: {e.strerror}"}
+            finally:
+                os.chdir(self.work)
+            self.children.add(pid)
+            self._limit_cpu(pid, h.get("cpu_s", self.cpu_s))
+            return {"pid": pid}
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _cwd(self, h: Mapping[str, Any]) -> str:
+        if h.get("cwd"):
+            return os.path.join(self.work, *split_relative(h["cwd"], root_alias=self.work))
+        return self.work
+
+    def fork_call(self, h: Mapping[str, Any]) -> dict[str, Any]:
+        fds = self._take_stdio("fork_call")
+        try:
+            entry = str(h["entry"])
+            if entry not in FORK_ENTRIES:
+                raise ConfigInvalidError("entry", f"not an in-process entry point: {entry!r}")
+            modname, _, fname = entry.partition(":")
+            module = sys.modules.get(modname)
+            if module is None:
+                raise ConfigInvalidError("entry", f"{modname} is not preloaded in this sandbox")
+            func = getattr(module, fname)
+            args = [str(a) for a in h.get("args", ())]
+            env = {str(k): str(v) for k, v in h["env"].items()}
+            cwd = self._cwd(h)
+            cpu_s = h.get("cpu_s", self.cpu_s)
+            pid = os.fork()
+            if pid == 0:
+                self._become(func, [entry, *args], env, cwd, fds, cpu_s)
+            self.children.add(pid)
+            self.forked.add(pid)
+            self._limit_cpu(pid, cpu_s)
+            return {"pid": pid}
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _become(self, func: Callable[[list[str]], object], argv: list[str],
+                env: dict[str, str], cwd: str, fds: list[int], cpu_s: int | None) -> None:
+        """The forked child of ``fork_call``: set up like a spawned command, call
+        ``func(argv[1:])``, exit. Never returns."""
+        code = 70
+        try:
+            signal.set_wakeup_fd(-1)
+            self.sock.detach()  # closed below: the object must not close a reused number
+            os.setsid()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0] + 1)
+            for sig in (signal.SIGCHLD, signal.SIGHUP, signal.SIGTERM, signal.SIGXCPU):
+                signal.signal(sig, signal.SIG_DFL)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as a fresh interpreter has them
+                signal.signal(sig, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            if cpu_s:
+                resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)
+            sys.argv = argv
+            sys.stdin = io.TextIOWrapper(
+                io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding="utf-8")
+            sys.stdout = io.TextIOWrapper(
+                io.BufferedWriter(io.FileIO(1, "wb", closefd=False)), encoding="utf-8")
+            sys.stderr = io.TextIOWrapper(
+                io.BufferedWriter(io.FileIO(2, "wb", closefd=False)), encoding="utf-8",
+                errors="backslashreplace", line_buffering=True)
+            self.buf = bytearray()
+            func(argv[1:])
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            try:
+                traceback.print_exc()
+            except BaseException:
+                pass
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except BaseException:
+                    pass
+            os._exit(code)
+
+    def kill(self, pid: int, sig: int) -> None:
+        if pid <= 1:
+            raise ConfigInvalidError("pid", "not a command of this sandbox")
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status, ru = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            forked = pid in self.forked
+            if forked:  # whatever it started and left behind
+                self.forked.discard(pid)
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            if pid in self.children:
+                self.children.discard(pid)
+                cpu_ms = int((ru.ru_utime + ru.ru_stime) * 1000)
+                free = -1  # a fork_call's caller reads no disk attribution (see exec)
+                if not forked:
+                    try:
+                        st = os.statvfs(self.work)
+                        free = st.f_bavail * st.f_frsize
+                    except OSError:
+                        pass
+                self.send({"ev": "exit", "pid": pid,
+                           "code": os.waitstatus_to_exitcode(status),
+                           "cpu_ms": cpu_ms, "maxrss_kb": ru.ru_maxrss, "disk_free": free})
+
+    def _warm(self) -> None:
+        """Run the framing every request takes once on a dummy frame, sending nothing, so
+        its copy-on-write faults are taken now (off the caller's path for a spare). Not
+        the command lookup nor statvfs: a sandbox that only forks (a snippet slot) never
+        needs them, and each page they touch would be its own for its whole life."""
+        self.buf += b'{"op":"ping","id":0}\n'
+        for header, _payload in self.frames():
+            _jsonline.dumps({"id": header["id"], "pid": 0})
+
+    def serve(self) -> None:
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        su.set_signal(signal.SIGCHLD, lambda *_: None)
+        su.set_signal(signal.SIGPIPE, signal.SIG_IGN)
+        su.set_sigmask(signal.SIG_SETMASK, ())
+        self._warm()
+        self.send({"ready": True})
+        while True:
+            try:
+                ready, _, _ = select.select([self.sock.fileno(), wake_r], [], [])
+            except InterruptedError:
+                continue
+            if wake_r in ready:
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                self.reap()
+            if self.sock.fileno() in ready:
+                if not self._fill():
+                    os._exit(0)  # host gone: the pid namespace dies with us
+                for header, payload in self.frames():
+                    self.handle(header, payload)
+                self.reap()
+
+
+def main(sock_fd: int, plan: Mapping[str, Any], seccomp_prog: bytes | su.Seccomp) -> None:
+    """Contain this process per ``plan`` (its file system view built, in its cgroup:
+    see ``zygote.py``), then serve; never returns."""
+    sock = socket.socket(fileno=sock_fd)
+    try:
+        contain.contain(plan, keep_fd=sock_fd, seccomp_prog=seccomp_prog)
+    except BaseException as e:
+        try:
+            sock.sendall(_jsonline.dumps({"error": f"sandbox setup failed: {e}"}) + b"\n")
+        finally:
+            os._exit(71)
+    try:
+        _Agent(sock, plan).serve()
+    except BaseException:
+        pass
+    os._exit(0)

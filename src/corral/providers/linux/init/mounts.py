@@ -1,0 +1,251 @@
+"""Mounts: host facts for the plan (parent side) and the mount steps (child side).
+
+``detect_host_layout`` runs in the host. ``detach_sources`` runs in the fork
+server as root, in the host's mount namespace: a detached, read-only,
+private copy of each bind source's mount tree, handed to the sandbox, so the
+sandbox's own uid never has to walk the host path to a source (a checkout
+under a 0700 home). ``init_child`` runs in the sandbox's view builder, inside
+its fresh user + mount namespaces: it makes every mount private first
+(nothing propagates to the host), builds the new root on a small tmpfs,
+attaches those trees (or binds the sources, when there are none), pivots
+into it, detaches the old root and remounts the new root and /dev
+read-only. Any failure raises; the caller stops the sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from corral.providers.linux import _sys_unsafe as su
+from corral.providers.linux.policy.plan import HostLayout
+
+__all__ = ["detach_sources", "detect_host_layout", "init_child"]
+
+_SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_ETC_FILES: Final = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf",
+                     "/etc/alternatives")
+_DEV_NODES: Final = ("null", "zero", "full", "random", "urandom")
+_STAGE_CANDIDATES: Final = ("/tmp", "/mnt", "/media", "/srv", "/var/tmp", "/run")
+_AREA: Final = "/.corral-rw"
+_IMAGE: Final = "/.corral-image"
+#: the step kinds whose ``source`` is a host path (one detached tree each, in order)
+_SOURCE_KINDS: Final = ("bind", "rootfs")
+_RO_ATTRS: Final = su.MOUNT_ATTR_RDONLY | su.MOUNT_ATTR_NOSUID | su.MOUNT_ATTR_NODEV
+# statvfs f_flag bit -> mount flag, so a read-only remount keeps the locked flags
+_ST_TO_MS: Final = ((1, su.MS_RDONLY), (2, su.MS_NOSUID), (4, su.MS_NODEV), (8, su.MS_NOEXEC),
+                    (1024, 1024), (2048, 2048), (4096, 1 << 21))
+
+
+def detect_host_layout() -> HostLayout:
+    """What this host offers: merged-/usr links, system dirs, prefixes, /etc and /dev files."""
+    dirs: list[str] = []
+    links: list[tuple[str, str]] = []
+    for d in _SYSTEM_DIRS:
+        if os.path.islink(d):
+            links.append((d, os.readlink(d)))
+        elif os.path.isdir(d):
+            dirs.append(d)
+    prefixes: list[str] = []
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.realpath(sys.executable))):
+        for q in (os.path.abspath(p), os.path.realpath(p)):
+            if q not in prefixes and os.path.isdir(q):
+                prefixes.append(q)
+    import corral  # the import root is the dir above the package
+    package_root = os.path.dirname(os.path.dirname(os.path.realpath(corral.__file__)))
+    return HostLayout(
+        euid=os.geteuid(), egid=os.getegid(), system_dirs=tuple(dirs),
+        system_links=tuple(links),
+        etc_files=tuple(f for f in _ETC_FILES if os.path.exists(f)),
+        prefixes=tuple(prefixes), package_root=package_root,
+        dev_nodes=tuple(n for n in _DEV_NODES if os.path.exists(f"/dev/{n}")),
+    )
+
+
+def _locked_flags(path: str) -> int:
+    f = os.statvfs(path).f_flag
+    out = 0
+    for st, ms in _ST_TO_MS:
+        if f & st:
+            out |= ms
+    return out
+
+
+def _make_target(target: str, is_dir: bool) -> None:
+    if is_dir:
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not os.path.lexists(target):
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+
+def _bind(source: str, target: str, *, readonly: bool, extra: int = 0) -> None:
+    _make_target(target, os.path.isdir(source))
+    su.mount(source, target, None, su.MS_BIND | su.MS_REC, None)
+    if not readonly and not extra:
+        return  # a bind keeps its source's flags: no remount needed
+    _remount(target, (su.MS_RDONLY | su.MS_NOSUID | su.MS_NODEV if readonly else 0) | extra)
+
+
+def _remount(target: str, flags: int) -> None:
+    """Add ``flags`` to the mount at ``target`` (keeping the flags it has)."""
+    su.mount(None, target, None, su.MS_BIND | su.MS_REMOUNT | _locked_flags(target) | flags,
+             None)
+
+
+def _attach(tree: int, target: str) -> None:
+    """Attach a detached tree from :func:`detach_sources` at ``target``."""
+    _make_target(target, stat.S_ISDIR(os.fstat(tree).st_mode))
+    su.move_mount(tree, target)
+
+
+_trees_work = True
+
+
+def detach_sources(steps: Iterable[Mapping[str, Any]]) -> list[int]:
+    """Fork server side, as root: a detached copy of the mount tree at each bind or
+    rootfs step's source, in step order (descriptors; the caller closes them).
+
+    Each copy is made private (no mount event propagates between it and the
+    host's tree it was copied from) and, unless its step is read-write, read-only,
+    nosuid and nodev down to its last submount, before it leaves the host's mount
+    namespace. [] from then on if the kernel has no such trees (before 5.12, or a
+    container's seccomp denies them): the view builder binds the sources itself.
+    Raises OSError with every copy closed."""
+    global _trees_work
+    trees: list[int] = []
+    if not _trees_work:
+        return trees
+    try:
+        for s in steps:
+            if s["kind"] not in _SOURCE_KINDS:
+                continue
+            fd = su.open_tree_clone(s["source"])
+            trees.append(fd)
+            ro = s["kind"] == "rootfs" or s["readonly"]
+            su.mount_setattr(fd, _RO_ATTRS if ro else 0, propagation=su.MS_PRIVATE)
+    except OSError as e:
+        for fd in trees:
+            os.close(fd)
+        if e.errno in (1, 38):  # EPERM, ENOSYS
+            _trees_work = False
+            return []
+        raise OSError(e.errno, f"{s['source']}: {e.strerror}") from None
+    return trees
+
+
+def _stage(sources: Iterable[str]) -> str:
+    """A host dir to build the new root on; a tmpfs will hide what it holds, so it
+    must not hold any path we are about to bind (a checkout under /tmp, say)."""
+    srcs = [x.rstrip("/") + "/" for x in sources]
+    for d in _STAGE_CANDIDATES:
+        if (os.path.isdir(d) and not os.path.islink(d)
+                and not any(x.startswith(d + "/") for x in srcs)):
+            return d
+    raise OSError(2, "no directory to stage the sandbox root in")
+
+
+def _bind_rootfs(source: str, root: str, steps: list[Mapping[str, Any]]) -> None:
+    """An image's rootfs under the new root: each top-level entry no other step
+    mounts (the host's system dirs, /etc, /proc, /dev, /work, /tmp ...) is bound
+    read-only; a top-level symlink is recreated with the same text."""
+    taken = {s["target"].split("/")[1] for s in steps
+             if s["kind"] != "rootfs" and s["target"].startswith("/")}
+    for name in sorted(os.listdir(source)):
+        if name in taken or name.startswith("."):
+            continue
+        path = os.path.join(source, name)
+        if os.path.islink(path):
+            os.symlink(os.readlink(path), root + "/" + name)
+        elif os.path.isdir(path) or os.path.isfile(path):
+            _bind(path, root + "/" + name, readonly=True)
+
+
+def init_child(steps: Iterable[Mapping[str, Any]], *,
+               source_fds: Mapping[str, int] | None = None,
+               trees: Sequence[int] = ()) -> None:
+    """Apply the plan's mount steps and pivot into the new root (sandbox side).
+
+    ``trees``: one detached tree per bind or rootfs step, in order (from
+    :func:`detach_sources`), attached instead of binding the source's host path.
+    Without them, ``source_fds`` maps a bind source to an ``O_PATH`` descriptor
+    opened before the sandbox took its own uid; binding from
+    ``/proc/self/fd/N`` reaches a source whose host path that uid could not
+    walk (a 0700 home dir).
+    """
+    fds = source_fds or {}
+    steps = list(steps)
+    attach = iter(trees) if trees else None
+    su.mount(None, "/", None, su.MS_REC | su.MS_PRIVATE, None)
+    root = _stage(s["source"] for s in steps if s["kind"] in _SOURCE_KINDS)
+    su.mount("corral-root", root, "tmpfs", su.MS_NOSUID | su.MS_NODEV,
+             "size=1m,nr_inodes=4096,mode=755")
+    area = root + _AREA
+    read_only: list[str] = []
+    for s in steps:
+        kind, target = s["kind"], root + s["target"]
+        if kind == "rootfs":
+            source = s["source"]
+            if attach is not None:  # bound from where the tree is attached for a moment
+                source = root + _IMAGE
+                _attach(next(attach), source)
+            _bind_rootfs(source, root, steps)
+            if attach is not None:
+                su.umount2(source, su.MNT_DETACH)  # the binds of its entries keep it alive
+                os.rmdir(source)
+        elif kind == "bind":
+            if attach is not None:
+                _attach(next(attach), target)
+                continue
+            fd = fds.get(s["source"])
+            _bind(s["source"] if fd is None else f"/proc/self/fd/{fd}", target,
+                  readonly=s["readonly"])
+        elif kind == "dir":
+            os.makedirs(target, exist_ok=True)
+            os.chmod(target, s["mode"])
+        elif kind == "symlink":
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.symlink(s["source"], target)
+        elif kind == "file":
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, s["mode"])
+            try:
+                os.write(fd, s["data"].encode("latin-1"))
+            finally:
+                os.close(fd)
+        elif kind == "proc":
+            os.makedirs(target, exist_ok=True)
+            su.mount("proc", target, "proc", su.MS_NOSUID | su.MS_NODEV | su.MS_NOEXEC, None)
+        elif kind == "tmpfs":
+            os.makedirs(target, exist_ok=True)
+            su.mount("tmpfs", target, "tmpfs", su.MS_NOSUID,
+                     f"size={s['size_bytes']},mode={s['mode']:o}")
+            if s["readonly"]:  # once the steps that fill it (/dev's nodes) are done
+                read_only.append(target)
+        elif kind == "area":
+            os.mkdir(area, 0o700)
+            su.mount("corral-rw", area, "tmpfs", su.MS_NOSUID | su.MS_NODEV,
+                     f"size={s['size_bytes']},mode={s['mode']:o}")
+        elif kind == "area_bind":
+            sub = f"{area}/{s['source']}"
+            os.mkdir(sub)
+            os.chmod(sub, s["mode"])
+            os.makedirs(target, exist_ok=True)
+            _bind(sub, target, readonly=False)  # the area is nosuid,nodev already
+        else:
+            raise OSError(22, f"unknown mount step {kind!r}")
+    for target in read_only:  # the binds on top (/dev/null ...) keep their own flags
+        _remount(target, su.MS_RDONLY | su.MS_NOSUID | su.MS_NODEV | su.MS_NOEXEC)
+    os.chdir(root)
+    su.pivot_root(".", ".")          # the old root now sits on top of the new one ...
+    su.umount2(".", su.MNT_DETACH)   # ... and is detached from it
+    os.chdir("/")
+    if os.path.isdir(_AREA):
+        su.umount2(_AREA, su.MNT_DETACH)  # the binds of its subdirs keep it alive
+        os.rmdir(_AREA)
+    su.mount(None, "/", None, su.MS_BIND | su.MS_REMOUNT | su.MS_RDONLY | su.MS_NOSUID
+             | su.MS_NODEV, None)

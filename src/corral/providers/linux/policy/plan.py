@@ -1,0 +1,372 @@
+"""Pure: a SandboxSpec plus provider options and host facts -> a frozen SandboxPlan.
+
+Like bubblewrap's list of setup operations, the plan is data: namespaces,
+id maps, an ordered tuple of mount steps, hostname, rlimits, the env
+allowlist base and the work dir. ``contain.py`` later applies it top to
+bottom in the child. Every impossible combination is refused here, before
+anything is forked, with one specific error each.
+
+No I/O: host facts come in as a :class:`HostLayout` (gathered by
+``mounts.detect_host_layout``).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from corral.core.errors import ConfigInvalidError, LevelNotSupportedError
+from corral.core.spec import InvocationMode, Level, SandboxLimits, SandboxSpec
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "ENV_BASE",
+    "MIN_MEM_MB",
+    "MIN_PROCESSES",
+    "PER_SANDBOX_ID",
+    "USER_SYSCTLS",
+    "WORK_DIR",
+    "HostLayout",
+    "LinuxOptions",
+    "MountStep",
+    "SandboxPlan",
+    "build_plan",
+    "check_spec",
+]
+
+WORK_DIR: Final = "/work"
+#: what every command gets before the caller's env is laid over it (the host's is never merged)
+ENV_BASE: Final[Mapping[str, str]] = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORK_DIR, "TMPDIR": "/tmp",
+}
+#: what the provider applies when a spec leaves a limit unset (documented on LinuxProvider)
+DEFAULT_LIMITS: Final = SandboxLimits(mem_mb=512, max_processes=256, disk_mb=256)
+#: the agent (a forked Python) must fit too
+MIN_MEM_MB: Final = 16
+#: the agent plus one command
+MIN_PROCESSES: Final = 2
+_FALLBACK_DISK_MB: Final = 256
+_NOFILE: Final = 1024
+#: an id map's outside id meaning "a host uid of this sandbox's own": the fork
+#: server (as root) gives each sandbox one (see _uidpool.py) and maps uid/gid 0 to it
+PER_SANDBOX_ID: Final = -1
+#: per-user quotas the kernel charges to the sandbox's uid rather than to a process:
+#: queued signals (sigqueue, real-time signals) and POSIX message queue bytes, as
+#: rlimits every command inherits (the kernel's own default for the queues)
+_SIGPENDING: Final = 1024
+_MSGQUEUE: Final = 819200
+#: the sandbox user namespace's own /proc/sys/user limits, written by the view
+#: builder: inotify and fanotify (the host's limits apply on top, to the sandbox's
+#: uid), and no namespaces beyond the ones the sandbox is made of (its mount, pid,
+#: net, ipc and uts ones from the clone, the cgroup one pid 1 unshares after)
+USER_SYSCTLS: Final = (
+    ("max_inotify_instances", 128), ("max_inotify_watches", 8192),
+    ("max_fanotify_groups", 0), ("max_fanotify_marks", 0),
+    ("max_user_namespaces", 0), ("max_time_namespaces", 0),
+    ("max_mnt_namespaces", 1), ("max_pid_namespaces", 1), ("max_net_namespaces", 1),
+    ("max_ipc_namespaces", 1), ("max_uts_namespaces", 1), ("max_cgroup_namespaces", 1),
+)
+
+#: every namespace a sandbox gets (the kernel's CLONE_NEW* bits, the same numbers as
+#: ``_sys_unsafe``'s constants: a test holds them equal; kept here so the plan stays pure)
+NAMESPACES: Final = (0x10000000    # CLONE_NEWUSER
+                     | 0x00020000  # CLONE_NEWNS
+                     | 0x20000000  # CLONE_NEWPID
+                     | 0x40000000  # CLONE_NEWNET
+                     | 0x08000000  # CLONE_NEWIPC
+                     | 0x04000000  # CLONE_NEWUTS
+                     | 0x02000000)  # CLONE_NEWCGROUP
+_RESERVED: Final = ("/proc", "/dev", "/etc", "/tmp", WORK_DIR)
+_WRITABLE: Final = (WORK_DIR, "/tmp")
+
+MountKind = Literal["bind", "tmpfs", "dir", "symlink", "file", "proc", "area", "area_bind",
+                    "rootfs"]
+#: the modes that take ``spec.image`` (unpacked by the provider, see images.py)
+_IMAGE_MODES: Final = (InvocationMode.JSON_STDIO, InvocationMode.HANDLER_IMAGE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MountStep:
+    """One setup step, applied in order inside the new root.
+
+    kinds: ``bind`` (host ``source`` -> ``target``, read-only unless ``readonly``
+    is False), ``tmpfs`` (made read-only once every step is applied, unless
+    ``readonly`` is False: what later steps bind on top of it keeps its own
+    flags), ``dir``, ``symlink`` (``source`` is the link text),
+    ``file`` (``data`` written, then made read-only with the root), ``proc``,
+    ``area`` (a tmpfs of ``size_bytes`` outside the root, named ``source``,
+    holding the writable subdirs), ``area_bind`` (``source`` = subdir of the area
+    bound read-write at ``target``), ``rootfs`` (first, if at all: each top-level
+    entry of the host dir ``source`` that no other step mounts is bound
+    read-only into the new root; symlinks are copied as symlinks).
+    """
+
+    kind: MountKind
+    target: str
+    source: str = ""
+    readonly: bool = True
+    size_bytes: int = 0
+    mode: int = 0o755
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostLayout:
+    """Facts about the host the plan needs (gathered by mounts.detect_host_layout)."""
+
+    euid: int
+    egid: int
+    #: top-level system dirs that are real directories (/usr, /lib64 ...)
+    system_dirs: tuple[str, ...] = ("/usr",)
+    #: top-level symlinks of a merged-/usr host: (path, link text)
+    system_links: tuple[tuple[str, str], ...] = ()
+    #: host /etc files worth binding read-only (ld.so.cache, localtime ...)
+    etc_files: tuple[str, ...] = ()
+    #: interpreter prefixes (sys.prefix, sys.base_prefix, dir of the real executable)
+    prefixes: tuple[str, ...] = ()
+    #: the directory holding the ``corral`` package (bound for handler runs)
+    package_root: str = ""
+    #: device nodes present on the host among null, zero, full, random, urandom
+    dev_nodes: tuple[str, ...] = ("null", "zero", "full", "random", "urandom")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinuxOptions:
+    """Provider options that shape every plan.
+
+    Attributes:
+        outside_uid / outside_gid: the host ids inside uid/gid 0 map to, and the
+            owner of the sandbox's user namespace (the uid the kernel charges its
+            per-user quotas to). ``None``: a host uid of the sandbox's own when
+            running as root (PER_SANDBOX_ID: 0x70000000 and up, see _uidpool.py),
+            the caller's own ids otherwise.
+        default_limits: applied where a spec leaves a limit unset.
+        hostname: the sandbox's hostname.
+        extra_ro_binds: more host paths bound read-only at the same path.
+    """
+
+    outside_uid: int | None = None
+    outside_gid: int | None = None
+    default_limits: SandboxLimits = DEFAULT_LIMITS
+    hostname: str = "sandbox"
+    extra_ro_binds: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("outside_uid", "outside_gid"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ConfigInvalidError(name, f"must be a non-negative integer, got {v!r}")
+        if not isinstance(self.default_limits, SandboxLimits):
+            raise ConfigInvalidError("default_limits", "must be a SandboxLimits")
+        if (not isinstance(self.hostname, str) or not 0 < len(self.hostname) <= 64
+                or not all(c.isalnum() or c in "-." for c in self.hostname)):
+            raise ConfigInvalidError("hostname", f"not a usable hostname: {self.hostname!r}")
+        object.__setattr__(self, "extra_ro_binds", tuple(self.extra_ro_binds))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxPlan:
+    """Everything the child needs to build one sandbox, decided up front."""
+
+    namespaces: int
+    uid_map: tuple[int, int, int]   # inside, outside, count
+    gid_map: tuple[int, int, int]
+    hostname: str
+    mounts: tuple[MountStep, ...]
+    work_dir: str
+    limits: SandboxLimits           # with the provider defaults merged in
+    rlimits: tuple[tuple[str, int, int], ...]   # (RLIMIT_* name, soft, hard), for every command
+    cpu_rlimit_s: int | None        # RLIMIT_CPU per command (second line behind the cgroup poll)
+    env_base: Mapping[str, str] = field(default_factory=lambda: dict(ENV_BASE))
+    network: str = "none"
+    #: (name under /proc/sys/user, value) for the sandbox's user namespace
+    user_sysctls: tuple[tuple[str, int], ...] = USER_SYSCTLS
+
+    def to_wire(self) -> dict[str, Any]:
+        """A JSON-safe dict for the zygote (mount data as latin-1 text)."""
+        return {
+            "namespaces": self.namespaces,
+            "uid_map": list(self.uid_map),
+            "gid_map": list(self.gid_map),
+            "hostname": self.hostname,
+            "mounts": [
+                {"kind": m.kind, "target": m.target, "source": m.source,
+                 "readonly": m.readonly, "size_bytes": m.size_bytes, "mode": m.mode,
+                 "data": m.data.decode("latin-1")}
+                for m in self.mounts
+            ],
+            "work_dir": self.work_dir,
+            "rlimits": [list(r) for r in self.rlimits],
+            "cpu_rlimit_s": self.cpu_rlimit_s,
+            "env_base": dict(self.env_base),
+            "user_sysctls": [list(x) for x in self.user_sysctls],
+        }
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _check_level_and_network(spec: SandboxSpec) -> None:
+    if spec.level is not Level.STRICT:
+        raise LevelNotSupportedError(
+            str(spec.level), ("strict",),
+            "the linux provider gives only the strict level; use the subproc or inprocess "
+            "provider for weaker levels")
+    if spec.network.kind != "none":
+        raise LevelNotSupportedError(
+            str(spec.level), ("strict",),
+            "only network 'none' (loopback only) is implemented",
+            missing=f"network policy {spec.network.kind!r}")
+    if spec.image is not None and spec.mode not in _IMAGE_MODES:
+        raise LevelNotSupportedError(
+            str(spec.level), ("strict",),
+            "the linux provider runs an image only as a handler's root filesystem (mode "
+            "'json-stdio' or 'handler-image'); general-purpose sandboxes use the host's own "
+            "binaries read-only", missing=f"container image {spec.image!r}")
+
+
+def check_spec(spec: SandboxSpec) -> None:
+    """The refusals that need no host facts (level, network, image without a handler
+    mode); the provider runs them before unpacking an image."""
+    _check_level_and_network(spec)
+
+
+def _merged_limits(spec: SandboxSpec, options: LinuxOptions) -> SandboxLimits:
+    limits = spec.limits.merged(options.default_limits)
+    if limits.disk_mb is None:
+        limits = limits.merged(SandboxLimits(disk_mb=_FALLBACK_DISK_MB))
+    if limits.mem_mb is not None and limits.mem_mb < MIN_MEM_MB:
+        raise ConfigInvalidError(
+            "limits.mem_mb", f"{limits.mem_mb} MiB is below the {MIN_MEM_MB} MiB the "
+            "sandbox's agent needs")
+    if limits.max_processes is not None and limits.max_processes < MIN_PROCESSES:
+        raise ConfigInvalidError(
+            "limits.max_processes", f"{limits.max_processes} leaves no room for a command "
+            f"next to the sandbox's agent (minimum {MIN_PROCESSES})")
+    return limits
+
+
+def _id_maps(options: LinuxOptions, host: HostLayout) -> tuple[tuple[int, int, int],
+                                                                 tuple[int, int, int]]:
+    root = host.euid == 0
+    out_uid = options.outside_uid if options.outside_uid is not None else (
+        PER_SANDBOX_ID if root else host.euid)
+    out_gid = options.outside_gid if options.outside_gid is not None else (
+        PER_SANDBOX_ID if root else host.egid)
+    if not root and out_uid != host.euid:
+        raise ConfigInvalidError(
+            "outside_uid", f"an unprivileged caller (uid {host.euid}) can map only its own uid")
+    if not root and out_gid != host.egid:
+        raise ConfigInvalidError(
+            "outside_gid", f"an unprivileged caller (gid {host.egid}) can map only its own gid")
+    return (0, out_uid, 1), (0, out_gid, 1)
+
+
+def _etc_files(hostname: str) -> list[MountStep]:
+    passwd = b"root:x:0:0:sandbox:/work:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
+    group = b"root:x:0:\nnogroup:x:65534:\n"
+    hosts = f"127.0.0.1 localhost {hostname}\n::1 localhost ip6-localhost\n".encode()
+    return [
+        MountStep(kind="dir", target="/etc"),
+        MountStep(kind="file", target="/etc/passwd", data=passwd, mode=0o644),
+        MountStep(kind="file", target="/etc/group", data=group, mode=0o644),
+        MountStep(kind="file", target="/etc/hosts", data=hosts, mode=0o644),
+        MountStep(kind="file", target="/etc/hostname", data=hostname.encode() + b"\n",
+                  mode=0o644),
+        MountStep(kind="file", target="/etc/resolv.conf", data=b"", mode=0o644),
+    ]
+
+
+def _extra_binds(host: HostLayout, options: LinuxOptions,
+                 with_package: bool) -> tuple[list[str], list[str]]:
+    """Host paths to bind read-only: (before the work dir, under the work dir)."""
+    wanted = list(host.prefixes) + list(options.extra_ro_binds)
+    if with_package and host.package_root:
+        wanted.append(host.package_root)
+    covered = list(host.system_dirs)
+    before: list[str] = []
+    after: list[str] = []
+    for raw in wanted:
+        p = posixpath.normpath(raw)
+        if not p.startswith("/") or p == "/":
+            raise ConfigInvalidError("ro_binds", f"cannot bind {raw!r} into the sandbox")
+        if any(_under(p, c) for c in covered):
+            continue
+        if p in _WRITABLE or any(_under(p, r) for r in _RESERVED if r not in _WRITABLE):
+            raise ConfigInvalidError(
+                "ro_binds", f"{p!r} would hide the sandbox's own {p.split('/')[1]!r} dir")
+        covered.append(p)
+        # a host path under /work or /tmp (a checkout in /tmp, say) is bound on top of
+        # the sandbox's own writable area, after that area is mounted
+        (after if any(_under(p, w) for w in _WRITABLE) else before).append(p)
+    return sorted(before), sorted(after)
+
+
+def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
+               rootfs: str | None = None, image_env: Mapping[str, str] | None = None
+               ) -> SandboxPlan:
+    """Turn ``spec`` into a plan, or refuse it with one specific error.
+
+    ``rootfs`` is the unpacked ``spec.image`` (a host dir; required exactly when
+    the spec names an image): its top-level entries are bound read-only under
+    the host's system dirs, prefixes, corral, /etc, /proc, /dev, /work and /tmp,
+    which all sit where they would without an image. ``image_env`` (the image
+    config's ``Env``) goes over the env base.
+    """
+    _check_level_and_network(spec)
+    if (spec.image is None) != (rootfs is None):
+        raise ConfigInvalidError(
+            "image", "the plan needs the unpacked rootfs of exactly the spec's image")
+    if rootfs is not None and (not rootfs.startswith("/") or posixpath.normpath(rootfs) == "/"):
+        raise ConfigInvalidError("image", f"not a usable rootfs dir: {rootfs!r}")
+    limits = _merged_limits(spec, options)
+    uid_map, gid_map = _id_maps(options, host)
+    disk_bytes = (limits.disk_mb or _FALLBACK_DISK_MB) * 1024 * 1024
+    before, after = _extra_binds(host, options, with_package=spec.mode is not None)
+
+    steps: list[MountStep] = []
+    if rootfs is not None:
+        steps.append(MountStep(kind="rootfs", target="/", source=posixpath.normpath(rootfs)))
+    for d in host.system_dirs:
+        steps.append(MountStep(kind="bind", target=d, source=d))
+    for path, link in host.system_links:
+        steps.append(MountStep(kind="symlink", target=path, source=link))
+    steps.extend(_etc_files(options.hostname))
+    for f in host.etc_files:
+        steps.append(MountStep(kind="bind", target=f, source=f))
+    for p in before:
+        steps.append(MountStep(kind="bind", target=p, source=p))
+    steps.append(MountStep(kind="proc", target="/proc"))
+    # read-only once its nodes and links are in: nothing else is written there
+    steps.append(MountStep(kind="tmpfs", target="/dev", size_bytes=64 * 1024, mode=0o755,
+                           readonly=True))
+    for node in host.dev_nodes:
+        steps.append(MountStep(kind="bind", target=f"/dev/{node}", source=f"/dev/{node}",
+                               readonly=False))
+    for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                       ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        steps.append(MountStep(kind="symlink", target=f"/dev/{name}", source=link))
+    # one tmpfs holds both writable dirs, so disk_mb bounds them together
+    steps.append(MountStep(kind="area", target="", source="rw", size_bytes=disk_bytes,
+                           mode=0o755))
+    steps.append(MountStep(kind="area_bind", target=WORK_DIR, source="work", mode=0o755,
+                           readonly=False))
+    steps.append(MountStep(kind="area_bind", target="/tmp", source="tmp", mode=0o1777,
+                           readonly=False))
+    for p in after:
+        steps.append(MountStep(kind="bind", target=p, source=p))
+
+    rlimits = (("RLIMIT_CORE", 0, 0), ("RLIMIT_NOFILE", _NOFILE, _NOFILE),
+               ("RLIMIT_FSIZE", disk_bytes, disk_bytes),
+               ("RLIMIT_SIGPENDING", _SIGPENDING, _SIGPENDING),
+               ("RLIMIT_MSGQUEUE", _MSGQUEUE, _MSGQUEUE))
+    cpu_s = None if limits.cpu_ms is None else -(-limits.cpu_ms // 1000) + 1
+    return SandboxPlan(
+        namespaces=NAMESPACES, uid_map=uid_map, gid_map=gid_map, hostname=options.hostname,
+        mounts=tuple(steps), work_dir=WORK_DIR, limits=limits, rlimits=rlimits,
+        cpu_rlimit_s=cpu_s, env_base={**ENV_BASE, **(image_env or {})},
+        network=spec.network.kind,
+    )

@@ -1,0 +1,2 @@
+"""Bounded runs: one process, one bounded run, one pinned outcome (``bounded``: a plain
+subprocess; ``strict``: inside a fresh sandbox of a provider)."""

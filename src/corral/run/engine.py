@@ -1,0 +1,399 @@
+"""The engine of one bounded run: spawn, watch, and finish exactly once.
+
+All I/O is callbacks on the running asyncio loop (``add_reader`` on the pipes
+and on a pidfd of the child); the only coroutine is :meth:`BoundedRun.wait`.
+Every path (exit, timeout, cancel, overflow, asyncio cancellation, an error
+in a callback) ends in :meth:`BoundedRun._finish`, which is synchronous and
+idempotent: kill the tree, reap, drain, close every fd, cancel every timer,
+remove the cancel callback, join the watcher thread (no-pidfd hosts only),
+remove the owned cwd, then build the :class:`RunResult`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import secrets
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Final, final
+
+from corral.core.spec import ResourceUsage
+from corral.run.options import RunOptions, build_env
+from corral.run.result import Outcome, OutputBuffer, RunResult, exit_outcome, signal_name
+from corral.run.tree import PidWindow, kill_group, kill_tree, limited_argv, reap, remove_tree
+
+__all__ = ["CWD_PREFIX", "BoundedRun"]
+
+#: prefix of the cwd the runner makes when none is given
+CWD_PREFIX: Final = "corral-run-"
+_CHUNK: Final = 65536
+_USE_PIDFD = hasattr(os, "pidfd_open")
+
+
+@final
+class BoundedRun:
+    """One child under its limits. Make it, :meth:`start` it, await :meth:`wait`.
+
+    ``keep_output=False`` streams output to the callbacks only (the result's
+    bytes stay empty); the caps still count every byte. ``stdin_pipe=True``
+    leaves stdin open for :meth:`write_stdin` / :meth:`close_stdin`.
+    """
+
+    def __init__(self, opts: RunOptions, *, keep_output: bool = True,
+                 stdin_pipe: bool = False) -> None:
+        self._o = opts
+        self._loop = asyncio.get_running_loop()
+        self._t0 = time.monotonic()
+        self._t_spawn = self._t0
+        self._stdin_pipe = stdin_pipe
+        self._out = OutputBuffer(opts.max_stdout_bytes, opts.on_stdout, keep_output)
+        self._err = OutputBuffer(opts.max_stderr_bytes, opts.on_stderr, keep_output)
+        self._outcome: Outcome | None = None
+        self._overflow: Outcome | None = None
+        self._failure: BaseException | None = None
+        self._exited = asyncio.Event()
+        self._done = asyncio.Event()
+        self._stdin_ready: asyncio.Future[None] | None = None
+        self._pid = 0
+        self._fds: dict[str, int] = {}
+        self._stdin_view: memoryview | None = None
+        self._timers: list[asyncio.TimerHandle] = []
+        self._unhook: Callable[[], None] | None = None
+        self._watcher: threading.Thread | None = None
+        self._token = secrets.token_hex(12)
+        self._window: PidWindow | None = None
+        self._host_peak_kib = 0
+        self._cwd = opts.cwd or ""
+        self._cwd_owned = False
+        self._heap_applied = False
+        self._spawn_error: OSError | subprocess.SubprocessError | None = None
+        self._result: RunResult | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def result(self) -> RunResult | None:
+        return self._result
+
+    # ---- start ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the child and hook it to the loop. Never raises for a spawn failure."""
+        o = self._o
+        if o.cancel is not None and o.cancel.cancelled:
+            self._outcome = Outcome.CANCELLED
+            self._finish()
+            return
+        try:
+            self._spawn()
+        except BaseException:
+            self._finish()
+            raise
+        if self._pid == 0:
+            self._finish()
+            return
+        loop = self._loop
+        self._timers.append(loop.call_later(o.timeout_ms / 1000, self._graceful, Outcome.TIMEOUT))
+        if o.cancel is not None:
+            self._unhook = o.cancel.add_callback(self._cancel_threadsafe)
+
+    def _spawn(self) -> None:
+        o = self._o
+        if not self._cwd:
+            self._cwd = tempfile.mkdtemp(prefix=CWD_PREFIX)
+            self._cwd_owned = True
+        env, self._heap_applied = build_env(o, cwd=self._cwd, cwd_owned=self._cwd_owned,
+                                            token=self._token)
+        argv = [o.command, *o.args]
+        if o.mem_mb is not None or o.cpu_ms is not None:
+            if not os.access(o.command, os.X_OK) or os.path.isdir(o.command):
+                self._spawn_error = FileNotFoundError(2, "not an executable file", o.command)
+                return
+            argv = limited_argv(argv, mem_mb=o.mem_mb, cpu_ms=o.cpu_ms)
+        child: list[int] = []
+        try:
+            for name in ("in", "out", "err"):
+                r, w = os.pipe()
+                if name == "in":
+                    self._fds[name] = w
+                    child.append(r)
+                else:
+                    self._fds[name] = r
+                    child.append(w)
+            self._window = PidWindow()
+            self._host_peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            self._t_spawn = time.monotonic()
+            try:
+                self._pid = o.spawner(argv, cwd=self._cwd, env=env, stdin=child[0],
+                                      stdout=child[1], stderr=child[2])
+            except (OSError, subprocess.SubprocessError) as e:
+                self._spawn_error = e
+                return
+        finally:
+            for fd in child:
+                os.close(fd)
+        loop = self._loop
+        for name in ("out", "err"):
+            os.set_blocking(self._fds[name], False)
+            loop.add_reader(self._fds[name], self._on_readable, name)
+        os.set_blocking(self._fds["in"], False)
+        if o.stdin and not self._stdin_pipe:
+            self._stdin_view = memoryview(o.stdin)
+            loop.add_writer(self._fds["in"], self._on_writable)
+        elif not self._stdin_pipe:
+            self._close_fd("in")
+        if _USE_PIDFD:
+            self._fds["pid"] = os.pidfd_open(self._pid)
+            loop.add_reader(self._fds["pid"], self._on_exit)
+        else:
+            self._watcher = threading.Thread(target=self._watch, name="corral-run-watch",
+                                             daemon=True)
+            self._watcher.start()
+
+    # ---- loop callbacks -----------------------------------------------
+
+    def _watch(self) -> None:  # no-pidfd hosts: wait for exit without reaping
+        try:
+            os.waitid(os.P_PID, self._pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass
+        try:
+            self._loop.call_soon_threadsafe(self._on_exit)
+        except RuntimeError:  # loop closed: the run already finished
+            pass
+
+    def _on_exit(self) -> None:
+        fd = self._fds.get("pid")
+        if fd is not None:
+            self._loop.remove_reader(fd)
+        self._exited.set()
+
+    def _on_readable(self, name: str) -> None:
+        fd = self._fds.get(name)
+        if fd is None:
+            return
+        try:
+            data = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_fd(name)
+            return
+        self._take(name, data)
+
+    def _take(self, name: str, data: bytes) -> None:
+        cap = self._out if name == "out" else self._err
+        try:
+            passed = cap.feed(data)
+        except Exception as e:  # a user callback failed: stop the run, re-raise from wait()
+            if self._failure is None:
+                self._failure = e
+                self._hard_kill(Outcome.CANCELLED)
+            return
+        if passed and self._overflow is None:
+            self._overflow = Outcome.OVERFLOW_STDOUT if name == "out" else Outcome.OVERFLOW_STDERR
+            self._hard_kill(self._overflow)
+
+    def _on_writable(self) -> None:
+        view, fd = self._stdin_view, self._fds.get("in")
+        if view is None or fd is None:
+            return
+        try:
+            n = os.write(fd, view[:_CHUNK])
+        except BlockingIOError:
+            return
+        except OSError:  # EPIPE: the child closed its stdin; the rest is dropped
+            n = len(view)
+        self._stdin_view = view = view[n:]
+        if not view:
+            self._stdin_view = None
+            self._close_fd("in")
+
+    def _cancel_threadsafe(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._graceful, Outcome.CANCELLED)
+        except RuntimeError:  # loop closed: the run already finished
+            pass
+
+    def _graceful(self, outcome: Outcome) -> None:
+        """Timeout / cancel token: shutdown signal to the group, SIGKILL after the grace."""
+        if self._outcome is not None or self._result is not None or self._exited.is_set():
+            return
+        self._outcome = outcome
+        if self._o.shutdown_signal == signal.SIGKILL or self._o.grace_period_ms == 0:
+            kill_group(self._pid)
+            return
+        kill_group(self._pid, self._o.shutdown_signal)
+        self._timers.append(self._loop.call_later(
+            self._o.grace_period_ms / 1000, kill_group, self._pid))
+
+    def _hard_kill(self, outcome: Outcome) -> None:
+        if self._outcome is None and not self._exited.is_set():
+            self._outcome = outcome
+        if self._pid and self._result is None:
+            kill_group(self._pid)
+
+    def kill(self) -> None:
+        """SIGKILL the tree now (outcome ``cancelled`` unless already decided)."""
+        if self._result is None:
+            self._hard_kill(Outcome.CANCELLED)
+
+    def cancel(self) -> None:
+        """Like a cancel token firing: shutdown signal, grace, SIGKILL; ``cancelled``."""
+        self._graceful(Outcome.CANCELLED)
+
+    # ---- interactive stdin (stdin_pipe=True) ---------------------------
+
+    async def write_stdin(self, data: bytes) -> None:
+        """Write all of ``data``; BrokenPipeError if stdin is closed or the child is gone."""
+        view = memoryview(data)
+        while view:
+            fd = self._fds.get("in")
+            if fd is None:
+                raise BrokenPipeError("stdin is closed")
+            try:
+                view = view[os.write(fd, view[:_CHUNK]):]
+                continue
+            except BlockingIOError:
+                pass
+            fut = self._stdin_ready = self._loop.create_future()
+            self._loop.add_writer(fd, _settle, fut)
+            try:
+                await fut
+            finally:
+                if self._fds.get("in") == fd:
+                    self._loop.remove_writer(fd)
+                self._stdin_ready = None
+
+    def close_stdin(self) -> None:
+        self._close_fd("in")
+
+    # ---- the one finish path --------------------------------------------
+
+    async def wait(self) -> RunResult:
+        """Drive the run to its end and return the result (idempotent)."""
+        if self._result is None:
+            try:
+                await self._exited.wait()
+            except asyncio.CancelledError:
+                if self._outcome is None:
+                    self._outcome = Outcome.CANCELLED
+                self._finish()
+                raise
+            self._finish()
+        if self._failure is not None:
+            raise self._failure
+        assert self._result is not None
+        return self._result
+
+    async def wait_finished(self) -> None:
+        """Wait until another task's :meth:`wait` has finished the run (no result)."""
+        await self._done.wait()
+
+    def _close_fd(self, name: str) -> None:
+        fd = self._fds.pop(name, None)
+        if fd is None:
+            return
+        if name == "in":
+            self._loop.remove_writer(fd)
+            if self._stdin_ready is not None and not self._stdin_ready.done():
+                self._stdin_ready.set_exception(BrokenPipeError("stdin is closed"))
+        else:
+            self._loop.remove_reader(fd)
+        os.close(fd)
+
+    def _drain(self) -> None:
+        for name in ("out", "err"):
+            while (fd := self._fds.get(name)) is not None:
+                try:
+                    data = os.read(fd, _CHUNK)
+                except BlockingIOError:  # a stray we could not kill holds the pipe
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                self._take(name, data)
+            self._close_fd(name)
+
+    def _finish(self) -> None:
+        if self._result is not None:
+            return
+        rc: int | None = None
+        cpu_s, maxrss_kib, strays = 0.0, 0, 0
+        try:
+            if self._pid:
+                if not self._exited.is_set():
+                    kill_group(self._pid)
+                assert self._window is not None
+                strays = kill_tree(self._pid, self._token, self._window)
+                rc, cpu_s, maxrss_kib = reap(self._pid)
+                self._drain()
+        finally:
+            t_end = time.monotonic()
+            for t in self._timers:
+                t.cancel()
+            self._timers.clear()
+            if self._unhook is not None:
+                self._unhook()
+            for name in list(self._fds):
+                self._close_fd(name)
+            if self._watcher is not None:
+                self._watcher.join()
+            if self._cwd_owned:
+                remove_tree(self._cwd)
+            self._exited.set()
+            self._done.set()
+        # Linux copies the spawner's RSS into a forked child's high-water
+        # mark, so a peak not above our own says nothing: 0 (not measured).
+        peak_kib = maxrss_kib if maxrss_kib > self._host_peak_kib else 0
+        usage = ResourceUsage(cpu_ms=round(cpu_s * 1000), wall_ms=round(
+            (t_end - self._t_spawn) * 1000) if self._pid else 0,
+            peak_mem_mb=-(-peak_kib // 1024))
+        self._result = self._build(rc, usage, strays, t_end)
+
+    def _build(self, rc: int | None, usage: ResourceUsage, strays: int,
+               t_end: float) -> RunResult:
+        o = self._o
+        outcome = self._outcome or self._overflow
+        exit_code: int | None = None
+        sig: str | None = None
+        error, errno_ = "", None
+        limit: int | None = None
+        if self._spawn_error is not None:
+            outcome = Outcome.SPAWN_ERROR
+            e = self._spawn_error
+            errno_ = getattr(e, "errno", None)
+            error = f"{type(e).__name__}: {e}"
+        elif outcome is None:
+            outcome = exit_outcome(rc, usage.cpu_ms, cpu_ms=o.cpu_ms, mem_mb=o.mem_mb)
+        if outcome is Outcome.EXIT and rc is not None:
+            if rc < 0:
+                sig = signal_name(-rc)
+            else:
+                exit_code = rc
+        limit = {Outcome.TIMEOUT: o.timeout_ms, Outcome.OVERFLOW_STDOUT: o.max_stdout_bytes,
+                 Outcome.OVERFLOW_STDERR: o.max_stderr_bytes, Outcome.MEMORY_LIMIT: o.mem_mb,
+                 Outcome.CPU_LIMIT: o.cpu_ms}.get(outcome)
+        return RunResult(
+            outcome=outcome, exit_code=exit_code, signal=sig, returncode=rc,
+            stdout_bytes=b"".join(self._out.chunks), stderr_bytes=b"".join(self._err.chunks),
+            stdout_truncated=self._out.truncated, stderr_truncated=self._err.truncated,
+            duration_ms=round((t_end - self._t0) * 1000, 3), usage=usage, cwd=self._cwd,
+            cwd_owned=self._cwd_owned, node_heap_mb_applied=self._heap_applied,
+            error_message=error, spawn_errno=errno_, limit_value=limit, strays_killed=strays)
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

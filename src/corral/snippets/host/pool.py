@@ -1,0 +1,592 @@
+"""The warm snippet pool: bounded, FIFO, per-tenant sandboxes; one fresh process per run.
+
+Built on the generic provider contract, plus one linux-only shortcut. A
+*slot* is a sandbox created ahead of time (for one tenant; a fresh *spare*
+is bound to the first tenant that takes it and never serves another). In a
+linux (strict) sandbox the slot holds no process but the sandbox's agent:
+the worker (:mod:`corral.snippets.sandbox.worker`) is preloaded into the provider's
+fork server, and per job the agent forks a fresh worker
+(``LinuxSandbox.start_python_fork``, ``--once``) that reads the job on its
+stdin, runs it and exits; the host collects its records and kills it at
+timeout + grace. Elsewhere the slot holds a long-lived template
+(``python -I -S`` started with ``start_process``) that forks a fresh child
+per job and never runs caller code itself. Either way no process ever runs
+code twice. The host speaks to a template in the frames of
+:mod:`corral.wire.protocol` (one ``invoke`` in, one ``output`` out); a forked
+worker reads one ``invoke`` frame.
+
+Following anyio's ``to_process``: the job is serialised before a slot is
+reserved; the reply line is capped; any failure kills and discards the slot
+(a replacement spare is warmed in the background) and raises one
+:class:`~corral.core.errors.UnhandledWorkerError`; asyncio cancellation passes
+through untouched (the slot is discarded, the concurrency permit freed at
+once); idle slots are reused most-recent-first and retired when idle for
+``idle_ttl_s`` or beyond ``max_idle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
+
+from corral.core.contract import ProcessHandle, Sandbox, SandboxProvider
+from corral.core.errors import ConfigInvalidError, ProviderError, UnhandledWorkerError
+from corral.core.spec import Level, NetworkPolicy, ProcessOpts, SandboxLimits, SandboxSpec
+from corral.snippets.host.limiter import FifoLimiter
+from corral.snippets.sandbox.worker import BadRecord, Collector
+from corral.wire.protocol import (
+    ErrorFrame,
+    FrameDecoder,
+    FrameErr,
+    InvokeFrame,
+    OutputFrame,
+    ProtocolContext,
+    encode_frame,
+)
+
+if TYPE_CHECKING:
+    from corral.providers.linux.host.sandbox import LinuxSandbox
+
+__all__ = ["GRACE_MS", "PoolStatistics", "SnippetPool", "WORKER_FILE"]
+
+T = TypeVar("T")
+
+#: The worker's file name inside each sandbox's work dir.
+WORKER_FILE: Final = "_corral_snippet_worker.py"
+#: The template SIGKILLs a child this long after its timeout (the soft timer goes first).
+GRACE_MS: Final = 200
+#: The host kills the whole slot if no answer comes this long after timeout + grace.
+_BACKSTOP_MS: Final = 3000
+_MAX_REPLY_BYTES: Final = 4 * 1024 * 1024
+#: Headroom over ``mem_mb`` for the template itself (a strict sandbox's cgroup cap).
+_TEMPLATE_MB: Final = 64
+_START_TIMEOUT_S: Final = 30.0
+_WORKER_MODULE: Final = "corral.snippets.sandbox.worker"
+#: Preloaded last: installs the worker's run-time guards in the fork server, once.
+_GUARDS_MODULE: Final = "corral.snippets.sandbox.guards"
+_FORK_OPTS: Final = ProcessOpts(stdin=True, env={})
+#: After a job, how long processes the run left behind may take to disappear before the
+#: slot is retired (they are SIGKILLed with the run's process group, or not at all).
+_LEFTOVER_POLLS: Final = 10
+_LEFTOVER_POLL_S: Final = 0.01
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolStatistics:
+    """A snapshot of a pool. ``idle`` counts warm slots waiting (spares included)."""
+
+    max_workers: int
+    running: int
+    queued: int
+    idle: int
+    spares: int
+    completed: int
+    cancelled: int
+    timed_out: int
+    crashed: int
+    replaced: int
+    created: int
+
+
+class _Slot:
+    """One warm sandbox and its template process (which forks a child per run)."""
+
+    def __init__(self, sandbox: Sandbox, process: ProcessHandle, level: Level) -> None:
+        self.sandbox, self.process, self.level = sandbox, process, level
+        self.tenant: str | None = None
+        self.server_pid = 0  # the template's pid inside the sandbox
+        self.last_used = time.monotonic()
+        self._out = aiter(process.stdout)
+        self._decoder = FrameDecoder(_MAX_REPLY_BYTES)
+        self._pending: list[Any] = []
+        self._stderr = b""
+        self._drain = asyncio.ensure_future(self._drain_stderr())
+        self._view = _ProcessView(sandbox, own=1)  # the template
+
+    async def _drain_stderr(self) -> None:
+        with contextlib.suppress(Exception):
+            async for chunk in self.process.stderr:
+                self._stderr = (self._stderr + chunk)[-4096:]
+
+    @property
+    def alive(self) -> bool:
+        return True  # a dead template shows on the next call
+
+    async def call(self, frame: bytes, job: Mapping[str, Any]) -> Any:
+        """Send one invoke frame, return its output; ErrorFrame/EOF/garbage raise
+        UnhandledWorkerError."""
+        await self.process.stdin.write(frame)
+        while not self._pending:
+            try:
+                chunk = await anext(self._out)
+            except StopAsyncIteration:
+                status = await self.process.wait()
+                raise UnhandledWorkerError(
+                    "the snippet template exited without answering", exit_code=status.exit_code,
+                    stderr_tail=self._stderr.decode("utf-8", "replace")) from None
+            self._pending.extend(self._decoder.feed(chunk))
+        result = self._pending.pop(0)
+        if isinstance(result, FrameErr):
+            raise UnhandledWorkerError(f"the snippet template sent a bad frame: "
+                                       f"{result.error.message}")
+        frame_ = result.frame
+        if isinstance(frame_, ErrorFrame):
+            raise UnhandledWorkerError(f"the snippet template refused the job: "
+                                       f"{frame_.error.code}: {frame_.error.message}")
+        if not isinstance(frame_, OutputFrame):
+            raise UnhandledWorkerError(f"unexpected {frame_.kind!r} frame from the template")
+        return frame_.output
+
+    async def leftovers(self) -> bool:
+        """Whether the sandbox holds a process beyond its agent and the template."""
+        return await self._view.leftovers()
+
+    async def close(self) -> None:
+        self._drain.cancel()
+        with contextlib.suppress(Exception):
+            await self.process.kill()
+        with contextlib.suppress(Exception):
+            await self.sandbox.destroy()
+
+
+class _ForkSlot:
+    """One warm strict sandbox whose agent forks a fresh worker per job
+    (``LinuxSandbox.start_python_fork`` of ``sandbox/worker.py --once``): the slot holds no
+    process but the agent. The host collects the run's records and kills the run's
+    process group at timeout + grace."""
+
+    def __init__(self, sandbox: LinuxSandbox, level: Level) -> None:
+        self.sandbox, self.level = sandbox, level
+        self.tenant: str | None = None
+        self.server_pid = 1  # the agent
+        self.last_used = time.monotonic()
+        self._view = _ProcessView(sandbox, own=0)
+
+    @property
+    def alive(self) -> bool:
+        return self.sandbox.alive
+
+    async def call(self, frame: bytes, job: Mapping[str, Any]) -> Any:
+        """Fork one worker, hand it ``frame``, return the run's output. A worker that
+        cannot start, refuses the job or writes a record no honest worker writes (the run's
+        own process writes them: hostile input), or an agent that exits, raise
+        UnhandledWorkerError (the worker is killed first); a run whose process dies is a
+        WorkerCrashed output."""
+        options = dict(job.get("options") or {})
+        collector = Collector(options)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            proc = await self.sandbox.start_python_fork(["--once"], _FORK_OPTS,
+                                                        entry=_WORKER_MODULE + ":main")
+        except (ProviderError, ConfigInvalidError) as e:
+            raise UnhandledWorkerError(f"cannot start the snippet's process: {e}") from None
+        killed = False
+        bad: str | None = None
+        # stderr is not read: the worker puts 0/1/2 on /dev/null before the run starts and
+        # the pipe's last write end goes with them, so no run can write there
+        try:
+            try:
+                await proc.stdin.write(frame)
+            except ProviderError:
+                pass  # it died first: its exit says how
+            await proc.stdin.close()
+            grace = options.get("timeout_ms", 10_000) + options.get("grace_ms", GRACE_MS)
+            try:
+                async with asyncio.timeout_at(started + grace / 1000):
+                    async for chunk in proc.stdout:
+                        collector.feed(chunk)
+            except TimeoutError:
+                killed = True
+            except BadRecord as e:
+                bad = str(e)
+            if killed or bad is not None:
+                await proc.kill()
+            status = await proc.wait()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await proc.kill()
+            raise
+        if bad is not None:
+            raise UnhandledWorkerError(f"the snippet worker wrote a malformed record: {bad}; "
+                                       "it was killed", exit_code=status.exit_code)
+        if not self.sandbox.alive:
+            raise UnhandledWorkerError("the slot's sandbox agent exited during the run",
+                                       exit_code=status.exit_code)
+        if collector.reply is not None:
+            if "refused" in collector.reply:
+                raise UnhandledWorkerError(f"the snippet worker refused the job: "
+                                           f"{collector.reply['refused']}")
+            return collector.reply
+        if not collector.started and collector.end is None:
+            raise UnhandledWorkerError("the snippet worker exited before the run started",
+                                       exit_code=status.exit_code)
+        try:
+            return collector.finish(status.exit_code, killed,
+                                    round((loop.time() - started) * 1000, 3))
+        except BadRecord as e:
+            raise UnhandledWorkerError(f"the snippet worker wrote a malformed record: {e}",
+                                       exit_code=status.exit_code) from None
+
+    async def leftovers(self) -> bool:
+        """Whether a process other than the agent is still in the sandbox after a job."""
+        return await self._view.leftovers()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.sandbox.destroy()
+
+
+_AnySlot = _Slot | _ForkSlot
+
+
+def _alive(pids: list[int]) -> int:
+    """How many of ``pids`` (host pids) still run (not gone, not zombies already dead)."""
+    count = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            continue  # gone
+        if state not in (b"Z", b"X"):
+            count += 1
+    return count
+
+
+class _ProcessView:
+    """Whether a slot's sandbox holds, after a job, a live process beyond its own ones:
+    something a run detached (``setsid``) from its process group and left behind.
+
+    Every process of the sandbox descends from its agent (the pid namespace's init), and
+    one whose parent died is re-parented to the agent: so the agent's children, beyond
+    the slot's own (``own``: the template, if any), are exactly what was left behind.
+    Read in ``/proc/AGENT/task/AGENT/children`` (one small file); without it, through the
+    sandbox's cgroup (``LinuxSandbox.host_pids``). A provider with neither view (subproc)
+    is never checked."""
+
+    def __init__(self, sandbox: Sandbox, *, own: int) -> None:
+        self.sandbox, self.own = sandbox, own
+        self.agent = 0
+
+    def extra(self) -> int:
+        if not getattr(self.sandbox, "alive", False):
+            return 0  # destroyed or its agent exited: the slot is discarded anyway
+        host_pids = getattr(self.sandbox, "host_pids", None)
+        if host_pids is None:
+            return 0
+        if not self.agent:
+            pids = host_pids()
+            if not pids:
+                return 0
+            self.agent = pids[0]
+        try:
+            with open(f"/proc/{self.agent}/task/{self.agent}/children", "rb") as f:
+                children = [int(p) for p in f.read().split()]
+        except (OSError, ValueError):
+            children = host_pids()[1:]  # every process of the sandbox but the agent
+        return _alive(children) - self.own if children else 0
+
+    async def leftovers(self) -> bool:
+        for _ in range(_LEFTOVER_POLLS):
+            if self.extra() <= 0:
+                return False
+            await asyncio.sleep(_LEFTOVER_POLL_S)  # killed ones may be on their way out
+        return self.extra() > 0
+
+
+def _worker_source() -> str:
+    return (Path(__file__).parent.parent / "sandbox" / "worker.py").read_text(encoding="utf-8")
+
+
+def _frame(job: Mapping[str, Any], tenant_id: str) -> bytes:
+    ctx = ProtocolContext(run_id=f"snippet-{uuid.uuid4().hex[:12]}", tenant_id=tenant_id)
+    return encode_frame(InvokeFrame(input=dict(job), ctx=ctx))
+
+
+@final
+class SnippetPool:
+    """Bounded concurrency (FIFO) over warm per-tenant slots; one fresh process per run.
+
+    Args:
+        providers: level -> provider; missing levels are made on first use from the
+            registry (``strict`` -> ``linux``, ``context-isolated`` -> ``subproc``)
+            and closed with the pool. Providers passed in are not closed.
+        max_workers: runs at once (default ``os.cpu_count()``); more wait FIFO.
+        mem_mb: address-space cap of each run (RLIMIT_AS over the template's own size);
+            a strict sandbox also gets a cgroup cap of ``mem_mb`` + 64 MiB.
+        spares: fresh, never-used slots kept warm per level in use.
+        max_idle / idle_ttl_s: idle slots kept at most, and for how long.
+    """
+
+    def __init__(self, *, providers: Mapping[Level | str, SandboxProvider] | None = None,
+                 max_workers: int | None = None, mem_mb: int = 256, spares: int = 1,
+                 max_idle: int | None = None, idle_ttl_s: float = 60.0,
+                 preload: frozenset[str] | None = None) -> None:
+        from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS
+        self._providers = {Level(k): v for k, v in (providers or {}).items()}
+        self._owned: list[SandboxProvider] = []
+        self._limiter = FifoLimiter(max_workers or os.cpu_count() or 1)
+        if isinstance(mem_mb, bool) or not isinstance(mem_mb, int) or mem_mb < 16:
+            raise ConfigInvalidError("mem_mb", "must be an integer >= 16")
+        self.mem_mb = mem_mb
+        self.spares = spares
+        self.max_idle = max_idle
+        self.idle_ttl_s = idle_ttl_s
+        self._preload = ",".join(sorted(preload if preload is not None
+                                        else DEFAULT_ALLOWED_IMPORTS | {"traceback", "ast"}))
+        self._idle: dict[tuple[Level, str | None], deque[_AnySlot]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._warming: dict[Level, int] = {}
+        self._ids = itertools.count(1)
+        self._counts = dict.fromkeys(
+            ("completed", "cancelled", "timed_out", "crashed", "replaced", "created"), 0)
+        self._closed = False
+        #: (tenant, level, sandbox id, pid of the slot's server inside its sandbox: the
+        #: template, or 1 for a strict slot's agent) per run served; for tests and audits
+        self.served: deque[tuple[str, str, str, int]] = deque(maxlen=1000)
+
+    # -- configuration and state ----------------------------------------------------
+    def set_max_concurrent_workers(self, n: int) -> None:
+        """Change the number of runs at once; waiting jobs start if it grew."""
+        self._limiter.set_limit(n)
+
+    def statistics(self) -> PoolStatistics:
+        spares = sum(len(q) for (_lv, t), q in self._idle.items() if t is None)
+        return PoolStatistics(
+            max_workers=self._limiter.limit, running=self._limiter.running,
+            queued=self._limiter.waiting, idle=sum(len(q) for q in self._idle.values()),
+            spares=spares, **self._counts)
+
+    def _provider(self, level: Level) -> SandboxProvider:
+        if level not in self._providers:
+            from corral.providers import get_provider_class
+            names = {Level.STRICT: "linux", Level.CONTEXT_ISOLATED: "subproc"}
+            if level not in names:
+                raise ConfigInvalidError("level", f"no snippet provider for level {level.value!r}")
+            self._providers[level] = provider = get_provider_class(names[level])()
+            self._owned.append(provider)
+        return self._providers[level]
+
+    # -- slots -----------------------------------------------------------------------
+    async def _new_slot(self, level: Level, tenant: str | None) -> _AnySlot:
+        provider = self._provider(level)
+        limits, network = SandboxLimits(), NetworkPolicy.none()
+        if level == Level.STRICT:
+            limits = SandboxLimits(mem_mb=self.mem_mb + _TEMPLATE_MB, max_processes=64,
+                                   disk_mb=16)
+        else:  # context-isolated shares the host's network by definition (subproc refuses
+            network = NetworkPolicy.unrestricted()  # 'none'); the snippet has no socket
+        spec = SandboxSpec(tenant_id=tenant or "corral-snippet-spare", level=level,
+                           run_id=f"snippet-slot-{next(self._ids)}", limits=limits,
+                           network=network)
+        forked = level == Level.STRICT and await self._preload_into(provider)
+        sandbox = await provider.create(spec)
+        try:
+            slot: _AnySlot | None = await self._fork_slot(sandbox) if forked else None
+            if slot is None:
+                template = _Slot(sandbox, await self._start_template(sandbox), level)
+                try:
+                    pong = await asyncio.wait_for(
+                        template.call(_frame({"op": "ping"}, spec.tenant_id), {}),
+                        _START_TIMEOUT_S)
+                    template.server_pid = int(pong["pid"])
+                except BaseException:
+                    await template.close()
+                    raise
+                slot = template
+        except BaseException:
+            await sandbox.destroy()
+            raise
+        self._counts["created"] += 1
+        return slot
+
+    @staticmethod
+    async def _fork_slot(sandbox: Sandbox) -> _ForkSlot | None:
+        """A fork-per-job slot on a linux sandbox, or None (its agent lacks the worker:
+        the fork server restarted since the preload)."""
+        from corral.providers.linux.host.sandbox import LinuxSandbox
+        if not isinstance(sandbox, LinuxSandbox):
+            return None
+        slot = _ForkSlot(sandbox, Level.STRICT)
+        try:
+            await asyncio.wait_for(slot.call(_frame({"op": "ping"}, sandbox.spec.tenant_id), {}),
+                                   _START_TIMEOUT_S)
+        except UnhandledWorkerError:
+            if not sandbox.alive:
+                raise
+            return None
+        return slot
+
+    async def _preload_into(self, provider: SandboxProvider) -> bool:
+        """Preload the worker into a linux provider's fork server (once); whether
+        templates can be forked there."""
+        from corral.providers.linux.host.provider import LinuxProvider
+        if not isinstance(provider, LinuxProvider):
+            return False
+        names = [_WORKER_MODULE, *self._preload.split(","), _GUARDS_MODULE]
+        try:
+            missing = await provider.preload_python([n for n in names if n])
+        except ProviderError:
+            return False
+        return _WORKER_MODULE not in missing
+
+    async def _start_template(self, sandbox: Sandbox) -> ProcessHandle:
+        """A template slot's process: ``python -I -S`` of the worker file."""
+        await sandbox.write_file(WORKER_FILE, _worker_source())
+        argv = [sys.executable, "-I", "-S", WORKER_FILE, "--preload", self._preload]
+        return await sandbox.start_process(argv, ProcessOpts(stdin=True, env={}))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _warm_spare(self, level: Level) -> None:
+        self._warming[level] = self._warming.get(level, 0) + 1
+        try:
+            slot = await self._new_slot(level, None)
+        except Exception:
+            return  # the next run makes its slot in the foreground and reports the error
+        finally:
+            self._warming[level] -= 1
+        if self._closed:
+            await slot.close()
+        else:
+            self._put(slot)
+
+    def _top_up(self, level: Level) -> None:
+        have = len(self._idle.get((level, None), ())) + self._warming.get(level, 0)
+        for _ in range(self.spares - have):
+            self._spawn(self._warm_spare(level))
+
+    def _put(self, slot: _AnySlot) -> None:
+        slot.last_used = time.monotonic()
+        self._idle.setdefault((slot.level, slot.tenant), deque()).append(slot)
+        self._retire()
+
+    def _retire(self) -> None:
+        now = time.monotonic()
+        slots = sorted((s for q in self._idle.values() for s in q), key=lambda s: s.last_used)
+        cap = self.max_idle if self.max_idle is not None else 2 * self._limiter.limit + self.spares
+        over = len(slots) - cap
+        for s in slots:
+            if over > 0 or now - s.last_used > self.idle_ttl_s:
+                over -= 1
+                self._idle[(s.level, s.tenant)].remove(s)
+                self._spawn(s.close())
+
+    async def _take(self, level: Level, tenant: str) -> _AnySlot:
+        self._retire()
+        for key in ((level, tenant), (level, None)):
+            queue = self._idle.get(key)
+            while queue and not queue[-1].alive:  # its sandbox died while idle
+                self._discard(queue.pop())
+            if queue:
+                slot = queue.pop()  # most recently used first
+                if key[1] is None:
+                    self._top_up(level)
+                slot.tenant = tenant
+                return slot
+        slot = await self._new_slot(level, tenant)
+        slot.tenant = tenant
+        self._top_up(level)
+        return slot
+
+    def _discard(self, slot: _AnySlot) -> None:
+        self._counts["replaced"] += 1
+        self._spawn(slot.close())
+        self._top_up(slot.level)
+
+    async def prewarm(self, *, level: Level | str = Level.STRICT, tenant_id: str | None = None,
+                      count: int = 1) -> None:
+        """Create ``count`` warm slots now: for ``tenant_id``, or fresh spares if None."""
+        level = Level(level)
+        slots = await asyncio.gather(*(self._new_slot(level, tenant_id) for _ in range(count)))
+        for slot in slots:
+            slot.tenant = tenant_id
+            self._put(slot)
+
+    # -- running ---------------------------------------------------------------------
+    async def run_job(self, job: Mapping[str, Any], *, tenant_id: str, level: Level,
+                      timeout_ms: int, parse: Callable[[Any], T] | None = None) -> Any:
+        """Run one worker job (``{"op": "run", ...}``) and return the worker's raw output,
+        or ``parse(output)`` when given (which raises UnhandledWorkerError for output no
+        honest worker gives: the slot is then discarded like a crashed one).
+
+        Returns None when the host backstop fired (the slot was killed).
+        Raises UnhandledWorkerError when the template died or misbehaved.
+        After the job, a slot holding a process the run left behind (a ``setsid`` child
+        outside the run's process group) is retired instead of serving again.
+        """
+        if self._closed:
+            raise ProviderError("the snippet pool is closed")
+        frame = _frame(job, tenant_id)  # serialise before reserving a slot
+        try:
+            await self._limiter.acquire()
+        except asyncio.CancelledError:
+            self._counts["cancelled"] += 1
+            raise
+        try:
+            slot = await self._take(level, tenant_id)
+            self.served.append((tenant_id, level.value, slot.sandbox.id, slot.server_pid))
+            wait_s = (timeout_ms + GRACE_MS + _BACKSTOP_MS) / 1000
+            try:
+                output = await asyncio.wait_for(slot.call(frame, job), wait_s)
+                parsed = output if parse is None else parse(output)
+            except asyncio.CancelledError:
+                self._counts["cancelled"] += 1
+                self._discard(slot)
+                raise
+            except TimeoutError:
+                self._counts["timed_out"] += 1
+                self._discard(slot)
+                return None
+            except BaseException:
+                self._counts["crashed"] += 1
+                self._discard(slot)
+                raise
+            self._counts["completed"] += 1
+            if isinstance(output, dict):
+                if output.get("timed_out"):
+                    self._counts["timed_out"] += 1
+                if any(isinstance(e, dict) and e.get("type") == "WorkerCrashed"
+                       for e in output.get("errors", ())):
+                    self._counts["crashed"] += 1
+            if await slot.leftovers():
+                self._discard(slot)  # a run left a process behind: never reuse the sandbox
+            else:
+                self._put(slot)
+            return parsed
+        finally:
+            self._limiter.release()
+
+    async def aclose(self) -> None:
+        """Destroy every slot, stop background work, close the providers the pool made."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        slots = [s for q in self._idle.values() for s in q]
+        self._idle.clear()
+        await asyncio.gather(*(s.close() for s in slots), *self._tasks, return_exceptions=True)
+        for provider in self._owned:
+            with contextlib.suppress(Exception):
+                await provider.aclose()
+        self._owned.clear()
+
+    async def __aenter__(self) -> SnippetPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

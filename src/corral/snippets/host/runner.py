@@ -1,0 +1,294 @@
+"""``run_snippet``: validate a Python snippet, run it in the warm pool, return its Transcript.
+
+Without ``pool=`` runs go to one process-wide :class:`SnippetPool` that lives
+on a background event loop (thread ``corral-snippets``), so async callers on
+any loop and sync callers share one bound on concurrency
+(:func:`set_max_concurrent_workers`). It is closed at interpreter exit or by
+:func:`shutdown_snippet_pool`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
+
+from corral.core.cancel import CancelToken
+from corral.core.errors import ConfigInvalidError, SandboxCancelledError
+from corral.core.spec import Level
+from corral.snippets.host.pool import GRACE_MS, PoolStatistics, SnippetPool
+from corral.snippets.host.transcript import (
+    CAPS,
+    SnippetError,
+    Transcript,
+    transcript_from_wire,
+    transcript_rejected,
+)
+from corral.snippets.validator import (
+    DEFAULT_ALLOWED_IMPORTS,
+    FORBIDDEN_NAMES,
+    Violation,
+    ViolationCode,
+    validate_files,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT_MS", "MAX_FILES", "MAX_PAYLOAD_BYTES", "MAX_TIMEOUT_MS", "MIN_TIMEOUT_MS",
+    "FilesArg", "run_snippet", "run_snippet_sync", "set_max_concurrent_workers",
+    "shutdown_snippet_pool", "snippet_pool_statistics",
+]
+
+MIN_TIMEOUT_MS: Final = 100
+MAX_TIMEOUT_MS: Final = 10_000
+DEFAULT_TIMEOUT_MS: Final = 5_000
+#: Files in one payload, and their UTF-8 size together (each file: the validator's cap).
+MAX_FILES: Final = 64
+MAX_PAYLOAD_BYTES: Final = 1024 * 1024
+#: Paths inside a sandbox that tracebacks never show.
+_SANDBOX_PATHS: Final = ("/work", "/tmp")
+
+FilesArg = Sequence[Mapping[str, str]] | Sequence[tuple[str, str]] | Mapping[str, str]
+T = TypeVar("T")
+
+
+def _files(source: str | None, files: FilesArg | None) -> list[tuple[str, str]]:
+    if (source is None) == (files is None):
+        raise ConfigInvalidError("source", "pass exactly one of source= or files=")
+    if source is not None:
+        if not isinstance(source, str):
+            raise ConfigInvalidError("source", "must be a string")
+        return [("main.py", source)]
+    assert files is not None
+    items: list[Any] = list(files.items()) if isinstance(files, Mapping) else list(files)
+    out: list[tuple[str, str]] = []
+    for i, item in enumerate(items):
+        if isinstance(item, Mapping):
+            item = (item.get("path"), item.get("source"))
+        if not (isinstance(item, tuple) and len(item) == 2
+                and isinstance(item[0], str) and isinstance(item[1], str)):
+            raise ConfigInvalidError(f"files[{i}]", "must be {path, source} with string values")
+        out.append((item[0], item[1]))
+    if "main.py" not in {p for p, _ in out}:
+        raise ConfigInvalidError("files", "a payload needs a main.py (it runs as __main__)")
+    return out
+
+
+def _timeout(timeout_ms: int) -> int:
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int):
+        raise ConfigInvalidError("timeout_ms", "must be an integer (milliseconds)")
+    return min(max(timeout_ms, MIN_TIMEOUT_MS), MAX_TIMEOUT_MS)
+
+
+def _level(level: Level | str) -> Level:
+    try:
+        lv = Level(level)
+    except ValueError:
+        raise ConfigInvalidError("level", f"unknown level {level!r}") from None
+    if lv == Level.NONE:
+        raise ConfigInvalidError("level", "snippets run at 'strict' (default) or "
+                                 "'context-isolated', never at 'none'")
+    return lv
+
+
+def _too_large(files: list[tuple[str, str]]) -> Transcript | None:
+    size = sum(len(s.encode("utf-8", "surrogatepass")) for _, s in files)
+    if len(files) <= MAX_FILES and size <= MAX_PAYLOAD_BYTES:
+        return None
+    msg = (f"a payload holds at most {MAX_FILES} files and {MAX_PAYLOAD_BYTES} bytes "
+           f"(got {len(files)} files, {size} bytes)")
+    return transcript_rejected(
+        [Violation(code=ViolationCode.SOURCE_TOO_LARGE, line=0, column=0, message=msg)])
+
+
+def _job(files: list[tuple[str, str]], timeout_ms: int, allowed: frozenset[str],
+         mem_mb: int, guard: bool) -> dict[str, Any]:
+    options = {
+        "timeout_ms": timeout_ms, "grace_ms": GRACE_MS, "mem_mb": mem_mb, "caps": dict(CAPS),
+        "allowed": sorted(allowed) if guard else None,
+        "forbidden": sorted(FORBIDDEN_NAMES - {"__build_class__"}) if guard else [],
+    }
+    return {"op": "run", "files": [list(f) for f in files], "options": options}
+
+
+async def _run_in(pool: SnippetPool, files: list[tuple[str, str]], *, tenant_id: str,
+                  level: Level, timeout_ms: int, allowed: frozenset[str],
+                  guard: bool) -> Transcript:
+    job = _job(files, timeout_ms, allowed, pool.mem_mb, guard)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    transcript: Transcript | None = await pool.run_job(
+        job, tenant_id=tenant_id, level=level, timeout_ms=timeout_ms, parse=_from_wire)
+    if transcript is None:  # the host backstop killed a slot that did not answer
+        elapsed = round((loop.time() - started) * 1000, 3)
+        return Transcript(timed_out=True, duration_ms=elapsed, errors=(SnippetError(
+            type="TimeoutError", message=f"the snippet ran past its {timeout_ms} ms timeout "
+            "and its sandbox was killed"),))
+    return transcript
+
+
+def _from_wire(output: Any) -> Transcript:
+    """The checked transcript of a worker's output (UnhandledWorkerError if malformed)."""
+    return transcript_from_wire(output, sandbox_paths=_SANDBOX_PATHS)
+
+
+async def run_snippet(
+    source: str | None = None, *, files: FilesArg | None = None,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS, level: Level | str = Level.STRICT,
+    tenant_id: str = "default", cancel: CancelToken | None = None,
+    allowed_imports: frozenset[str] | None = None, pool: SnippetPool | None = None,
+    _unsafe_skip_validation: bool = False,
+) -> Transcript:
+    """Validate and run a Python snippet; return what it did.
+
+    ``source`` is one file (``main.py``); ``files`` a payload (``[{"path", "source"}]``,
+    ``[(path, source)]`` or ``{path: source}``) in which ``main.py`` runs as ``__main__``
+    and the others import as modules. ``timeout_ms`` is clamped to [100, 10000].
+    A snippet the validator refuses is not run: its transcript holds one
+    ``ValidationError`` per violation. ``level`` ``strict`` runs on the linux
+    provider, ``context-isolated`` on subproc. Slots are never shared between
+    ``tenant_id`` values. Cancelling the awaiting task or ``cancel`` stops the run
+    (``cancel`` raises :class:`SandboxCancelledError`).
+    """
+    payload = _files(source, files)
+    lv, timeout = _level(level), _timeout(timeout_ms)
+    if not isinstance(tenant_id, str) or not tenant_id:
+        raise ConfigInvalidError("tenant_id", "must be a non-empty string")
+    allowed = DEFAULT_ALLOWED_IMPORTS if allowed_imports is None else frozenset(allowed_imports)
+    rejected = _too_large(payload)
+    if rejected is None and not _unsafe_skip_validation:
+        violations = validate_files(payload, allowed_imports=allowed)
+        rejected = transcript_rejected(violations) if violations else None
+    if rejected is not None:
+        return rejected
+    kw: dict[str, Any] = dict(tenant_id=tenant_id, level=lv, timeout_ms=timeout,
+                              allowed=allowed, guard=not _unsafe_skip_validation)
+    if pool is not None:
+        return await _with_token(cancel, lambda: _run_in(pool, payload, **kw))
+    fut = _DEFAULT.submit(lambda p: _with_token(cancel, lambda: _run_in(p, payload, **kw)))
+    return await asyncio.wrap_future(fut)
+
+
+async def _with_token(cancel: CancelToken | None, make: Callable[[], Awaitable[T]]) -> T:
+    if cancel is None:
+        return await make()
+    if cancel.cancelled:
+        raise SandboxCancelledError(f"snippet cancelled: {cancel.reason}")
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    remove = cancel.add_callback(lambda: loop.call_soon_threadsafe(task.cancel))
+    try:
+        return await make()
+    except asyncio.CancelledError:
+        if not cancel.cancelled:
+            raise
+        task.uncancel()
+        raise SandboxCancelledError(f"snippet cancelled: {cancel.reason}") from None
+    finally:
+        remove()
+
+
+def run_snippet_sync(source: str | None = None, **kwargs: Any) -> Transcript:
+    """:func:`run_snippet` for sync code (same arguments; ``cancel=`` a CancelToken).
+
+    Runs on the process-wide pool's loop; must not be called from that loop.
+    """
+    if kwargs.get("pool") is not None:
+        raise ConfigInvalidError("pool", "run_snippet_sync uses the process-wide pool")
+    fut = _DEFAULT.submit(lambda p: run_snippet(source, pool=p, **kwargs))
+    try:
+        return fut.result()
+    except BaseException:
+        fut.cancel()
+        raise
+
+
+class _DefaultPool:
+    """The process-wide pool on its own event loop thread, started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pool: SnippetPool | None = None
+        self._max: int | None = None
+
+    def _ensure(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="corral-snippets",
+                                          daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    def _get(self) -> SnippetPool:
+        if self._pool is None:
+            self._pool = SnippetPool(max_workers=self._max)
+        return self._pool
+
+    def submit(self, make: Callable[[SnippetPool], Awaitable[T]]
+               ) -> concurrent.futures.Future[T]:
+        loop = self._ensure()
+
+        async def call() -> T:
+            return await make(self._get())
+
+        return asyncio.run_coroutine_threadsafe(call(), loop)
+
+    def set_max(self, n: int) -> None:
+        SnippetPool(max_workers=n, spares=0)  # validates n
+        self._max = n
+        if self._pool is not None:
+            self.submit(self._set(n)).result()
+
+    @staticmethod
+    def _set(n: int) -> Callable[[SnippetPool], Awaitable[None]]:
+        async def apply(pool: SnippetPool) -> None:
+            pool.set_max_concurrent_workers(n)
+        return apply
+
+    def statistics(self) -> PoolStatistics:
+        async def stats(pool: SnippetPool) -> PoolStatistics:
+            return pool.statistics()
+        return self.submit(stats).result()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            loop, thread, pool = self._loop, self._thread, self._pool
+            self._loop = self._thread = self._pool = None
+        if loop is None or thread is None:
+            return
+        if pool is not None:
+            fut = asyncio.run_coroutine_threadsafe(pool.aclose(), loop)
+            try:
+                fut.result(timeout)
+            except Exception:
+                pass
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout)
+        if not thread.is_alive():
+            loop.close()
+
+
+_DEFAULT: Final = _DefaultPool()
+atexit.register(_DEFAULT.shutdown)
+
+
+def set_max_concurrent_workers(n: int) -> None:
+    """Runs at once in the process-wide pool (default ``os.cpu_count()``); more queue FIFO."""
+    _DEFAULT.set_max(n)
+
+
+def snippet_pool_statistics() -> PoolStatistics:
+    """A frozen snapshot of the process-wide pool."""
+    return _DEFAULT.statistics()
+
+
+def shutdown_snippet_pool() -> None:
+    """Close the process-wide pool (its sandboxes and loop); the next run starts a new one."""
+    _DEFAULT.shutdown()

@@ -1,0 +1,797 @@
+"""The snippet worker: the code that runs inside the sandbox (stdlib only, ``-I -S``).
+
+Run as ``python -I -S worker.py [--preload a,b,c]`` it is a *template*: it
+pre-imports the allow-listed modules, freezes the collector and serves the
+host over the JSON-lines frames of :mod:`corral.wire.protocol` (written here by
+hand: this file must run without corral on ``sys.path``). One ``invoke``
+frame per line on stdin; one ``output`` (or ``error``) frame per line on
+stdout. ``input`` is ``{"op": "ping"}`` or ``{"op": "run", "files":
+[[path, source], ...], "options": {...}}``.
+
+Per ``run`` the template forks a fresh child that runs the payload and
+streams log lines and, last, its results over a private pipe; the template
+itself never runs caller code. Called as ``main(["--once"])`` in a fresh fork
+of a strict sandbox's agent, the worker is that child itself: it reads one
+invoke frame on stdin and streams the records on stdout (:func:`serve_once`);
+the host collects them with :class:`Collector`. The child: new session, stdio on /dev/null,
+rlimits (address space, file size 0, core 0, CPU), a soft timer that raises
+inside the snippet, and a hard SIGKILL of its process group from the
+template at ``timeout + grace``. The payload is served from memory under
+the package ``__payload__`` (so relative imports work; ``import helpers``
+is an alias of ``__payload__.helpers``); payload code gets builtins without
+the forbidden names and an ``__import__`` that refuses modules outside the
+allowlist and the payload (defense in depth behind the validator).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import gc
+import importlib
+import json
+import linecache
+import os
+import resource
+import select
+import signal
+import sys
+import time
+import traceback
+import types
+from importlib.abc import Loader, MetaPathFinder
+from importlib.machinery import ModuleSpec
+from typing import Any, NoReturn
+
+__all__ = ["BadRecord", "Collector", "main", "run_child", "serve", "serve_once"]
+
+PKG = "__payload__"
+CAPS = {"log_lines": 1000, "log_bytes": 65536, "line_chars": 4096, "facts_bytes": 65536,
+        "facts_names": 256, "value_chars": 1024, "items": 100, "depth": 6, "result_chars": 4096,
+        "message_chars": 4096, "traceback_chars": 16384}
+MARK = "…[truncated]"
+#: a job frame read by ``--once`` (the host caps payloads at 1 MiB)
+_MAX_JOB_BYTES = 8 * 1024 * 1024
+_real_import = builtins.__import__
+_SELF = __file__
+
+
+class _Timeout(BaseException):
+    """Raised inside the snippet by the soft timer."""
+
+
+def _cut(text: str, limit: int) -> tuple[str, bool]:
+    return (text, False) if len(text) <= limit else (text[: max(limit - len(MARK), 0)] + MARK, True)
+
+
+class _Out:
+    """The child's pipe to the template: one JSON record per line, SIGALRM blocked while writing."""
+
+    def __init__(self, fd: int, caps: dict[str, int]) -> None:
+        self.fd, self.caps, self.lines, self.bytes, self.dropped = fd, caps, 0, 0, False
+
+    def send(self, record: dict[str, Any]) -> None:
+        text = json.dumps(record, ensure_ascii=False, default=repr) + "\n"
+        data = text.encode("utf-8", "replace")
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def log(self, stream: str, text: str) -> None:
+        text, cut = _cut(text, self.caps["line_chars"])
+        size = len(text.encode("utf-8", "replace"))
+        if self.lines >= self.caps["log_lines"] or self.bytes + size > self.caps["log_bytes"]:
+            self.dropped = True
+            return
+        self.lines, self.bytes = self.lines + 1, self.bytes + size
+        self.send({"log": [stream, text], "cut": cut})
+
+
+class _Stream:
+    """A text stream that turns writes into log lines of one stream name."""
+
+    encoding, errors = "utf-8", "replace"
+
+    def __init__(self, out: _Out, name: str) -> None:
+        self.out, self.name, self.buf = out, name, ""
+
+    def write(self, s: str) -> int:
+        if not isinstance(s, str):
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+        self.buf += s
+        while "\n" in self.buf:
+            line, self.buf = self.buf.split("\n", 1)
+            self.out.log(self.name, line)
+        if len(self.buf) > self.out.caps["line_chars"] * 4:
+            self.out.log(self.name, self.buf)
+            self.buf = ""
+        return len(s)
+
+    def flush(self) -> None:
+        if self.buf:
+            self.out.log(self.name, self.buf)
+            self.buf = ""
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+
+class _Payload(MetaPathFinder, Loader):
+    """Serves the payload's modules from memory under ``__payload__``; aliases top-level names."""
+
+    def __init__(self, files: dict[str, str], safe: dict[str, Any]) -> None:
+        self.safe = safe
+        self.mods: dict[str, tuple[str, str, bool]] = {}  # module -> (path, source, is_package)
+        for path, source in files.items():
+            parts = path[:-3].split("/")
+            is_pkg = parts[-1] == "__init__"
+            parts = parts[:-1] if is_pkg else parts
+            for i in range(1, len(parts)):  # directories without __init__.py: empty packages
+                self.mods.setdefault(".".join(parts[:i]), ("", "", True))
+            self.mods[".".join(parts)] = (path, source, is_pkg)
+        self.tops = {name.partition(".")[0] for name in self.mods}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if fullname == PKG:
+            return ModuleSpec(fullname, self, is_package=True)
+        if fullname.startswith(PKG + "."):
+            entry = self.mods.get(fullname[len(PKG) + 1:])
+            return None if entry is None else ModuleSpec(fullname, self, is_package=entry[2])
+        if fullname.partition(".")[0] in self.tops and fullname in self.mods:
+            return ModuleSpec(fullname, self, is_package=self.mods[fullname][2])
+        return None
+
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType | None:
+        if spec.name.startswith(PKG):
+            return None
+        return importlib.import_module(f"{PKG}.{spec.name}")  # an alias: the same module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        name = module.__name__
+        if not name.startswith(PKG):
+            return
+        if module.__spec__ is not None and module.__spec__.submodule_search_locations is not None:
+            module.__path__ = []
+        path, source, _ = self.mods.get(name[len(PKG) + 1:], ("", "", True))
+        module.__dict__["__builtins__"] = self.safe
+        if path:
+            exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
+
+
+def _guard(allowed: frozenset[str], tops: set[str]) -> Any:
+    def ok(name: str) -> bool:
+        if name.partition(".")[0] in tops or name in allowed:
+            return True
+        parts = name.split(".")
+        return any(".".join(parts[:i]) + ".*" in allowed for i in range(1, len(parts) + 1))
+
+    def guarded_import(name: str, globals_: Any = None, locals_: Any = None,
+                       fromlist: Any = (), level: int = 0) -> Any:
+        if level == 0 and not ok(name):
+            raise ImportError(f"import of {name!r} is not allowed in a snippet", name=name)
+        module = _real_import(name, globals_, locals_, fromlist, level)
+        for item in fromlist or ():
+            sub = module.__dict__.get(item) if isinstance(module, types.ModuleType) else None
+            if isinstance(sub, types.ModuleType) and not sub.__name__.startswith(PKG) \
+                    and not ok(sub.__name__):
+                raise ImportError(f"import of {sub.__name__!r} is not allowed in a snippet")
+        return module
+
+    return guarded_import
+
+
+def _jsonable(value: Any, caps: dict[str, int], depth: int = 0) -> Any:
+    if value is None or (isinstance(value, bool | int) and abs(value) < 2**53):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else repr(value)
+    if isinstance(value, str):
+        return _cut(value, caps["value_chars"])[0]
+    if isinstance(value, types.FunctionType | types.BuiltinFunctionType):
+        return f"<function {value.__qualname__}>"
+    if isinstance(value, type):
+        return f"<class {value.__qualname__}>"
+    if depth < caps["depth"]:
+        if isinstance(value, list | tuple | set | frozenset):
+            items = list(value)
+            out = [_jsonable(v, caps, depth + 1) for v in items[: caps["items"]]]
+            return out + ([MARK] if len(items) > caps["items"] else [])
+        if isinstance(value, dict):
+            pairs = list(value.items())
+            d = {(k if isinstance(k, str) else repr(k)): _jsonable(v, caps, depth + 1)
+                 for k, v in pairs[: caps["items"]]}
+            if len(pairs) > caps["items"]:
+                d[MARK] = len(pairs) - caps["items"]
+            return d
+    try:
+        text = repr(value)
+    except Exception as exc:  # a broken __repr__ is the snippet's problem, not ours
+        text = f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
+    return _cut(text, caps["value_chars"])[0]
+
+
+def _facts(g: dict[str, Any], caps: dict[str, int]) -> tuple[dict[str, Any], bool]:
+    out: dict[str, Any] = {}
+    size = 2
+    for name, value in list(g.items()):
+        if name.startswith("_") or isinstance(value, types.ModuleType):
+            continue
+        if isinstance(value, type | types.FunctionType | types.BuiltinFunctionType) and not \
+                str(getattr(value, "__module__", "")).startswith(("__main__", PKG)):
+            continue  # imported, not defined by the snippet
+        item = _jsonable(value, caps)
+        cost = len(json.dumps(item, ensure_ascii=False, default=repr)) + len(name) + 4
+        if len(out) >= caps["facts_names"] or size + cost > caps["facts_bytes"]:
+            return out, True
+        out[name], size = item, size + cost
+    return out, False
+
+
+def _error(exc: BaseException, paths: set[str], caps: dict[str, int]) -> dict[str, Any]:
+    tb, line, where = exc.__traceback__, None, None
+    while tb is not None and tb.tb_frame.f_code.co_filename not in paths:
+        tb = tb.tb_next  # drop the worker's own frames
+    for frame, lineno in traceback.walk_tb(tb):
+        if frame.f_code.co_filename in paths:
+            line, where = lineno, frame.f_code.co_filename
+    if isinstance(exc, SyntaxError) and exc.filename in paths:
+        line, where = exc.lineno, exc.filename
+    frames = [f for f in traceback.extract_tb(tb) if f.filename != _SELF]  # no worker frames
+    text = "".join(["Traceback (most recent call last):\n", *traceback.format_list(frames),
+                    *traceback.format_exception_only(type(exc), exc)]) if frames else \
+        "".join(traceback.format_exception_only(type(exc), exc))
+    limit = caps["traceback_chars"]
+    text = text if len(text) <= limit else MARK + text[-(limit - len(MARK)):]
+    return {"type": type(exc).__name__, "message": _cut(str(exc), caps["message_chars"])[0],
+            "line": line, "path": where, "traceback": text}
+
+
+def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict[str, Any]:
+    """Run the payload in this (fresh, forked) process; return the end record."""
+    caps = out.caps
+    safe = {k: v for k, v in vars(builtins).items() if k not in set(options.get("forbidden", ()))}
+    safe["__build_class__"] = builtins.__build_class__
+    payload = _Payload(files, safe)
+    if options.get("allowed") is not None:  # None: no import guard (unvalidated test runs)
+        safe["__import__"] = _guard(frozenset(options["allowed"]), payload.tops)
+    sys.meta_path.insert(0, payload)
+    for path, source in files.items():
+        linecache.cache[path] = (len(source), None, source.splitlines(True), path)
+    main = types.ModuleType("__main__")
+    g = main.__dict__
+    g.update(__package__=PKG, __builtins__=safe)
+    sys.modules["__main__"] = main
+    sys.stdout, sys.stderr = _Stream(out, "stdout"), _Stream(out, "stderr")
+    if not _HARDENED:
+        _harden()
+    if "logging" in sys.modules:
+        _capture_logging(sys.modules["logging"], _Stream(out, "log"))
+    if "random" in sys.modules:
+        sys.modules["random"].seed()  # the template's state is shared by every fork
+    errors: list[dict[str, Any]] = []
+    result: str | None = None
+    timed_out = cut = False
+    armed = [False]
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        if armed[0]:
+            raise _Timeout
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    t0 = time.perf_counter()
+    try:
+        tree = ast.parse(files["main.py"], "main.py")
+        last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        if last is not None:
+            tree.body.pop()
+        code = compile(tree, "main.py", "exec", dont_inherit=True)
+        expr = None if last is None else compile(ast.Expression(last.value), "main.py", "eval",
+                                                  dont_inherit=True)
+        signal.setitimer(signal.ITIMER_REAL, options["timeout_ms"] / 1000, 0.02)
+        armed[0] = True
+        try:
+            exec(code, g)
+            value = None if expr is None else eval(expr, g)
+        finally:
+            armed[0] = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        if value is not None:
+            result, cut = _cut(repr(value), caps["result_chars"])
+    except _Timeout:
+        timed_out = True
+        errors.append({"type": "TimeoutError", "message": f"the snippet ran past its "
+                       f"{options['timeout_ms']} ms timeout", "line": None, "path": None,
+                       "traceback": ""})
+    except BaseException as exc:  # the snippet's own failure, SystemExit included
+        errors.append(_error(exc, set(files), caps))
+    finally:
+        duration = (time.perf_counter() - t0) * 1000
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        facts, facts_cut = _facts(g, caps)
+    errors_cut = any(e["message"].endswith(MARK) or e["traceback"].startswith(MARK)
+                     for e in errors)
+    truncated = [n for n, c in (("result", cut), ("facts", facts_cut), ("logs", out.dropped),
+                                ("errors", errors_cut)) if c]
+    return {"facts": facts, "result": result, "errors": errors, "duration_ms": duration,
+            "timed_out": timed_out, "truncated": truncated}
+
+
+# -- run-time guards for what the validator cannot see ------------------------------------
+# A class namespace can be built from run-time strings (type(name, bases, dict), the enum
+# functional API, copy's state); the validator never sees those names. These guards close
+# the standard-library corners that would turn such strings into code or attribute writes
+# (docs/validator.md, "Run-time guards").
+
+_UNSET: Any = object()
+#: Names the methods dataclasses generates may read, besides their own parameters and the
+#: generator's locals; and the dunder attributes they use.
+_CODEGEN_NAMES = frozenset({"type", "super", "hash", "NotImplemented"})
+_CODEGEN_DUNDERS = frozenset({"__class__", "__qualname__", "__setattr__", "__delattr__",
+                              "__post_init__"})
+_CODEGEN_BANNED = (ast.Lambda, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom,
+                   ast.Global, ast.Nonlocal, ast.Yield, ast.YieldFrom, ast.Await,
+                   ast.NamedExpr, ast.comprehension)
+
+
+def _check_generated(text: str, name: str, local_names: list[str]) -> None:
+    """Refuse source generated by dataclasses unless it has the shape the generators give it:
+    a field name that is not an identifier (``"a,print(os)"``) would otherwise run as code."""
+    try:
+        tree = ast.parse(text)
+        (outer,) = tree.body
+        fn, ret = outer.body  # type: ignore[attr-defined]
+        ok = (isinstance(outer, ast.FunctionDef) and outer.name == "__create_fn__"
+              and [a.arg for a in outer.args.args] == local_names
+              and not (outer.args.defaults or outer.args.kwonlyargs or outer.args.posonlyargs
+                       or outer.args.vararg or outer.args.kwarg or outer.decorator_list)
+              and isinstance(fn, ast.FunctionDef) and fn.name == name and not fn.decorator_list
+              and isinstance(ret, ast.Return) and isinstance(ret.value, ast.Name)
+              and ret.value.id == name)
+        params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+        known = params | set(local_names) | _CODEGEN_NAMES
+        for node in ast.walk(fn):
+            banned = node is not fn and isinstance(node, (ast.FunctionDef, *_CODEGEN_BANNED))
+            unknown_name = isinstance(node, ast.Name) and node.id not in known
+            dunder = (isinstance(node, ast.Attribute) and node.attr.startswith("__")
+                      and node.attr.endswith("__") and node.attr not in _CODEGEN_DUNDERS)
+            if banned or unknown_name or dunder:
+                ok = False
+    except (SyntaxError, ValueError, TypeError, AttributeError):
+        ok = False
+    if not ok:
+        raise TypeError("dataclass field names must be identifiers; refused to generate "
+                        f"{name} from {text[:200]!r}")
+
+
+def _checked_create_fn(name: str, args: list[str], body: list[str], *,
+                       globals: Any = None, locals: Any = None,  # noqa: A002 (its names)
+                       return_type: Any = _UNSET) -> Any:
+    """``dataclasses._create_fn`` (3.11/3.12), with the generated text checked first."""
+    local_vars: dict[str, Any] = dict(locals or {})
+    ret = ""
+    if return_type is not _UNSET and return_type is not sys.modules["dataclasses"].MISSING:
+        local_vars["_return_type"] = return_type
+        ret = "->_return_type"
+    text = (f"def __create_fn__({', '.join(local_vars)}):\n"
+            f" def {name}({','.join(args)}){ret}:\n"
+            + "\n".join(f"  {line}" for line in body) + f"\n return {name}")
+    _check_generated(text, name, list(local_vars))
+    ns: dict[str, Any] = {}
+    exec(text, globals, ns)
+    return ns["__create_fn__"](**local_vars)
+
+
+def _guard_dataclasses(dc: Any) -> None:
+    """dataclasses writes field names into source it execs: check every generated text."""
+    if callable(getattr(dc, "_create_fn", None)):  # 3.13+ builds methods differently
+        dc._unguarded_create_fn = dc._create_fn  # kept: freeing it would touch many pages
+        dc._create_fn = _checked_create_fn
+
+
+_PLAIN = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+          types.MethodType)
+
+
+def _state_keys_ok(part: Any) -> bool:
+    return part is None or (type(part) is dict and not any(
+        isinstance(k, str) and k.startswith("__") for k in part))
+
+
+def _checked_reconstruct(x: Any, memo: Any, func: Any, args: Any, state: Any = None,
+                         *rest: Any, **kw: Any) -> Any:
+    """``copy._reconstruct``, refusing a state for a class, module or function and dunder
+    state keys (``setattr(y, key, value)`` for each)."""
+    original = sys.modules["copy"]._unguarded_reconstruct
+    if state is None:
+        return original(x, memo, func, args, state, *rest, **kw)
+
+    def make(*a: Any) -> Any:
+        y = func(*a)
+        if isinstance(y, _PLAIN):
+            raise TypeError("copy: refusing to set the state of a class, module or function")
+        pieces = state if type(state) is tuple and len(state) == 2 else (state,)
+        if not hasattr(y, "__setstate__") and not all(_state_keys_ok(p) for p in pieces):
+            raise TypeError("copy: a state with dunder keys is refused")
+        return y
+
+    return original(x, memo, make, args, state, *rest, **kw)
+
+
+def _guard_copy(cp: Any) -> None:
+    """copy applies a reduced object's state with setattr(y, key, value)."""
+    if callable(getattr(cp, "_reconstruct", None)):
+        cp._unguarded_reconstruct = cp._reconstruct
+        cp._reconstruct = _checked_reconstruct
+
+
+def _guard_logging(logging: Any) -> None:
+    """{-style formats walk attributes by a template built at run time."""
+    styles = getattr(logging, "_STYLES", None)
+    if isinstance(styles, dict) and "{" in styles:
+        logging._unguarded_brace_style = styles.pop("{")  # kept, not freed
+
+
+_GUARDS = {"dataclasses": _guard_dataclasses, "copy": _guard_copy, "logging": _guard_logging}
+
+
+class _GuardingLoader(Loader):
+    """Loads a guarded module with its real loader, then applies its guard."""
+
+    def __init__(self, inner: Any, name: str) -> None:
+        self.inner, self.name = inner, name
+
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType | None:
+        made: types.ModuleType | None = self.inner.create_module(spec)
+        return made
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.inner.exec_module(module)
+        _GUARDS[self.name](module)
+
+
+class _GuardOnImport(MetaPathFinder):
+    """Guards a module of ``_GUARDS`` that is first imported during the run (a template
+    started without ``--preload``; the standard library's own lazy imports)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if fullname not in _GUARDS:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec: ModuleSpec | None = find(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _GuardingLoader(spec.loader, fullname)
+                return spec
+        return None
+
+
+_GUARD_FINDER = _GuardOnImport()
+_HARDENED = False
+
+
+def _harden() -> None:
+    """Install the run-time guards in this process. Done once where runs are forked from
+    (a template after its preloads; a strict slot's fork server, through the preload of
+    :mod:`corral.snippets.sandbox.guards`), so a run starts guarded without paying the
+    page copies that patching in a fresh fork costs (~0.1 ms); a run that finds them
+    missing installs them itself. Never in the host: it changes the standard library."""
+    global _HARDENED
+    _HARDENED = True
+    modules = sys.modules
+    if "dataclasses" in modules:
+        _guard_dataclasses(modules["dataclasses"])
+    if "copy" in modules:
+        _guard_copy(modules["copy"])
+    if "logging" in modules:
+        _guard_logging(modules["logging"])
+    sys.meta_path.insert(0, _GUARD_FINDER)
+
+
+def _capture_logging(logging: Any, stream: _Stream) -> None:
+    original = logging.basicConfig
+
+    def basic_config(**kwargs: Any) -> None:
+        if "filename" not in kwargs and "handlers" not in kwargs:
+            kwargs.setdefault("stream", stream)
+        original(**kwargs)
+
+    logging.basicConfig = basic_config
+    logging.lastResort = logging.StreamHandler(stream)
+    logging.lastResort.setLevel(logging.WARNING)
+
+
+def _child(files: dict[str, str], options: dict[str, Any], fd: int, *,
+           new_session: bool = True) -> None:
+    """Set up this fresh process for one run (session, stdio, rlimits) and run it;
+    its records go to ``fd``."""
+    if new_session:
+        os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    os.close(null)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    cpu = int(options["timeout_ms"] / 1000 + options["grace_ms"] / 1000) + 2
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    if options.get("mem_mb"):
+        with open("/proc/self/statm", "rb") as fh:
+            vm = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        cap = vm + int(options["mem_mb"]) * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    out = _Out(fd, {**CAPS, **options.get("caps", {})})
+    out.send({"go": True})  # the worker is set up: from here on, what happens is the run's
+    out.send({"end": run_child(files, options, out)})
+
+
+class BadRecord(ValueError):
+    """A record no honest worker writes (the run's process is hostile or broken)."""
+
+
+#: Keys of the end record, with the types an honest worker gives them.
+_END_TYPES: dict[str, tuple[type, ...]] = {
+    "facts": (dict,), "result": (str, type(None)), "errors": (list,),
+    "duration_ms": (int, float), "timed_out": (bool,), "truncated": (list,)}
+_LOG_STREAMS = ("stdout", "stderr", "log")
+#: Nesting of a record: {"end": {"facts": {name: <caps["depth"] containers>}}} and margin.
+_MAX_RECORD_DEPTH = 16
+
+
+def _depth_ok(value: Any, limit: int) -> bool:
+    """Whether ``value`` (decoded JSON) nests at most ``limit`` containers deep (iterative)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return False
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict)
+                                                   else item))
+    return True
+
+
+class Collector:
+    """Turns a run's record stream (``go``, log lines, ``end``) into its output: used by the
+    template for its children, and by the host for a run forked straight from a sandbox's
+    agent (``--once``). The stream is hostile input (the run's process writes it): every
+    record is checked (JSON, size, nesting, kind, types, order) and anything an honest
+    worker never writes raises :class:`BadRecord`; so does more output than any honest run
+    writes. Never buffers more than that bound."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        given = options.get("caps")
+        caps: dict[str, Any] = given if isinstance(given, dict) else {}
+        self.caps = {**CAPS, **{k: v for k, v in caps.items() if isinstance(v, int)}}
+        timeout = options.get("timeout_ms", 0)
+        self.timeout_ms = timeout if isinstance(timeout, int) else 0
+        self.logs: list[dict[str, str]] = []
+        self.end: dict[str, Any] | None = None
+        self.reply: dict[str, Any] | None = None  # a --once child's pong or refusal
+        self.started = False
+        self._buf = bytearray()
+        self._total = 0
+        # logs (JSON-escaped text can be 6x its UTF-8 size), the end record, and margin
+        self.limit: int = (self.caps["log_bytes"] * 6 + self.caps["log_lines"] * 64
+                           + self.caps["facts_bytes"] * 4 + 1_048_576)
+
+    def feed(self, chunk: bytes) -> None:
+        """Take some output. Raises BadRecord at the first malformed record, or when the
+        output grows past what any honest run writes."""
+        self._total += len(chunk)
+        if self._total > self.limit:
+            raise BadRecord(f"the run wrote more than {self.limit} bytes of records")
+        self._buf += chunk
+        while (nl := self._buf.find(b"\n")) >= 0:
+            line = bytes(self._buf[:nl])
+            del self._buf[: nl + 1]
+            self._take(line)
+
+    def _take(self, line: bytes) -> None:
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError, MemoryError):  # not JSON, not UTF-8, too deep
+            raise BadRecord("a record is not a JSON line") from None
+        if type(rec) is not dict or not _depth_ok(rec, _MAX_RECORD_DEPTH):
+            raise BadRecord("a record is not a JSON object of a few levels")
+        if self.end is not None or self.reply is not None:
+            raise BadRecord("a record after the last one")
+        keys = set(rec)
+        if keys == {"go"} and rec["go"] is True and not self.started:
+            self.started = True
+        elif keys == {"log", "cut"} and self.started:
+            self._take_log(rec)
+        elif keys == {"end"} and self.started:
+            self.end = self._checked_end(rec["end"])
+        elif keys == {"pong", "pid"} and not self.started and rec["pong"] is True \
+                and type(rec["pid"]) is int:
+            self.reply = {"pong": True, "pid": rec["pid"]}
+        elif keys == {"refused"} and not self.started and type(rec["refused"]) is str:
+            self.reply = {"refused": rec["refused"][:500]}
+        else:
+            raise BadRecord(f"an unexpected record (keys {sorted(keys)[:3]!r})")
+
+    def _take_log(self, rec: dict[str, Any]) -> None:
+        entry, cut = rec.get("log"), rec.get("cut")
+        if not (type(entry) is list and len(entry) == 2 and entry[0] in _LOG_STREAMS
+                and type(entry[1]) is str and type(cut) is bool):
+            raise BadRecord("a malformed log record")
+        if len(self.logs) >= self.caps["log_lines"]:
+            raise BadRecord("more log records than the cap")
+        self.logs.append({"stream": entry[0], "text": entry[1]})
+
+    @staticmethod
+    def _checked_end(end: Any) -> dict[str, Any]:
+        if type(end) is not dict or not set(end) <= set(_END_TYPES):
+            raise BadRecord("a malformed end record")
+        for key, value in end.items():
+            if type(value) not in _END_TYPES[key]:
+                raise BadRecord(f"a malformed end record ({key})")
+        return end
+
+    def finish(self, code: int, killed: bool, elapsed_ms: float) -> dict[str, Any]:
+        """The run's output, given how its process ended (exit code, negative: signal)."""
+        if self._buf and self.end is None and not killed:
+            raise BadRecord("the run's last record is cut off")
+        end = self.end
+        if end is None:
+            how = f"signal {-code}" if code < 0 else f"exit status {code}"
+            error: dict[str, Any] = {
+                "type": "WorkerCrashed", "line": None, "path": None, "traceback": "",
+                "message": f"the snippet's process ended with {how} before finishing",
+                "exit_code": code}
+            if killed:
+                error = {"type": "TimeoutError", "line": None, "path": None, "traceback": "",
+                         "message": f"the snippet ran past its {self.timeout_ms} ms timeout "
+                         "and was killed"}
+            end = {"facts": {}, "result": None, "duration_ms": elapsed_ms, "timed_out": killed,
+                   "truncated": [], "errors": [error]}
+        return {**end, "logs": self.logs}
+
+
+def _run(job: dict[str, Any]) -> dict[str, Any]:
+    files = {str(p): str(s) for p, s in job["files"]}
+    options = dict(job["options"])
+    collector = Collector(options)
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(r)
+            _child(files, options, w)
+        except BaseException:
+            code = 70
+        os._exit(code)
+    os.close(w)
+    deadline = t0 + (options["timeout_ms"] + options["grace_ms"]) / 1000
+    killed = False
+    bad: BadRecord | None = None
+    poller = select.poll()
+    poller.register(r, select.POLLIN)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(max(left, 0) * 1000):
+            killed = True
+            break
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        try:
+            collector.feed(chunk)
+        except BadRecord as exc:
+            bad = exc
+            break
+    os.close(r)
+    _killpg(pid)
+    _, status = os.waitpid(pid, 0)
+    _killpg(pid)  # anything the child started and left behind
+    if bad is not None:
+        raise bad  # the host gets an error frame: the worker is not to be trusted
+    elapsed = (time.monotonic() - t0) * 1000
+    return collector.finish(os.waitstatus_to_exitcode(status), killed, elapsed)
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _write(frame: dict[str, Any]) -> None:
+    out = sys.stdout.buffer
+    out.write(json.dumps(frame, ensure_ascii=False, separators=(",", ":"), default=repr)
+              .encode("utf-8", "replace") + b"\n")
+    out.flush()
+
+
+def serve(preload: list[str]) -> None:
+    """The template loop: one invoke frame in, one output (or error) frame out."""
+    for name in preload:
+        try:
+            _real_import(name)
+        except ImportError:
+            pass
+    _harden()  # once, here: every run is a fork of this process
+    gc.collect()
+    gc.freeze()
+    stdin = sys.stdin.buffer
+    while line := stdin.readline():
+        try:
+            job = _job_of(line)
+            if job.get("op") == "ping":
+                output: dict[str, Any] = {"pong": True, "pid": os.getpid()}
+            elif job.get("op") == "run":
+                output = _run(job)
+            else:
+                raise ValueError(f"unknown op {job.get('op')!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            _write({"v": 1, "kind": "error", "error": {"code": "config-invalid",
+                                                      "message": str(exc)[:500]}})
+            continue
+        _write({"v": 1, "kind": "output", "output": output})
+
+
+def _job_of(data: bytes) -> dict[str, Any]:
+    frame = json.loads(data)
+    job = frame["input"]
+    if frame.get("v") != 1 or frame.get("kind") != "invoke" or not isinstance(job, dict):
+        raise ValueError("expected an invoke frame with an object input")
+    return job
+
+
+def serve_once() -> NoReturn:
+    """One job, in this process (a fresh fork of the sandbox's agent, ``--once``): read
+    one invoke frame from stdin to EOF, run it here and write its records (``go``, log
+    lines, ``end``) on stdout; the host collects them (:class:`Collector`). Never
+    returns: the process exits when the run is over."""
+    chunks, size = [], 0
+    while chunk := os.read(0, 1 << 16):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > _MAX_JOB_BYTES:
+            break
+    reply: dict[str, Any] | None = None
+    try:
+        job = _job_of(b"".join(chunks))
+        if job.get("op") == "ping":
+            reply = {"pong": True, "pid": os.getpid()}
+        elif job.get("op") != "run":
+            raise ValueError(f"unknown op {job.get('op')!r}")
+        files = {str(p): str(s) for p, s in job["files"]} if reply is None else {}
+        options = dict(job["options"]) if reply is None else {}
+    except (ValueError, KeyError, TypeError) as exc:
+        reply = {"refused": str(exc)[:500]}
+    code = 0
+    try:
+        if reply is not None:
+            os.write(1, json.dumps(reply).encode() + b"\n")
+        else:
+            fd = os.dup(1)  # the record pipe; 0/1/2 go to /dev/null
+            _child(files, options, fd, new_session=False)  # a session leader already
+    except BaseException:
+        code = 70
+    os._exit(code)
+
+
+def main(argv: list[str]) -> int:
+    if "--once" in argv:
+        serve_once()
+    preload = argv[argv.index("--preload") + 1].split(",") if "--preload" in argv else []
+    serve([p for p in preload if p])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
