@@ -9,22 +9,23 @@ import pytest
 import corral
 
 PUBLIC = [
-    "CancelToken", "Capability", "ConfigInvalidError", "CorralError", "CreateCancelledError",
-    "DEFAULT_ENTRYPOINT_PATH", "ErrorCode", "ExecOpts", "ExecResult", "ExitStatus",
-    "FrameDecoder", "HandlerRef", "InvalidSnapshotHandleError", "InvocationMode", "Level",
-    "LevelNotSupportedError", "LimitsExceededError", "NetworkPolicy", "OrphanedError",
-    "OutputOutcome", "PROTOCOL_VERSION", "PauseNotSupportedError", "ProcessHandle",
-    "ProcessOpts", "ProcessStdin", "ProviderError", "ResourceUsage", "RestoreNotSupportedError",
-    "ResumeInfo", "RunResult", "SUSPEND_EXIT_CODE", "Sandbox", "SandboxCancelledError",
-    "SandboxInvocationContext", "SandboxLimits", "SandboxProvider", "SandboxSpec",
-    "SandboxSuspensionRequest", "SandboxTimeoutError", "SnapshotHandle",
-    "SnapshotNotSupportedError", "SuspendedOutcome", "UnhandledWorkerError", "Violation",
-    "encode_frame", "invoke", "invoke_in", "invoke_sync", "parse_frame", "parse_frames",
-    "pause", "restore", "resume", "run_bounded", "run_bounded_async", "run_strict",
-    "run_strict_async", "sanitize_stack", "LogLine", "PoolStatistics", "SnippetError",
-    "SnippetPool", "Transcript", "run_snippet", "run_snippet_sync", "set_max_concurrent_workers",
-    "shutdown_snippet_pool", "snippet_pool_statistics", "snapshot", "validate_files",
-    "validate_source",
+    # the value types
+    "Capability", "ExecOpts", "ExecResult", "ExitStatus", "HandlerRef", "InvocationMode",
+    "Level", "NetworkPolicy", "ProcessOpts", "ResourceUsage", "ResumeInfo",
+    "SandboxInvocationContext", "SandboxLimits", "SandboxSpec", "SnapshotHandle",
+    # the closed error set
+    "ConfigInvalidError", "CorralError", "CreateCancelledError", "ErrorCode",
+    "InvalidSnapshotHandleError", "LevelNotSupportedError", "LimitsExceededError",
+    "OrphanedError", "PauseNotSupportedError", "ProviderError", "RestoreNotSupportedError",
+    "SandboxCancelledError", "SandboxTimeoutError", "SnapshotNotSupportedError",
+    "UnhandledWorkerError",
+    # the contract, the cancel token, a provider by name or level
+    "ProcessHandle", "ProcessStdin", "Sandbox", "SandboxProvider", "pause", "restore", "resume",
+    "snapshot", "CancelToken", "provider",
+    # the front doors
+    "RunResult", "run_bounded", "run_bounded_async", "run_strict", "run_strict_async",
+    "Transcript", "run_snippet", "run_snippet_sync", "validate_source",
+    "OutputOutcome", "SuspendedOutcome", "invoke", "invoke_in", "invoke_sync",
 ]
 
 #: public modules; each declares __all__
@@ -67,3 +68,44 @@ def test_public_modules_declare_all(modname: str) -> None:
 def test_unknown_attribute_raises() -> None:
     with pytest.raises(AttributeError):
         _ = corral.no_such_name  # type: ignore[attr-defined]
+
+
+def test_the_codec_and_pool_knobs_stay_in_their_modules() -> None:
+    for name in ("FrameDecoder", "encode_frame", "parse_frame", "SnippetPool",
+                 "set_max_concurrent_workers", "PROTOCOL_VERSION"):
+        assert not hasattr(corral, name), name
+    from corral.snippets import SnippetPool, set_max_concurrent_workers
+    from corral.wire.protocol import FrameDecoder, encode_frame
+    assert SnippetPool and set_max_concurrent_workers and FrameDecoder and encode_frame
+
+
+def test_a_spec_for_quick_use_needs_no_ids() -> None:
+    a, b = corral.SandboxSpec(), corral.SandboxSpec()
+    assert a.tenant_id == "default" and a.level is corral.Level.STRICT
+    assert a.run_id and a.run_id != b.run_id
+
+
+def test_provider_by_name_and_by_level() -> None:
+    import asyncio
+
+    from corral.providers.inprocess import InProcessProvider
+    from corral.providers.subproc import SubprocProvider
+
+    async def main() -> None:
+        async with corral.provider("subproc") as p:
+            assert isinstance(p, SubprocProvider)
+            spec = corral.SandboxSpec(level="context-isolated",
+                                      network=corral.NetworkPolicy.unrestricted())
+            async with await p.create(spec) as sb:
+                r = await sb.exec(["/bin/echo", "hi"])
+                assert r.stdout == b"hi\n"
+        async with corral.provider(level="none") as p:
+            assert isinstance(p, InProcessProvider)
+        with pytest.raises(corral.LevelNotSupportedError):
+            corral.provider("inprocess", level="strict")
+        with pytest.raises(corral.ConfigInvalidError, match="provider"):
+            corral.provider("nope")
+        with pytest.raises(corral.ConfigInvalidError, match="level"):
+            corral.provider(level="stricter")
+
+    asyncio.run(main())

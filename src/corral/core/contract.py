@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
 from corral.core.cancel import CancelToken
 from corral.core.errors import (
@@ -136,7 +136,7 @@ class Sandbox(abc.ABC):
     async def destroy(self) -> None:
         """Release everything. Idempotent; never raises for a second call."""
 
-    async def __aenter__(self) -> Sandbox:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -183,6 +183,12 @@ class SandboxProvider(abc.ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release provider-wide resources (warm pools, helper processes)."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 async def snapshot(sandbox: Sandbox) -> SnapshotHandle:

@@ -10,6 +10,7 @@ This module is pure: no I/O imports.
 from __future__ import annotations
 
 import enum
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -18,6 +19,7 @@ from corral.core.errors import ConfigInvalidError
 
 __all__ = [
     "DEFAULT_ENTRYPOINT_PATH",
+    "DEFAULT_TENANT",
     "KNOWN_CAPABILITIES",
     "Capability",
     "ExecOpts",
@@ -38,6 +40,8 @@ __all__ = [
 
 #: Where the handler-base entrypoint lives inside a handler image.
 DEFAULT_ENTRYPOINT_PATH: Final = "/corral/handler-base/entrypoint.py"
+#: the tenant of a SandboxSpec that names none
+DEFAULT_TENANT: Final = "default"
 
 
 class Level(enum.StrEnum):
@@ -242,11 +246,14 @@ class SandboxSpec:
 
     ``mode`` is ``None`` for a general-purpose sandbox (exec, files, processes)
     and names an :class:`InvocationMode` for handler dispatch; ``json-stdio``
-    and ``handler-image`` need ``image``.
+    and ``handler-image`` need ``image``. For quick use every field has a
+    default: ``SandboxSpec()`` is a strict sandbox with the provider's default
+    limits, tenant ``"default"`` and a fresh random run id; a multi-tenant
+    caller names its tenant (the snippet pool keys its slots by it).
     """
 
-    tenant_id: str
-    run_id: str
+    tenant_id: str = DEFAULT_TENANT
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     node_id: str | None = None
     image: str | None = None
     limits: SandboxLimits = field(default_factory=SandboxLimits)

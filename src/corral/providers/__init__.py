@@ -10,9 +10,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from corral.core.errors import ConfigInvalidError
+from corral.core.contract import SandboxProvider
+from corral.core.errors import ConfigInvalidError, LevelNotSupportedError
+from corral.core.spec import Level
 
-__all__ = ["PROVIDERS", "get_provider_class", "provider_names"]
+__all__ = ["DEFAULT_FOR_LEVEL", "PROVIDERS", "get_provider_class", "provider", "provider_names"]
 
 #: provider name -> module path (relative to this package)
 PROVIDERS: dict[str, str] = {
@@ -20,6 +22,45 @@ PROVIDERS: dict[str, str] = {
     "linux": ".linux",
     "subproc": ".subproc",
 }
+
+
+#: the provider :func:`provider` picks for a level when no name is given
+DEFAULT_FOR_LEVEL: dict[Level, str] = {
+    Level.STRICT: "linux",
+    Level.CONTEXT_ISOLATED: "subproc",
+    Level.NONE: "inprocess",
+}
+
+
+def provider(name: str | None = None, *, level: Level | str | None = None) -> SandboxProvider:
+    """A provider with its default options: by registry ``name``, or the one that gives
+    ``level`` (default: ``strict``, the linux provider).
+
+    With both, the named provider must give ``level`` on this host. Providers are
+    async context managers (``async with corral.provider() as p:``; leaving it calls
+    ``aclose``). For options, construct the provider's class yourself (for example
+    ``corral.providers.linux.LinuxProvider(ro_binds=...)``).
+
+    Raises:
+        ConfigInvalidError: an unknown name or level.
+        LevelNotSupportedError: the provider cannot give ``level`` on this host.
+    """
+    want: Level | None = None
+    if level is not None:
+        try:
+            want = Level(level)
+        except ValueError:
+            known = ", ".join(lv.value for lv in Level)
+            raise ConfigInvalidError("level", f"unknown level {level!r} (known: {known})"
+                                     ) from None
+    if name is None:
+        name = DEFAULT_FOR_LEVEL[want or Level.STRICT]
+    made: SandboxProvider = get_provider_class(name)()
+    if want is not None and want not in made.levels:
+        raise LevelNotSupportedError(
+            want.value, tuple(sorted(lv.value for lv in made.levels)),
+            f"provider {name!r} cannot give level {want.value!r} on this host")
+    return made
 
 
 def provider_names() -> tuple[str, ...]:

@@ -157,5 +157,3 @@ def run_bounded(
         on_stdout=on_stdout, on_stderr=on_stderr, spawner=spawner)
     return run_sync(coro, name="corral-run-bounded")
 
-
-# Outcome and RunResult are documented here, where users import them from.
