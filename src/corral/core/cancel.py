@@ -1,12 +1,22 @@
-"""CancelToken: cancellation for sync callers and for ``create`` (seed 01's AbortSignal)."""
+"""CancelToken: cancellation for sync callers and for ``create`` (seed 01's AbortSignal).
+
+The token is thread-safe and loop-free. Async code reaches it through the one
+bridge here: :func:`call_on_cancel` (run a function in a loop's thread when the
+token fires) and, built on it, :class:`CancelScope` (cancel the enclosing task
+when the token fires, and say afterwards whether that is how it ended). Every
+front door and provider uses these two; none bridges a token by hand.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import final
+from typing import TYPE_CHECKING, Any, final
 
-__all__ = ["CancelToken"]
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = ["CancelScope", "CancelToken", "call_on_cancel"]
 
 
 @final
@@ -81,3 +91,68 @@ class CancelToken:
             await fut
         finally:
             remove()
+
+
+def call_on_cancel(token: CancelToken | None, loop: asyncio.AbstractEventLoop,
+                   fn: Callable[[], object]) -> Callable[[], None]:
+    """When ``token`` fires (in any thread), run ``fn`` in ``loop``'s thread; at once (soon)
+    if it already has. Returns the function that unhooks it (a no-op for no token).
+    A loop already closed by then is skipped: its work is over."""
+    if token is None:
+        return _nothing
+
+    def hop() -> None:
+        try:
+            loop.call_soon_threadsafe(fn)
+        except RuntimeError:  # the loop is closed
+            pass
+
+    return token.add_callback(hop)
+
+
+def _nothing() -> None:
+    pass
+
+
+@final
+class CancelScope:
+    """``async with CancelScope(token) as scope:`` -- the token cancels the task running
+    the block; the block's CancelledError from that is swallowed and ``scope.cancelled``
+    is True afterwards (a cancellation from elsewhere passes through untouched, as with
+    ``asyncio.timeout``). With ``token=None`` the scope does nothing."""
+
+    __slots__ = ("_done", "_fired", "_remove", "_task", "_token", "cancelled")
+
+    def __init__(self, token: CancelToken | None) -> None:
+        self._token = token
+        self._task: asyncio.Task[Any] | None = None
+        self._remove: Callable[[], None] = _nothing
+        self._fired = False
+        self._done = False
+        #: whether the token ended the block
+        self.cancelled = False
+
+    async def __aenter__(self) -> CancelScope:
+        if self._token is not None:
+            import asyncio  # not at the top: the fork server imports this module
+
+            self._task = asyncio.current_task()
+            self._remove = call_on_cancel(self._token, asyncio.get_running_loop(), self._fire)
+        return self
+
+    def _fire(self) -> None:
+        if not self._done and self._task is not None:
+            self._fired = True
+            self._task.cancel()
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: object) -> bool:
+        self._done = True
+        self._remove()
+        if self._fired and self._task is not None:
+            import asyncio
+
+            if self._task.uncancel() == 0 and et is asyncio.CancelledError:
+                self.cancelled = True
+                return True
+        return False

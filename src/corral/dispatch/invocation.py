@@ -27,7 +27,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any, Final, TypeVar
 
-from corral.core.cancel import CancelToken
+from corral.core.cancel import CancelScope, CancelToken
 from corral.core.contract import ProcessHandle, Sandbox, SandboxProvider
 from corral.core.errors import (
     ConfigInvalidError,
@@ -84,27 +84,21 @@ DEFAULT_STDERR_TAIL_BYTES: Final = 8192
 async def _bounded(work: Coroutine[Any, Any, T], timeout_ms: int, cancel: CancelToken | None,
                    what: str, stderr: Callable[[], bytes] = lambda: b"") -> T:
     """Await ``work`` until the deadline or the cancel token; then cancel it and raise."""
-    task = asyncio.ensure_future(work)
-    stop = asyncio.ensure_future(cancel.wait_cancelled_async()) if cancel else None
+    scope = CancelScope(cancel)
+    deadline = asyncio.timeout(timeout_ms / 1000)
     try:
-        waits = [w for w in (task, stop) if w is not None]
-        done, _ = await asyncio.wait(waits, timeout=timeout_ms / 1000,
-                                     return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
+        async with scope, deadline:
+            return await work
+    except TimeoutError:
+        if not deadline.expired():
+            raise  # the work's own timeout error, not ours
+        raise SandboxTimeoutError(
+            f"{what} ran past its timeout of {timeout_ms} ms and was stopped",
+            timeout_ms=timeout_ms, stderr=stderr()) from None
     finally:
-        if stop is not None:
-            stop.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
-    if cancel is not None and cancel.cancelled:
-        raise SandboxCancelledError(f"{what} cancelled: {cancel.reason}")
-    raise SandboxTimeoutError(f"{what} ran past its timeout of {timeout_ms} ms and was stopped",
-                              timeout_ms=timeout_ms, stderr=stderr())
+        work.close()  # never started (cancelled before its first step): no warning
+    assert cancel is not None and scope.cancelled
+    raise SandboxCancelledError(f"{what} cancelled: {cancel.reason}")
 
 
 # ---------------------------------------------------------------- process modes

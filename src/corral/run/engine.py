@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Final, final
 
+from corral.core.cancel import call_on_cancel
 from corral.core.spec import ResourceUsage
 from corral.run.options import RunOptions, build_env
 from corral.run.result import Outcome, OutputBuffer, RunResult, exit_outcome, signal_name
@@ -103,7 +104,8 @@ class BoundedRun:
         loop = self._loop
         self._timers.append(loop.call_later(o.timeout_ms / 1000, self._graceful, Outcome.TIMEOUT))
         if o.cancel is not None:
-            self._unhook = o.cancel.add_callback(self._cancel_threadsafe)
+            self._unhook = call_on_cancel(o.cancel, loop,
+                                          lambda: self._graceful(Outcome.CANCELLED))
 
     def _spawn(self) -> None:
         o = self._o
@@ -218,12 +220,6 @@ class BoundedRun:
         if not view:
             self._stdin_view = None
             self._close_fd("in")
-
-    def _cancel_threadsafe(self) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._graceful, Outcome.CANCELLED)
-        except RuntimeError:  # loop closed: the run already finished
-            pass
 
     def _graceful(self, outcome: Outcome) -> None:
         """Timeout / cancel token: shutdown signal to the group, SIGKILL after the grace."""

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from corral.core.cancel import CancelToken
+from corral.core.cancel import CancelScope, CancelToken
 from corral.core.errors import CreateCancelledError, LevelNotSupportedError, ProviderError
 from corral.core.spec import SandboxLimits
 from corral.providers.linux.host.channel import REQUEST_TIMEOUT_S, Channel, Zygote, kill_pidfd
@@ -96,18 +96,10 @@ async def launch(plan: SandboxPlan, prog: bytes, cancel: CancelToken | None, *,
 
 async def race(aw: Awaitable[_T], cancel: CancelToken | None) -> _T:
     """``aw``, or CreateCancelledError as soon as ``cancel`` fires (``aw`` cancelled)."""
-    if cancel is None:
+    async with CancelScope(cancel):
         return await aw
-    fut = asyncio.ensure_future(aw)
-    waiter = asyncio.ensure_future(cancel.wait_cancelled_async())
-    try:
-        await asyncio.wait({fut, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-    if not fut.done():
-        fut.cancel()
-        raise CreateCancelledError(f"create cancelled: {cancel.reason}")
-    return fut.result()
+    assert cancel is not None
+    raise CreateCancelledError(f"create cancelled: {cancel.reason}")
 
 
 def _remove_cgroup(cg: Any) -> None:
