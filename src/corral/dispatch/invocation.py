@@ -43,7 +43,7 @@ from corral.core.spec import (
     SandboxInvocationContext,
     SandboxSpec,
 )
-from corral.core.sync import run_sync
+from corral.core.sync import sync_twin
 from corral.dispatch.in_context import in_context
 from corral.dispatch.outcome import (
     Outcome,
@@ -290,24 +290,6 @@ async def invoke_in(
     return await _bounded(run(), timeout_ms, cancel, "invoke", lambda: bytes(tail.buf))
 
 
-def invoke_sync(
-    provider: SandboxProvider,
-    spec: SandboxSpec,
-    handler_ref: HandlerRef,
-    input: Any,  # noqa: A002 - seed 01's name
-    ctx: SandboxInvocationContext | None = None,
-    *,
-    resumed: Mapping[str, Any] | None = None,
-    files: Mapping[str, bytes | str] | None = None,
-    timeout_ms: int = DEFAULT_INVOKE_TIMEOUT_MS,
-    cancel: CancelToken | None = None,
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-    stderr_tail_bytes: int = DEFAULT_STDERR_TAIL_BYTES,
-) -> Outcome:
-    """:func:`invoke` for synchronous callers, with the same arguments (the one sync
-    adapter, :func:`corral.core.sync.run_sync`: works with or without a running loop
-    in the calling thread; cancel it from any thread with ``cancel``)."""
-    return run_sync(invoke(provider, spec, handler_ref, input, ctx, resumed=resumed,
-                           files=files, timeout_ms=timeout_ms, cancel=cancel,
-                           max_line_bytes=max_line_bytes, stderr_tail_bytes=stderr_tail_bytes),
-                    name="corral-invoke")
+#: :func:`invoke` for synchronous callers, with the same arguments (works with or without
+#: a running loop in the calling thread; cancel it from any thread with ``cancel``)
+invoke_sync = sync_twin(invoke, name="invoke_sync")

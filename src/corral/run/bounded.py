@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from corral.core.cancel import CancelToken
-from corral.core.sync import run_sync
+from corral.core.sync import sync_twin
 from corral.run.engine import CWD_PREFIX, BoundedRun
 from corral.run.options import (
     DEFAULT_GRACE_PERIOD_MS,
@@ -122,38 +122,8 @@ async def run_bounded_async(
     return await run.wait()
 
 
-def run_bounded(
-    command: str | os.PathLike[str],
-    args: Sequence[str] = (),
-    *,
-    timeout_ms: int,
-    cwd: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    shutdown_signal: int | str = signal.SIGTERM,
-    grace_period_ms: int | None = None,
-    stdin: bytes | str | None = None,
-    max_stdout_bytes: int = DEFAULT_MAX_STDOUT_BYTES,
-    max_stderr_bytes: int = DEFAULT_MAX_STDERR_BYTES,
-    node_heap_mb: int | None = None,
-    mem_mb: int | None = None,
-    cpu_ms: int | None = None,
-    cancel: CancelToken | None = None,
-    on_stdout: OutputCallback | None = None,
-    on_stderr: OutputCallback | None = None,
-    spawner: Spawner = spawn_process,
-) -> RunResult:
-    """The synchronous twin of :func:`run_bounded_async` (same options).
-
-    Runs its own short-lived event loop, so it works in any thread, with or
-    without a loop running elsewhere. Called from a thread whose loop is
-    running (a coroutine calling it by mistake), it runs in a helper thread
-    and blocks that loop until done. Callbacks run in the loop's thread.
-    """
-    coro = run_bounded_async(
-        command, args, timeout_ms=timeout_ms, cwd=cwd, env=env,
-        shutdown_signal=shutdown_signal, grace_period_ms=grace_period_ms, stdin=stdin,
-        max_stdout_bytes=max_stdout_bytes, max_stderr_bytes=max_stderr_bytes,
-        node_heap_mb=node_heap_mb, mem_mb=mem_mb, cpu_ms=cpu_ms, cancel=cancel,
-        on_stdout=on_stdout, on_stderr=on_stderr, spawner=spawner)
-    return run_sync(coro, name="corral-run-bounded")
+#: the synchronous twin (same options): its own short-lived event loop, so it works in
+#: any thread; called where a loop is running, it runs in a helper thread and blocks
+#: that loop until done. Callbacks run in the loop's thread.
+run_bounded = sync_twin(run_bounded_async, name="run_bounded")
 
