@@ -32,7 +32,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import secrets
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -158,10 +157,6 @@ class CgroupManager:
             pass
         if key == "unified":
             v2_enable(os.path.dirname(parent), parent)
-
-    def new_name(self) -> str:
-        """A fresh random sandbox id for :meth:`create`."""
-        return secrets.token_hex(6)
 
     def list_cgroups(self) -> dict[str, dict[str, str]]:
         """Corral's sandbox cgroups under this manager's parents: name -> {hierarchy: dir}."""
