@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(bool(STRICT_SKIP), reason=STRICT_SKIP or "ok")
 _PKG = os.path.dirname(os.path.abspath(str(corral.__file__)))
 _ROOT = os.path.dirname(_PKG)
 _HOST_CANARY = "CORRAL_TEMPLATE_TEST_SECRET"
+_WORKER = "corral.snippets.sandbox.worker:main"
 
 
 def _pool_test(test: Callable[[SnippetPool], Awaitable[None]]) -> None:
@@ -62,7 +63,8 @@ def test_the_per_job_worker_is_a_contained_fork_of_the_agent() -> None:
         slot = _slot(pool, "a")
         (agent,) = slot.sandbox.host_pids()
         # a worker waiting for its job (stdin still open), as the pool starts one
-        proc = await slot.sandbox.start_python_fork(["--once"], ProcessOpts(stdin=True, env={}))
+        proc = await slot.sandbox.start_python_fork(["--once"], ProcessOpts(stdin=True, env={}),
+                                                    entry=_WORKER)
         try:
             _agent, worker = slot.sandbox.host_pids()
             with open(f"/proc/{agent}/cmdline", "rb") as f1, \
@@ -209,14 +211,26 @@ def test_start_python_fork_refuses_unknown_or_unloaded_entries() -> None:
                 await sb.start_python_fork([], entry="os:system")
             assert e1.value.field == "entry"
             with pytest.raises(ConfigInvalidError) as e2:  # not preloaded in this sandbox
-                await sb.start_python_fork([])
+                await sb.start_python_fork([], entry=_WORKER)
             assert e2.value.field == "entry"
             await sb.destroy()
             assert sb.host_pids() == []
+            # preloaded but not registered as a fork entry: still refused
             assert await provider.preload_python(["corral.snippets.sandbox.worker"]) == []
+            sb = await provider.create(SandboxSpec(tenant_id="t", run_id="r1",
+                                                   limits=SandboxLimits(cpu_ms=5000)))
+            with pytest.raises(ConfigInvalidError) as e3:
+                await sb.start_python_fork([], entry=_WORKER)
+            assert e3.value.field == "entry"
+            await sb.destroy()
+            # an entry whose module is not loaded is refused at registration
+            assert await provider.preload_python(
+                [], fork_entries=["colorsys:rgb_to_hsv"]) == ["colorsys:rgb_to_hsv"]
+            assert await provider.preload_python(["corral.snippets.sandbox.worker"],
+                                                 fork_entries=[_WORKER]) == []
             sb = await provider.create(SandboxSpec(tenant_id="t", run_id="r2",
                                                    limits=SandboxLimits(cpu_ms=5000)))
-            proc = await sb.start_python_fork(["--once"], ProcessOpts(stdin=True))
+            proc = await sb.start_python_fork(["--once"], ProcessOpts(stdin=True), entry=_WORKER)
             _agent, worker = sb.host_pids()
             with open(f"/proc/{worker}/limits", encoding="ascii") as f:
                 cpu = next(line for line in f if line.startswith("Max cpu time"))

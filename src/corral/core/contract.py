@@ -23,13 +23,31 @@ checks them):
   or call :func:`snapshot` / :func:`pause` ..., which raise the matching
   not-supported error when it is absent.
 
+* **Optional front-door features** are negotiated the same way (seed 01): the
+  provider advertises a capability string and the object has the method, a
+  runtime-checkable Protocol here. Front doors test ``isinstance`` on the
+  Protocol (and the string), never a provider's class:
+
+  - ``streaming-exec`` (:class:`SupportsStreamingExec`, on a sandbox):
+    ``exec_streaming(argv, opts, on_output=...)`` is ``exec`` that also hands
+    each chunk of output to ``on_output(fd, chunk)`` as it arrives
+    (``run_strict`` streams with it; without it, a run's output comes at the end).
+  - ``warm-fork`` (:class:`SupportsWarmFork` on the provider,
+    :class:`SupportsForkEntry` on its sandboxes): the provider imports trusted
+    modules into what its sandboxes are cloned from and registers which
+    ``module:function`` entries may be forked; a sandbox then starts a forked
+    process of a registered entry instead of exec'ing an interpreter. The
+    caller names the entries (the snippet pool registers its worker): the
+    provider knows no front door, and refuses any entry not registered and
+    preloaded with ``ConfigInvalidError("entry")``.
+
 ``Sandbox`` and ``ProcessHandle`` objects are made by providers only.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol, Self, runtime_checkable
 
 from corral.core.cancel import CancelToken
@@ -49,13 +67,17 @@ from corral.core.spec import (
 )
 
 __all__ = [
+    "OutputSink",
     "ProcessHandle",
     "ProcessStdin",
     "Sandbox",
     "SandboxProvider",
+    "SupportsForkEntry",
     "SupportsPause",
     "SupportsRestore",
     "SupportsSnapshot",
+    "SupportsStreamingExec",
+    "SupportsWarmFork",
     "pause",
     "restore",
     "resume",
@@ -158,6 +180,47 @@ class SupportsPause(Protocol):
     async def pause(self) -> None: ...
 
     async def resume(self) -> None: ...
+
+
+#: ``on_output(fd, chunk)``: fd 1 is stdout, 2 stderr
+OutputSink = Callable[[int, bytes], object]
+
+
+@runtime_checkable
+class SupportsStreamingExec(Protocol):
+    """A sandbox of a provider advertising ``streaming-exec``."""
+
+    async def exec_streaming(self, argv: Sequence[str], opts: ExecOpts | None = None, *,
+                             on_output: OutputSink) -> ExecResult:
+        """``exec``, with each chunk of output also given to ``on_output`` as it arrives
+        (before the command ends); same result and errors as ``exec``."""
+        ...
+
+
+@runtime_checkable
+class SupportsWarmFork(Protocol):
+    """The provider side of ``warm-fork``."""
+
+    async def preload_python(self, modules: Sequence[str], *,
+                             fork_entries: Sequence[str] = ()) -> list[str]:
+        """Import ``modules`` (trusted code, loaded outside any sandbox) into what
+        sandboxes created from now on are cloned from, and register ``fork_entries``
+        (``module:function``, each module preloaded) as entries their sandboxes may fork.
+        Returns the modules and entries that could not be loaded (not registered)."""
+        ...
+
+
+@runtime_checkable
+class SupportsForkEntry(Protocol):
+    """The sandbox side of ``warm-fork``."""
+
+    async def start_python_fork(self, args: Sequence[str] = (),
+                                opts: ProcessOpts | None = None, *,
+                                entry: str) -> ProcessHandle:
+        """Start a process that is a fork of the sandbox calling ``entry(args)``, set up
+        and contained as a started command is. Raises ``ConfigInvalidError("entry")``
+        for an entry not registered and preloaded before this sandbox was created."""
+        ...
 
 
 class SandboxProvider(abc.ABC):

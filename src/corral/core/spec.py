@@ -81,6 +81,12 @@ class Capability(enum.StrEnum):
     SNAPSHOT = "snapshot"
     RESTORE = "restore"
     PAUSE = "pause"
+    # corral's own optional front-door features (see corral.core.contract)
+    #: sandboxes have ``exec_streaming`` (SupportsStreamingExec)
+    STREAMING_EXEC = "streaming-exec"
+    #: the provider has ``preload_python`` (SupportsWarmFork), its sandboxes
+    #: ``start_python_fork`` (SupportsForkEntry)
+    WARM_FORK = "warm-fork"
 
 
 KNOWN_CAPABILITIES: Final = frozenset(c.value for c in Capability)

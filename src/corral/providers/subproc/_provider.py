@@ -3,7 +3,7 @@
 A sandbox is a private directory (``mkdtemp``, mode 0700) holding ``work/``
 (the commands' cwd and ``HOME``) and ``tmp/`` (``TMPDIR``), plus the process
 trees of the commands run in it. Each command runs through the bounded runner
-(:mod:`corral.run.bounded`): own session and process group, environment
+(:mod:`corral.run.engine`): own session and process group, environment
 allowlist, wall-clock timeout, output caps, whole-tree kill at its end.
 
 NOT a security boundary: commands run as the caller's user, see the host's

@@ -1,12 +1,14 @@
 """The warm snippet pool: bounded, FIFO, per-tenant sandboxes; one fresh process per run.
 
-Built on the generic provider contract, plus one linux-only shortcut. A
+Built on the provider contract only, plus one optional capability it negotiates
+(``warm-fork``, :class:`~corral.core.contract.SupportsWarmFork` /
+:class:`~corral.core.contract.SupportsForkEntry`). A
 *slot* is a sandbox created ahead of time (for one tenant; a fresh *spare*
-is bound to the first tenant that takes it and never serves another). In a
-linux (strict) sandbox the slot holds no process but the sandbox's agent:
-the worker (:mod:`corral.snippets.sandbox.worker`) is preloaded into the provider's
-fork server, and per job the agent forks a fresh worker
-(``LinuxSandbox.start_python_fork``, ``--once``) that reads the job on its
+is bound to the first tenant that takes it and never serves another). On a
+provider with ``warm-fork`` (linux) the slot holds no process but the sandbox's
+agent: the pool preloads the worker (:mod:`corral.snippets.sandbox.worker`) into the
+provider and registers its ``main`` as a fork entry, and per job the sandbox forks a
+fresh worker (``start_python_fork``, ``--once``) that reads the job on its
 stdin, runs it and exits; the host collects its records and kills it at
 timeout + grace. Elsewhere the slot holds a long-lived template
 (``python -I -S`` started with ``start_process``) that forks a fresh child
@@ -37,11 +39,24 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeVar, final
+from typing import Any, Final, TypeVar, final
 
-from corral.core.contract import ProcessHandle, Sandbox, SandboxProvider
+from corral.core.contract import (
+    ProcessHandle,
+    Sandbox,
+    SandboxProvider,
+    SupportsForkEntry,
+    SupportsWarmFork,
+)
 from corral.core.errors import ConfigInvalidError, ProviderError, UnhandledWorkerError
-from corral.core.spec import Level, NetworkPolicy, ProcessOpts, SandboxLimits, SandboxSpec
+from corral.core.spec import (
+    Capability,
+    Level,
+    NetworkPolicy,
+    ProcessOpts,
+    SandboxLimits,
+    SandboxSpec,
+)
 from corral.snippets.host.limiter import FifoLimiter
 from corral.snippets.sandbox.worker import BadRecord, Collector
 from corral.wire.protocol import (
@@ -53,9 +68,6 @@ from corral.wire.protocol import (
     ProtocolContext,
     encode_frame,
 )
-
-if TYPE_CHECKING:
-    from corral.providers.linux.host.sandbox import LinuxSandbox
 
 __all__ = ["GRACE_MS", "PoolStatistics", "SnippetPool", "WORKER_FILE"]
 
@@ -72,6 +84,8 @@ _MAX_REPLY_BYTES: Final = 4 * 1024 * 1024
 _TEMPLATE_MB: Final = 64
 _START_TIMEOUT_S: Final = 30.0
 _WORKER_MODULE: Final = "corral.snippets.sandbox.worker"
+#: the fork entry the pool registers with a ``warm-fork`` provider
+_WORKER_ENTRY: Final = _WORKER_MODULE + ":main"
 #: Preloaded last: installs the worker's run-time guards in the fork server, once.
 _GUARDS_MODULE: Final = "corral.snippets.sandbox.guards"
 _FORK_OPTS: Final = ProcessOpts(stdin=True, env={})
@@ -161,13 +175,14 @@ class _Slot:
 
 
 class _ForkSlot:
-    """One warm strict sandbox whose agent forks a fresh worker per job
-    (``LinuxSandbox.start_python_fork`` of ``sandbox/worker.py --once``): the slot holds no
+    """One warm sandbox (of a ``warm-fork`` provider) that forks a fresh worker per job
+    (``start_python_fork`` of the worker's entry, ``--once``): the slot holds no
     process but the agent. The host collects the run's records and kills the run's
     process group at timeout + grace."""
 
-    def __init__(self, sandbox: LinuxSandbox, level: Level) -> None:
+    def __init__(self, sandbox: Sandbox, fork: SupportsForkEntry, level: Level) -> None:
         self.sandbox, self.level = sandbox, level
+        self._fork = fork  # the same sandbox, seen through its capability
         self.tenant: str | None = None
         self.server_pid = 1  # the agent
         self.last_used = time.monotonic()
@@ -175,7 +190,7 @@ class _ForkSlot:
 
     @property
     def alive(self) -> bool:
-        return self.sandbox.alive
+        return bool(getattr(self.sandbox, "alive", True))
 
     async def call(self, frame: bytes, job: Mapping[str, Any]) -> Any:
         """Fork one worker, hand it ``frame``, return the run's output. A worker that
@@ -188,8 +203,8 @@ class _ForkSlot:
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            proc = await self.sandbox.start_python_fork(["--once"], _FORK_OPTS,
-                                                        entry=_WORKER_MODULE + ":main")
+            proc = await self._fork.start_python_fork(["--once"], _FORK_OPTS,
+                                                      entry=_WORKER_ENTRY)
         except (ProviderError, ConfigInvalidError) as e:
             raise UnhandledWorkerError(f"cannot start the snippet's process: {e}") from None
         killed = False
@@ -221,7 +236,7 @@ class _ForkSlot:
         if bad is not None:
             raise UnhandledWorkerError(f"the snippet worker wrote a malformed record: {bad}; "
                                        "it was killed", exit_code=status.exit_code)
-        if not self.sandbox.alive:
+        if not self.alive:
             raise UnhandledWorkerError("the slot's sandbox agent exited during the run",
                                        exit_code=status.exit_code)
         if collector.reply is not None:
@@ -391,10 +406,10 @@ class SnippetPool:
         spec = SandboxSpec(tenant_id=tenant or "corral-snippet-spare", level=level,
                            run_id=f"snippet-slot-{next(self._ids)}", limits=limits,
                            network=network)
-        forked = level == Level.STRICT and await self._preload_into(provider)
+        forked = await self._preload_into(provider)
         sandbox = await provider.create(spec)
         try:
-            slot: _AnySlot | None = await self._fork_slot(sandbox) if forked else None
+            slot: _AnySlot | None = await self._fork_slot(sandbox, level) if forked else None
             if slot is None:
                 template = _Slot(sandbox, await self._start_template(sandbox), level)
                 try:
@@ -413,34 +428,34 @@ class SnippetPool:
         return slot
 
     @staticmethod
-    async def _fork_slot(sandbox: Sandbox) -> _ForkSlot | None:
-        """A fork-per-job slot on a linux sandbox, or None (its agent lacks the worker:
-        the fork server restarted since the preload)."""
-        from corral.providers.linux.host.sandbox import LinuxSandbox
-        if not isinstance(sandbox, LinuxSandbox):
+    async def _fork_slot(sandbox: Sandbox, level: Level) -> _ForkSlot | None:
+        """A fork-per-job slot, or None (the sandbox cannot fork the worker: no
+        ``warm-fork``, or its provider's fork server restarted since the preload)."""
+        if not isinstance(sandbox, SupportsForkEntry):
             return None
-        slot = _ForkSlot(sandbox, Level.STRICT)
+        slot = _ForkSlot(sandbox, sandbox, level)
         try:
             await asyncio.wait_for(slot.call(_frame({"op": "ping"}, sandbox.spec.tenant_id), {}),
                                    _START_TIMEOUT_S)
         except UnhandledWorkerError:
-            if not sandbox.alive:
+            if not slot.alive:
                 raise
             return None
         return slot
 
     async def _preload_into(self, provider: SandboxProvider) -> bool:
-        """Preload the worker into a linux provider's fork server (once); whether
-        templates can be forked there."""
-        from corral.providers.linux.host.provider import LinuxProvider
-        if not isinstance(provider, LinuxProvider):
+        """Preload the worker into a ``warm-fork`` provider and register its entry (once);
+        whether workers can be forked there."""
+        if Capability.WARM_FORK.value not in provider.capabilities or not isinstance(
+                provider, SupportsWarmFork):
             return False
         names = [_WORKER_MODULE, *self._preload.split(","), _GUARDS_MODULE]
         try:
-            missing = await provider.preload_python([n for n in names if n])
+            missing = await provider.preload_python([n for n in names if n],
+                                                    fork_entries=[_WORKER_ENTRY])
         except ProviderError:
             return False
-        return _WORKER_MODULE not in missing
+        return _WORKER_MODULE not in missing and _WORKER_ENTRY not in missing
 
     async def _start_template(self, sandbox: Sandbox) -> ProcessHandle:
         """A template slot's process: ``python -I -S`` of the worker file."""

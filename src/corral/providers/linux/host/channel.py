@@ -360,13 +360,14 @@ class Zygote:
             raise ProviderError(f"sandbox launch failed: {str(h.get('error', 'no pidfd'))[:500]}")
         return pid, fds[0]
 
-    async def preload(self, modules: Sequence[str]) -> list[str]:
-        """Import ``modules`` into the fork server (shared by every later sandbox);
-        returns the names it could not import."""
-        h, _p, _fds = await self.channel.request({"op": "preload", "modules": list(modules)},
-                                                 timeout=120)
+    async def preload(self, modules: Sequence[str], entries: Sequence[str] = ()) -> list[str]:
+        """Import ``modules`` into the fork server (shared by every later sandbox) and
+        register the fork ``entries``; returns the names it could not load."""
+        h, _p, _fds = await self.channel.request(
+            {"op": "preload", "modules": list(modules), "entries": list(entries)}, timeout=120)
         missing = h.get("missing", ())
-        return [str(m) for m in missing] if isinstance(missing, list) else list(modules)
+        return ([str(m) for m in missing] if isinstance(missing, list)
+                else [*modules, *entries])
 
     def stop(self) -> None:
         """Close the socket (the zygote exits on EOF) and reap it."""

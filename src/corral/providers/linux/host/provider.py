@@ -110,7 +110,7 @@ class LinuxProvider(SandboxProvider):
         self._cgroups = CgroupManager(root=cgroup_root)
         self.reaped_orphans: tuple[str, ...] = tuple(self._cgroups.reap_orphans())
         self.snapshots = SnapshotStore()
-        caps = {"strict", "streaming", "snapshot", "restore"}
+        caps = {"strict", "streaming", "streaming-exec", "warm-fork", "snapshot", "restore"}
         if self._cgroups.support.has("freezer"):
             caps.add("pause")
         self.capabilities = frozenset(caps)
@@ -127,7 +127,7 @@ class LinuxProvider(SandboxProvider):
         self._cpu_watch = CpuWatch()
         self._plans: dict[tuple[Any, ...], SandboxPlan] = {}  # create's cache (image-less)
         self._keys: dict[int, tuple[SandboxPlan, str]] = {}   # id(plan) -> its shape key
-        self._preloaded: set[str] = set()  # modules the current zygote imported
+        self._preloaded: set[str] = set()  # modules and fork entries the zygote loaded
         self._plock: asyncio.Lock | None = None
 
     # -- helpers -----------------------------------------------------------------
@@ -236,24 +236,33 @@ class LinuxProvider(SandboxProvider):
         self._live.add(sb)
         return sb
 
-    async def preload_python(self, modules: Sequence[str]) -> list[str]:
+    async def preload_python(self, modules: Sequence[str], *,
+                             fork_entries: Sequence[str] = ()) -> list[str]:
         """Import ``modules`` into the fork server, so sandboxes created from now on
-        share their pages (a python template started with
-        :meth:`LinuxSandbox.start_python_fork` needs its entry point preloaded).
+        share their pages, and register ``fork_entries`` (``module:function``, the module
+        preloaded) as what :meth:`LinuxSandbox.start_python_fork` may start in them (the
+        ``warm-fork`` capability, :class:`corral.core.contract.SupportsWarmFork`).
 
-        Idle spares built before are replaced. Returns the names that could not be
-        imported. Modules load from the host's interpreter and corral's import root,
-        outside any sandbox; only pass names of trusted code.
+        Idle spares built before are replaced. Returns the modules and entries that
+        could not be loaded. Modules load from the host's interpreter and corral's import
+        root, outside any sandbox; only pass names of trusted code.
         """
         if self._closed:
             raise ProviderError("the provider is closed")
         names = [str(m) for m in modules]
+        entries = [str(e) for e in fork_entries]
+        for entry in entries:
+            mod, sep, fn = entry.partition(":")
+            if not (sep and fn.isidentifier()
+                    and all(part.isidentifier() for part in mod.split("."))):
+                raise ConfigInvalidError("fork_entries", f"not module:function: {entry!r}")
         if self._plock is None:
             self._plock = asyncio.Lock()
         async with self._plock:
-            if not set(names) - self._preloaded:
+            if not (set(names) | set(entries)) - self._preloaded:
                 return []
-            missing = await (await self._zygote_for(self._seccomp())).preload(names)
+            missing = await (await self._zygote_for(self._seccomp())).preload(names, entries)
+            names += entries
             self._preloaded.update(set(names) - set(missing))
             for key in list(self._spares):  # forked before: they lack the new modules
                 for item in self._spares.pop(key):

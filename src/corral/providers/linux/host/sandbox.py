@@ -63,6 +63,8 @@ def _check_argv(argv: Sequence[str]) -> list[str]:
     for a in out:
         if not isinstance(a, str) or "\0" in a:
             raise ConfigInvalidError("argv", f"not a usable argument: {a!r}")
+    if not out[0]:
+        raise ConfigInvalidError("argv[0]", "must name a command, not be empty")
     return out
 
 
@@ -350,10 +352,17 @@ class LinuxSandbox(Sandbox):
         return None
 
     # -- the contract -------------------------------------------------------------------
+    async def exec_streaming(self, argv: Sequence[str], opts: ExecOpts | None = None, *,
+                             on_output: Callable[[int, bytes], object]) -> ExecResult:
+        """The ``streaming-exec`` capability
+        (:class:`corral.core.contract.SupportsStreamingExec`): :meth:`exec`, with
+        ``on_output(fd, chunk)`` (fd 1 or 2) seeing each chunk as it arrives."""
+        return await self.exec(argv, opts, on_output=on_output)
+
     async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None, *,
                    on_output: Callable[[int, bytes], object] | None = None) -> ExecResult:
         """The contract's exec; ``on_output(fd, chunk)`` (fd 1 or 2), when given, sees
-        each chunk of output as it arrives (``corral run --level strict`` streams it)."""
+        each chunk of output as it arrives (see :meth:`exec_streaming`)."""
         opts = opts or ExecOpts()
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -449,20 +458,20 @@ class LinuxSandbox(Sandbox):
 
     async def start_python_fork(self, args: Sequence[str] = (),
                                 opts: ProcessOpts | None = None, *,
-                                entry: str = "corral.snippets.sandbox.worker:main"
-                                ) -> LinuxProcess:
+                                entry: str) -> LinuxProcess:
         """Like :meth:`start_process`, but the process is a fork of the sandbox's agent
         calling ``entry(args)`` instead of an exec'd interpreter: it shares the pages
         the fork server preloaded (:meth:`LinuxProvider.preload_python`), so it starts
-        in about a millisecond and costs far less memory than a fresh ``python``. Not
-        part of the provider contract.
+        in about a millisecond and costs far less memory than a fresh ``python``. The
+        ``warm-fork`` capability (:class:`corral.core.contract.SupportsForkEntry`).
 
         The child is set up as a command is (new session, the pipes on 0/1/2 and no
         other descriptor, ``opts.env`` over the plan's base env, the cwd, the CPU
         rlimit) and keeps the sandbox's containment; ``sys.path`` holds only the
         interpreter's own read-only dirs. When it exits, its process group is
-        killed. ``entry`` must be one of the agent's ``FORK_ENTRIES`` and
-        preloaded, else ConfigInvalidError("entry").
+        killed. ``entry`` must have been registered (``fork_entries`` of
+        :meth:`LinuxProvider.preload_python`) before this sandbox was created, else
+        ConfigInvalidError("entry").
         """
         opts = opts or ProcessOpts()
         started = asyncio.get_running_loop().time()

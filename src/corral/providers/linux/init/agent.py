@@ -12,17 +12,19 @@ the command to the host, never through the agent. Commands start with
 posix_spawn in a new session (their own process group, no controlling
 terminal), with fds 0/1/2 only and default signal dispositions.
 
-A ``fork_call`` request starts a process the same way but without execve:
-the agent forks and the child calls one of :data:`FORK_ENTRIES` (an
-in-process entry point preloaded in the zygote, e.g. the snippet worker,
-which runs one snippet and exits), so the child shares the zygote's loaded
-pages instead of starting an interpreter. When it exits, the agent SIGKILLs
-its process group (whatever it started and left behind). The child gets what
-a spawned command gets (new session, the passed pipes on 0/1/2 and no other
-descriptor, the request's env as ``os.environ``, the cwd, the CPU rlimit, a
-fresh interpreter's signal dispositions) and keeps what the agent has (namespaces, no capabilities,
-no_new_privs, seccomp, rlimits, not dumpable). Its memory is a copy of the
-agent's; the zygote runs with an empty environment and holds no secrets.
+A ``fork_call`` request starts a process the same way but without execve: the
+agent forks and the child calls one of the registered fork entries (an
+in-process entry point the host preloaded in the zygote and registered with
+:func:`register_fork_entries`, e.g. a snippet worker that runs one snippet and
+exits; the host's caller names it, this module names none), so the child shares
+the zygote's loaded pages instead of starting an interpreter. When it exits, the
+agent SIGKILLs its process group (whatever it started and left behind). The
+child gets what a spawned command gets (new session, the passed pipes on 0/1/2
+and no other descriptor, the request's env as ``os.environ``, the cwd, the CPU
+rlimit, a fresh interpreter's signal dispositions) and keeps what the agent has
+(namespaces, no capabilities, no_new_privs, seccomp, rlimits, not dumpable). Its
+memory is a copy of the agent's; the zygote runs with an empty environment and
+holds no secrets.
 
 Imports: the zygote drops corral's import root from ``sys.path`` and
 empties the ``__path__`` of corral's packages (:func:`seal_imports`) before
@@ -52,14 +54,34 @@ from corral.providers.linux import _sys_unsafe as su, fdpass as _fdpass, snapsho
 from corral.providers.linux.init import contain
 from corral.wire import jsonline as _jsonline
 
-__all__ = ["FORK_ENTRIES", "main", "seal_imports"]
+__all__ = ["fork_entries", "main", "register_fork_entries", "seal_imports"]
 
 _MAX_FDS: Final = 3
 _RESET_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT,
                          signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP)
 #: what ``fork_call`` may run: ``module:function``, called with the request's args (a
-#: list of str); the module must already be loaded (preloaded in the zygote)
-FORK_ENTRIES: Final = frozenset({"corral.snippets.sandbox.worker:main"})
+#: list of str); registered by the zygote's preload (its module loaded), inherited by
+#: every agent forked after it
+_FORK_ENTRIES: set[str] = set()
+
+
+def register_fork_entries(entries: object) -> list[str]:
+    """Register ``module:function`` entries whose module is loaded and whose function
+    exists (in the zygote, after a preload); returns those refused."""
+    refused: list[str] = []
+    for entry in entries if isinstance(entries, list) else ():
+        modname, sep, fname = str(entry).partition(":")
+        module = sys.modules.get(modname) if sep and fname else None
+        if module is None or not callable(getattr(module, fname, None)):
+            refused.append(str(entry))
+        else:
+            _FORK_ENTRIES.add(str(entry))
+    return refused
+
+
+def fork_entries() -> frozenset[str]:
+    """The entries ``fork_call`` may run here."""
+    return frozenset(_FORK_ENTRIES)
 
 
 def seal_imports() -> Callable[[], None]:
@@ -236,7 +258,7 @@ class _Agent:
         fds = self._take_stdio("fork_call")
         try:
             entry = str(h["entry"])
-            if entry not in FORK_ENTRIES:
+            if entry not in _FORK_ENTRIES:
                 raise ConfigInvalidError("entry", f"not an in-process entry point: {entry!r}")
             modname, _, fname = entry.partition(":")
             module = sys.modules.get(modname)

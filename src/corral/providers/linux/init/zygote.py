@@ -54,11 +54,12 @@ hold no lock, and the hooks would dirty pages every agent then holds
 privately. Processes the agent forks later (commands, ``fork_call``) go
 through ``os.fork`` as usual.
 
-A ``preload`` request (``{"op": "preload", "modules": [...]}``) imports
-modules into the zygote, freezes the GC again and retires T, so every
-sandbox created afterwards shares their pages; the snippet pool preloads its
-worker this way (see ``agent.FORK_ENTRIES``). A module that cannot be imported
-is skipped and named in the reply.
+A ``preload`` request (``{"op": "preload", "modules": [...], "entries": [...]}``)
+imports modules into the zygote, registers the ``module:function`` entries an
+agent may fork (``agent.register_fork_entries``; the host's caller names them,
+e.g. the snippet pool its worker), freezes the GC again and retires T, so every
+sandbox created afterwards shares their pages. A module that cannot be imported,
+or an entry whose module is not loaded, is skipped and named in the reply.
 
 The zygote exits when the host closes its socket (the host exited or
 ``aclose``; it waits up to 1.5 s for its sandboxes to go first, holding their
@@ -292,9 +293,11 @@ def _create(req: Mapping[str, Any], agent_fd: int, template: _Template, uids: Sa
             os.close(fd)
 
 
-def _preload(modules: object, unseal: Callable[[], None]) -> tuple[list[str], Callable[[], None]]:
-    """Import ``modules`` (names) here (``unseal`` lifts the import seal meanwhile), seal
-    again and freeze the GC; returns the names that failed and the new undo."""
+def _preload(modules: object, entries: object, unseal: Callable[[], None]
+             ) -> tuple[list[str], Callable[[], None]]:
+    """Import ``modules`` (names) here (``unseal`` lifts the import seal meanwhile),
+    register the fork ``entries``, seal again and freeze the GC; returns the names that
+    failed and the new undo."""
     unseal()
     missing: list[str] = []
     for name in modules if isinstance(modules, list) else ():
@@ -302,6 +305,7 @@ def _preload(modules: object, unseal: Callable[[], None]) -> tuple[list[str], Ca
             importlib.import_module(str(name))
         except Exception:  # any failure: the module is not preloaded
             missing.append(str(name))
+    missing += agent.register_fork_entries(entries)
     unseal = agent.seal_imports()
     gc.collect()
     gc.freeze()
@@ -359,7 +363,8 @@ def serve(fd: int) -> None:
                 if template is not None:  # its pages predate the modules
                     template.close()
                     template = None
-                missing, unseal = _preload(req.get("modules", ()), unseal)
+                missing, unseal = _preload(req.get("modules", ()), req.get("entries", ()),
+                                           unseal)
                 sock.sendall(_jsonline.dumps({"id": req.get("id"), "ok": True,
                                               "missing": missing}) + b"\n")
                 continue
