@@ -27,7 +27,16 @@ from corral.core.spec import (
     SandboxSpec,
 )
 from corral.providers.inprocess import InProcessProvider, InProcessSandbox
-from corral.testing import CHECKS, FakeProvider, FakeSandbox, check_provider, check_provider_sync
+from corral.testing import (
+    CHECKS,
+    FakeProvider,
+    FakeSandbox,
+    KitOptions,
+    ProviderCheck,
+    check_provider,
+    check_provider_sync,
+    provider_checks,
+)
 
 UNRESTRICTED = NetworkPolicy.unrestricted()
 
@@ -39,6 +48,7 @@ class Wrapped(Sandbox):
         self.inner = inner
         self.id = inner.id
         self.spec = spec
+        self.destroyed = False
 
     async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
         return await self.inner.exec(argv, opts)
@@ -54,6 +64,7 @@ class Wrapped(Sandbox):
         return await self.inner.start_process(argv, opts)
 
     async def destroy(self) -> None:
+        self.destroyed = True
         await self.inner.destroy()
 
 
@@ -96,7 +107,7 @@ class FollowsDotDot(Wrapped):
     """Joins paths naively: ``..``, absolute paths and symlinks all get through."""
 
     async def write_file(self, path: str, data: bytes | str) -> None:
-        if self.inner._destroyed:
+        if self.destroyed:
             raise ProviderError("destroyed")
         full = os.path.join(self.inner.work_dir, path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
@@ -104,7 +115,7 @@ class FollowsDotDot(Wrapped):
             f.write(data.encode() if isinstance(data, str) else data)
 
     async def read_file(self, path: str) -> bytes:
-        if self.inner._destroyed:
+        if self.destroyed:
             raise ProviderError("destroyed")
         with open(os.path.join(self.inner.work_dir, path), "rb") as f:
             return f.read()
@@ -112,9 +123,9 @@ class FollowsDotDot(Wrapped):
 
 class NotIdempotentDestroy(Wrapped):
     async def destroy(self) -> None:
-        if self.inner._destroyed:
+        if self.destroyed:
             raise ProviderError("already destroyed")
-        await self.inner.destroy()
+        await super().destroy()
 
 
 class HasPauseWithoutCapability(Wrapped):
@@ -141,6 +152,43 @@ class IgnoresMemLimit(Broken):
             max_processes=spec.limits.max_processes))
 
 
+class OldRefusals(Broken):
+    """Refuses limits and network policies with ConfigInvalidError, as the inprocess and
+    subproc providers did before the contract's refusal table."""
+
+    async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
+        try:
+            return await super().create(spec, cancel=cancel)
+        except LevelNotSupportedError as e:
+            if e.field == "level":
+                raise
+            raise ConfigInvalidError(e.field, e.message) from None
+
+
+class IgnoresNetworkNone(Broken):
+    """Accepts network 'none' and runs with the host's network."""
+
+    def inner_spec(self, spec: SandboxSpec) -> SandboxSpec:
+        return dataclasses.replace(spec, network=UNRESTRICTED)
+
+
+class RefusesLevelsVaguely(Broken):
+    """Refuses other levels without saying which it supports."""
+
+    async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
+        if spec.level is not Level.NONE:
+            raise LevelNotSupportedError(spec.level.value)
+        return await super().create(spec, cancel=cancel)
+
+
+class AnyCwd(Wrapped):
+    """Drops a cwd it should refuse, and runs in the work dir."""
+
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
+        opts = dataclasses.replace(opts, cwd=None) if opts else None
+        return await self.inner.exec(argv, opts)
+
+
 class IgnoresCancelToken(Broken):
     async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
         return await super().create(spec)
@@ -151,9 +199,11 @@ def broken(sandbox_class: type[Wrapped], base: type[Broken] = Broken) -> Broken:
                 {"sandbox_class": sandbox_class})()
 
 
-def failures(provider: SandboxProvider, **kw: object) -> str:
+def failures(provider: SandboxProvider, options: KitOptions | None = None, *,
+             only: set[str] | None = None) -> str:
     with pytest.raises(AssertionError) as ei:
-        asyncio.run(check_provider(provider, network=UNRESTRICTED, **kw))  # type: ignore[arg-type]
+        asyncio.run(check_provider(provider, options or KitOptions(network=UNRESTRICTED),
+                                   only=only))
     return str(ei.value)
 
 
@@ -165,7 +215,19 @@ def failures(provider: SandboxProvider, **kw: object) -> str:
     (broken(NotIdempotentDestroy), "destroy", "second destroy()"),
     (broken(HasPauseWithoutCapability), "lifecycle", "sandbox has pause(): True"),
     (IgnoresCancelToken(), "cancel", "already cancelled token returned a sandbox"),
-], ids=["timeout", "path-escape", "level", "limits", "destroy", "lifecycle", "cancel"])
+    (OldRefusals(), "limits", "mem_mb=64: refusing limits.mem_mb: expected "
+     "LevelNotSupportedError(field='limits.mem_mb') (the contract's refusal table), got "
+     "ConfigInvalidError"),
+    (OldRefusals(), "network", "network 'none': refusing network: expected "
+     "LevelNotSupportedError(field='network')"),
+    (IgnoresNetworkNone(), "network", "network 'none': accepted, but a command reached a "
+     "listener on the host's 127.0.0.1"),
+    (RefusesLevelsVaguely(), "level", "LevelNotSupportedError.supported is (), not the "
+     "provider's levels ('none',)"),
+    (broken(AnyCwd), "bad-input", "exec(cwd='../..'): was allowed (expected ConfigInvalidError)"),
+], ids=["timeout", "path-escape", "level", "limits", "destroy", "lifecycle", "cancel",
+        "limits-config-invalid", "network-config-invalid", "network-ignored",
+        "level-supported", "bad-input-cwd"])
 def test_kit_names_the_failing_check(provider: SandboxProvider, check: str, says: str) -> None:
     msg = failures(provider, only={check})
     assert check in CHECKS
@@ -174,10 +236,12 @@ def test_kit_names_the_failing_check(provider: SandboxProvider, check: str, says
     assert "failed 1 conformance check(s)" in msg
 
 
+@pytest.mark.slow
 def test_kit_runs_on_after_a_failure_and_lists_every_failure() -> None:
     msg = failures(broken(FollowsDotDot))
     lines = [ln.strip() for ln in msg.splitlines()[1:]]
-    assert [ln.split("]")[0] + "]" for ln in lines] == ["[path-escape]"], msg
+    # it also opens a path with a NUL (ValueError, not ConfigInvalidError)
+    assert [ln.split("]")[0] + "]" for ln in lines] == ["[path-escape]", "[bad-input]"], msg
     msg = failures(broken(DropsPartialOutput), only={"timeout", "path-escape", "exec"})
     assert "[timeout]" in msg and "[path-escape]" not in msg and "[exec]" not in msg
 
@@ -190,7 +254,8 @@ def test_kit_catches_an_ignored_timeout() -> None:
 
 
 def test_supports_limits_turns_refusal_into_failure() -> None:
-    msg = failures(InProcessProvider(), only={"limits"}, supports_limits={"cpu_ms"})
+    msg = failures(InProcessProvider(), KitOptions(network=UNRESTRICTED,
+                                                   supports_limits={"cpu_ms"}), only={"limits"})
     assert "[limits] cpu_ms=200: refused" in msg and "mem_mb" not in msg
 
 
@@ -198,7 +263,8 @@ def test_leak_check_failures_are_reported() -> None:
     async def leaky() -> None:
         raise AssertionError("3 cgroups left")
 
-    msg = failures(InProcessProvider(), only={"cancel"}, leak_check=leaky)
+    msg = failures(InProcessProvider(), KitOptions(network=UNRESTRICTED, leak_check=leaky),
+                   only={"cancel"})
     assert "[cancel] leak_check after cancelled creates: 3 cgroups left" in msg
     assert "[leaks] leak_check after the last check: 3 cgroups left" in msg
 
@@ -206,7 +272,30 @@ def test_leak_check_failures_are_reported() -> None:
 def test_network_default_is_none_and_refusal_is_reported() -> None:
     with pytest.raises(AssertionError) as ei:
         check_provider_sync(InProcessProvider(), only={"exec"})
-    assert "ConfigInvalidError" in str(ei.value) and "network" in str(ei.value)
+    assert "LevelNotSupportedError" in str(ei.value) and "network" in str(ei.value)
+
+
+def test_provider_checks_are_the_checks_by_name_and_run_alone() -> None:
+    checks = provider_checks()
+    assert tuple(c.name for c in checks) == CHECKS
+    assert all(isinstance(c, ProviderCheck) and c.doc for c in checks)
+    by_name = {c.name: c for c in checks}
+    asyncio.run(by_name["files"](InProcessProvider(), KitOptions(network=UNRESTRICTED)))
+    with pytest.raises(AssertionError, match=r"failed 1 conformance check.*\n  \[path-escape\] "):
+        asyncio.run(by_name["path-escape"](broken(FollowsDotDot),
+                                           KitOptions(network=UNRESTRICTED)))
+    with pytest.raises(ValueError, match="runs commands"):
+        asyncio.run(by_name["exec"](FakeProvider(), KitOptions(processes=False)))
+    assert "exec" not in {c.name for c in provider_checks(processes=False)}
+
+
+def test_kit_options_are_one_checked_value() -> None:
+    opts = KitOptions(level="strict", supports_limits=["mem_mb"])
+    assert opts.level is Level.STRICT and opts.supports_limits == frozenset({"mem_mb"})
+    with pytest.raises(ValueError, match="not limit fields"):
+        KitOptions(supports_limits={"memory"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.processes = False  # type: ignore[misc]
 
 
 def test_unknown_check_name() -> None:
@@ -215,16 +304,18 @@ def test_unknown_check_name() -> None:
 
 
 def test_sync_wrapper_passes() -> None:
-    check_provider_sync(InProcessProvider(), network=UNRESTRICTED, only={"exec", "files"})
+    check_provider_sync(InProcessProvider(), KitOptions(network=UNRESTRICTED),
+                        only={"exec", "files"})
 
 
 # -- FakeProvider: a test double that passes the kit's non-process checks -------
 def test_fake_provider_passes_the_kit_without_processes() -> None:
-    check_provider_sync(FakeProvider(), processes=False)
+    check_provider_sync(FakeProvider(), KitOptions(processes=False))
 
 
 def test_fake_provider_with_unenforced_limits_does_not_pass() -> None:
-    msg = failures(FakeProvider(accept_limits=True), processes=False, only={"limits"})
+    msg = failures(FakeProvider(accept_limits=True), KitOptions(processes=False),
+                   only={"limits"})
     assert "[limits] mem_mb=64: accepted, but processes=False cannot check it" in msg
 
 

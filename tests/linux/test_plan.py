@@ -148,6 +148,7 @@ def test_level_below_strict_is_refused() -> None:
         with pytest.raises(LevelNotSupportedError) as ei:
             plan(spec(level=level))
         assert ei.value.supported == ("strict",)
+        assert ei.value.field == "level"
 
 
 @pytest.mark.parametrize("policy", [NetworkPolicy.allowlist("example.org"),
@@ -156,11 +157,13 @@ def test_network_other_than_none_is_refused_naming_it(policy: NetworkPolicy) -> 
     with pytest.raises(LevelNotSupportedError) as ei:
         plan(spec(network=policy))
     assert policy.kind in ei.value.missing
+    assert ei.value.field == "network"
 
 
-def test_image_is_refused() -> None:
-    with pytest.raises(LevelNotSupportedError, match="image"):
+def test_image_without_a_handler_mode_is_refused() -> None:
+    with pytest.raises(ConfigInvalidError, match="image") as ei:
         plan(spec(image="python:3.11"))
+    assert ei.value.field == "image"
 
 
 def test_too_small_limits_are_config_invalid() -> None:

@@ -3,9 +3,10 @@
 Semantics every provider keeps (the conformance kit in :mod:`corral.testing`
 checks them):
 
-* **Never run weaker.** ``create(spec)`` gives a sandbox at ``spec.level`` or
-  raises :class:`~corral.core.errors.LevelNotSupportedError`; a limit or network
-  policy it cannot enforce is refused with a typed error, never ignored.
+* **Never run weaker.** ``create(spec)`` gives a sandbox at ``spec.level``
+  that enforces every limit and the network policy of ``spec``, or refuses it
+  with :class:`~corral.core.errors.LevelNotSupportedError` (see *Refusals*); a
+  limit or policy is never ignored.
 * **Roll back.** If ``create`` fails, or the ``cancel`` token fires while it
   runs, everything it built is released; a token cancel raises
   :class:`~corral.core.errors.CreateCancelledError`. An asyncio cancellation rolls
@@ -40,6 +41,42 @@ checks them):
     caller names the entries (the snippet pool registers its worker): the
     provider knows no front door, and refuses any entry not registered and
     preloaded with ``ConfigInvalidError("entry")``.
+
+**Refusals.** One error per kind of refusal, the same on every provider (the
+conformance kit's ``level``, ``limits``, ``network``, ``bad-input`` and
+``lifecycle`` checks assert it for each):
+
+===========  =============================  ==========================================
+kind         error (code)                   it names
+===========  =============================  ==========================================
+level        ``LevelNotSupportedError``     ``field="level"``, ``requested``,
+             (``level-not-supported``)      ``supported``, ``missing``
+limit        ``LevelNotSupportedError``     ``field="limits.<name>"``, ``missing``
+network      ``LevelNotSupportedError``     ``field="network"``, ``missing``
+capability   ``SnapshotNotSupportedError``  the method it lacks
+             ``RestoreNotSupportedError``
+             ``PauseNotSupportedError``
+bad input    ``ConfigInvalidError``         ``field``, ``reason``
+             (``config-invalid``)
+===========  =============================  ==========================================
+
+* *level*: ``spec.level`` is not in ``provider.levels``, or a host primitive the
+  level needs (a namespace, seccomp for this arch) is missing here.
+* *limit*: a limit of ``spec.limits`` the provider has no mechanism for, at all
+  (``subproc``: rlimits are per process) or on this host (a cgroup controller).
+* *network*: a network policy it cannot enforce (``subproc`` cannot enforce
+  ``none``; ``linux`` gives only ``none``).
+* *capability*: an optional lifecycle method the sandbox lacks, called through
+  :func:`snapshot`, :func:`restore`, :func:`pause` or :func:`resume`.
+* *bad input*: a spec that is not a ``SandboxSpec``, a malformed argument, env or
+  path, a path leaving the sandbox, a value outside the provider's documented
+  range (``linux``: ``mem_mb`` below 16), a mode or image it does not run.
+
+The rule behind the split: ``level-not-supported`` says "the request is well
+formed, but this provider cannot give that isolation here; another provider or
+host may" (exit 69, HTTP 501); ``config-invalid`` says "fix the request" (exit
+64, HTTP 400). Refusals at ``create`` come before anything runs, and roll back
+whatever was built.
 
 ``Sandbox`` and ``ProcessHandle`` objects are made by providers only.
 """
@@ -238,9 +275,12 @@ class SandboxProvider(abc.ABC):
         """Build a sandbox for ``spec``.
 
         Raises:
-            LevelNotSupportedError: ``spec.level`` is not one of ``levels``
-                (or a host primitive it needs is missing: ``missing`` says which).
-            ConfigInvalidError: a limit or network policy it cannot enforce.
+            LevelNotSupportedError: ``spec.level`` is not one of ``levels``, a host
+                primitive it needs is missing, or a limit or the network policy
+                cannot be enforced; ``field`` says which part of the spec and
+                ``missing`` what is absent (see *Refusals* above).
+            ConfigInvalidError: ``spec`` is not a ``SandboxSpec``, a value is out of
+                the provider's range, or it does not run the spec's mode or image.
             CreateCancelledError: ``cancel`` fired; everything was rolled back.
         """
 

@@ -107,10 +107,14 @@ class CorralError(Exception):
 
 @final
 class LevelNotSupportedError(CorralError):
-    """The provider cannot give the requested isolation level on this host.
+    """The provider cannot give the requested isolation here: the level itself, or a
+    limit or network policy of the spec it has no mechanism to enforce.
 
-    ``missing`` names the primitive that is absent (a namespace, seccomp, a
-    cgroup controller ...), so the user knows what to change.
+    ``field`` says which part of the spec is refused (``level``, ``limits.mem_mb``,
+    ``network`` ...); ``missing`` names what is absent (a namespace, seccomp, a
+    cgroup controller, a per-sandbox memory limit ...), so the user knows what to
+    change. The contract's refusal table (:mod:`corral.core.contract`) says when
+    this error is raised rather than :class:`ConfigInvalidError`.
     """
 
     code = ErrorCode.LEVEL_NOT_SUPPORTED
@@ -124,13 +128,18 @@ class LevelNotSupportedError(CorralError):
         detail: str = "",
         *,
         missing: str = "",
+        field: str = "level",
     ) -> None:
         self.requested = requested
         self.supported = tuple(sorted(supported))
         self.detail = detail
         self.missing = missing
+        self.field = field
         supported_s = ", ".join(self.supported) or "none"
-        msg = f"level {requested!r} not supported (supported: {supported_s})"
+        if field == "level":
+            msg = f"level {requested!r} not supported (supported: {supported_s})"
+        else:
+            msg = f"{field} cannot be enforced at level {requested!r} here"
         if missing:
             msg += f"; missing: {missing}"
         if detail:
@@ -139,7 +148,7 @@ class LevelNotSupportedError(CorralError):
 
     def _facts(self) -> Mapping[str, Any]:
         return {"requested": self.requested, "supported": list(self.supported),
-                "missing": self.missing, "detail": self.detail}
+                "field": self.field, "missing": self.missing, "detail": self.detail}
 
 
 @final

@@ -59,8 +59,16 @@ class FakeProvider(SandboxProvider):
         capabilities: capability strings to advertise (no lifecycle methods exist).
         accept_limits: accept specs with limits (which nothing enforces: make the
             handler raise LimitsExceededError to simulate a hit). Default: refuse
-            them with ConfigInvalidError, as an honest provider that cannot enforce.
+            them with LevelNotSupportedError (``field="limits.<name>"``), as an
+            honest provider that cannot enforce them does.
+        networks: the network policy kinds it accepts (default all: nothing runs,
+            so nothing reaches a network); others are refused with
+            LevelNotSupportedError (``field="network"``).
         name: the provider's name.
+
+    It refuses what the contract's refusal table says with the same errors as a
+    real provider: a spec that is not a ``SandboxSpec``, an empty or NUL-holding
+    ``argv``, and a ``cwd`` outside the work dir raise ConfigInvalidError.
 
     ``sandboxes`` lists every sandbox made, for assertions.
     """
@@ -68,22 +76,32 @@ class FakeProvider(SandboxProvider):
     def __init__(self, handler: FakeHandler | None = None, *,
                  levels: Iterable[Level | str] = tuple(Level),
                  capabilities: Iterable[str] = (), accept_limits: bool = False,
+                 networks: Iterable[str] = ("none", "allowlist", "unrestricted"),
                  name: str = "fake") -> None:
         self.handler = handler or _ok
         self.levels = frozenset(Level(lv) for lv in levels)
         self.capabilities = frozenset(capabilities) - {"snapshot", "restore", "pause"}
         self.accept_limits = accept_limits
+        self.networks = frozenset(networks)
         self.name = name
         self.sandboxes: list[FakeSandbox] = []
 
     async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
+        if not isinstance(spec, SandboxSpec):
+            raise ConfigInvalidError("spec", f"must be a SandboxSpec, not {type(spec).__name__}")
+        levels = [lv.value for lv in self.levels]
         if spec.level not in self.levels:
-            raise LevelNotSupportedError(spec.level.value, [lv.value for lv in self.levels],
+            raise LevelNotSupportedError(spec.level.value, levels,
                                          f"FakeProvider {self.name!r} was configured without it")
         if not self.accept_limits:
             for field in spec.limits.asked():
-                raise ConfigInvalidError(f"limits.{field}", "FakeProvider enforces no limits "
-                                         "(pass accept_limits=True to accept them anyway)")
+                raise LevelNotSupportedError(
+                    spec.level.value, levels, "pass accept_limits=True to accept them anyway",
+                    field=f"limits.{field}", missing="any limit (FakeProvider enforces none)")
+        if spec.network.kind not in self.networks:
+            raise LevelNotSupportedError(
+                spec.level.value, levels, f"FakeProvider {self.name!r} was configured without it",
+                field="network", missing=f"network policy {spec.network.kind!r}")
         if cancel is not None and cancel.cancelled:
             raise CreateCancelledError(f"create cancelled: {cancel.reason}")
         sb = FakeSandbox(spec, self.handler)
@@ -119,9 +137,16 @@ class FakeSandbox(Sandbox):
             raise ConfigInvalidError("path", f"is a directory: {path!r}")
         return key
 
-    async def _answer(self, argv: Sequence[str], opts: ExecOpts) -> ExecResult:
+    def _check(self, argv: Sequence[str], cwd: str | None) -> None:
         if isinstance(argv, str | bytes) or not argv or not all(isinstance(a, str) for a in argv):
             raise ConfigInvalidError("argv", "must be a non-empty sequence of strings")
+        if not argv[0] or any("\0" in a for a in argv):
+            raise ConfigInvalidError("argv", f"not a usable command line: {list(argv)!r}")
+        if cwd is not None and cwd not in ("", ".", FAKE_WORK_DIR, FAKE_WORK_DIR + "/"):
+            split_relative(cwd, root_alias=FAKE_WORK_DIR)
+
+    async def _answer(self, argv: Sequence[str], opts: ExecOpts) -> ExecResult:
+        self._check(argv, opts.cwd)
         self.calls.append((tuple(argv), opts))
         result = self._handler(argv, opts)
         if inspect.isawaitable(result):
@@ -150,7 +175,9 @@ class FakeSandbox(Sandbox):
                             opts: ProcessOpts | None = None) -> ProcessHandle:
         """A fake process: the handler answers once stdin is closed (``stdin=False``: at once)."""
         self._alive("start_process")
-        p = _FakeProcess(self, list(argv), opts or ProcessOpts())
+        opts = opts or ProcessOpts()
+        self._check(argv, opts.cwd)
+        p = _FakeProcess(self, list(argv), opts)
         self._procs.append(p)
         return p
 

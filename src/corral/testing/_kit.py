@@ -1,37 +1,73 @@
-"""The conformance kit driver: ``check_provider`` runs every check and reports all failures.
+"""What every conformance check gets: the options of a run of the kit (:class:`KitOptions`),
+the :class:`Kit` (the provider, spec builder and helpers) and the small assertion helpers.
 
-Each check is an async function taking a :class:`Kit` (in :mod:`._checks` and
-:mod:`._checks_life`). A check fails by raising ``AssertionError`` (or any
-other exception, which is reported with its type); the driver runs them one
-after another, never stops at the first failure, and raises one
-``AssertionError`` that names every failed check.
+A check is an async function taking a :class:`Kit` (in :mod:`._checks`,
+:mod:`._checks_refusals` and :mod:`._checks_life`); it fails by raising
+``AssertionError``. :mod:`._driver` lists and runs them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from corral.core.contract import Sandbox, SandboxProvider
+from corral.core.errors import ConfigInvalidError
 from corral.core.spec import ExecOpts, ExecResult, Level, NetworkPolicy, SandboxLimits, SandboxSpec
 
-__all__ = ["CHECKS", "Kit", "check_provider", "check_provider_sync", "expect", "within"]
+__all__ = ["Kit", "KitOptions", "drain", "expect", "expect_config_invalid", "read_until",
+           "within"]
 
 T = TypeVar("T")
 
-#: The checks, in the order they run. ``only`` / ``skip`` take these names.
-CHECKS: tuple[str, ...] = (
-    "exec", "files", "path-escape", "isolation", "streaming", "kill", "timeout",
-    "destroy", "level", "limits", "cancel", "lifecycle",
-)
-#: Checks that need exec/start_process to run real commands (skipped by ``processes=False``).
-PROCESS_CHECKS: frozenset[str] = frozenset({"exec", "streaming", "kill", "timeout"})
+_LIMIT_FIELDS = frozenset({"mem_mb", "cpu_ms", "disk_mb", "max_processes"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KitOptions:
+    """How the conformance kit runs against one provider (one frozen value).
+
+    Attributes:
+        level: the level the kit's sandboxes ask for; default the highest in
+            ``provider.levels``. (Every level *not* in ``provider.levels`` is
+            asked for too, and must be refused.)
+        python: the interpreter path as seen inside the sandbox; commands are
+            ``[python, "-I", "-S", "-c", code]`` (no shell is needed).
+        network: the network policy of the kit's specs (default ``none``); a
+            provider that cannot enforce ``none`` passes the policy it accepts.
+            (The ``network`` check asks for every policy whatever this is.)
+        image: passed through as ``SandboxSpec.image``.
+        supports_limits: limit fields (``mem_mb``, ``cpu_ms``, ``disk_mb``,
+            ``max_processes``) the provider claims to enforce: for these,
+            refusing at create is a failure. Others may be enforced or refused.
+        leak_check: awaited whenever every sandbox the kit made is destroyed
+            (after the destroy and cancel checks and after the last check run);
+            it raises ``AssertionError`` if provider resources remain.
+        processes: ``False`` leaves out everything that runs commands (for test
+            doubles such as :class:`~corral.testing.FakeProvider`).
+    """
+
+    level: Level | None = None
+    python: str = sys.executable
+    network: NetworkPolicy = field(default_factory=NetworkPolicy.none)
+    image: str | None = None
+    supports_limits: Collection[str] = frozenset()
+    leak_check: Callable[[], Awaitable[None]] | None = None
+    processes: bool = True
+
+    def __post_init__(self) -> None:
+        if self.level is not None:
+            object.__setattr__(self, "level", Level(self.level))
+        limits = frozenset(self.supports_limits)
+        if isinstance(self.supports_limits, str) or not limits <= _LIMIT_FIELDS:
+            raise ValueError(f"supports_limits: {sorted(limits - _LIMIT_FIELDS)} are not limit "
+                             f"fields (known: {', '.join(sorted(_LIMIT_FIELDS))})")
+        object.__setattr__(self, "supports_limits", limits)
 
 
 def expect(cond: object, message: str) -> None:
@@ -52,34 +88,47 @@ async def within(aw: Awaitable[T], seconds: float, what: str) -> T:
         raise
 
 
+async def expect_config_invalid(what: str, aw: Awaitable[object], problems: list[str]) -> None:
+    """Expect ``aw`` to raise ConfigInvalidError; note a problem otherwise."""
+    try:
+        await within(aw, 10.0, what)
+    except ConfigInvalidError:
+        return
+    except AssertionError as e:
+        problems.append(str(e))
+    except Exception as e:
+        problems.append(f"{what}: expected ConfigInvalidError, got {type(e).__name__}: {e}")
+    else:
+        problems.append(f"{what}: was allowed (expected ConfigInvalidError)")
+
+
 class Kit:
     """What a check gets: the provider, how to build specs, and helpers."""
 
-    def __init__(self, provider: SandboxProvider, *, level: Level, python: str,
-                 network: NetworkPolicy, image: str | None, supports_limits: frozenset[str],
-                 leak_check: Callable[[], Awaitable[None]] | None, processes: bool,
+    def __init__(self, provider: SandboxProvider, options: KitOptions, *, level: Level,
                  host_dir: str) -> None:
         self.provider = provider
+        self.options = options
         self.level = level
-        self.python = python
-        self.network = network
-        self.image = image
-        self.supports_limits = supports_limits
-        self.leak_check = leak_check
-        self.processes = processes
+        self.python = options.python
+        self.network = options.network
+        self.image = options.image
+        self.supports_limits = frozenset(options.supports_limits)
+        self.leak_check = options.leak_check
+        self.processes = options.processes
         #: a directory on the host, outside every sandbox: escape targets point here
         self.host_dir = host_dir
         self.tenant_id = f"kit-{uuid.uuid4().hex[:12]}"
         self._n = 0
         self.check_name = ""
 
-    def spec(self, *, level: Level | None = None,
-             limits: SandboxLimits | None = None) -> SandboxSpec:
+    def spec(self, *, level: Level | None = None, limits: SandboxLimits | None = None,
+             network: NetworkPolicy | None = None) -> SandboxSpec:
         """A spec with a unique run id, at the kit's level, network and image."""
         self._n += 1
         return SandboxSpec(
             tenant_id=self.tenant_id, run_id=f"{self.check_name or 'kit'}-{self._n}",
-            image=self.image, network=self.network, level=level or self.level,
+            image=self.image, network=network or self.network, level=level or self.level,
             limits=limits or SandboxLimits(),
         )
 
@@ -137,93 +186,3 @@ async def read_until(it: AsyncIterator[bytes], marker: bytes, seconds: float,
 
     await within(go(), seconds, f"{what} (waiting for {marker!r}, got {bytes(acc)!r})")
     return bytes(acc)
-
-
-def _highest(levels: Collection[Level]) -> Level:
-    if not levels:
-        raise AssertionError("provider.levels is empty: a provider supports at least one level")
-    return max(levels, key=lambda lv: Level(lv).rank)
-
-
-def _select(only: Collection[str] | None, skip: Collection[str]) -> list[str]:
-    for name in [*(only or ()), *skip]:
-        if name not in CHECKS:
-            raise ValueError(f"unknown check {name!r} (known: {', '.join(CHECKS)})")
-    return [c for c in CHECKS if (only is None or c in only) and c not in skip]
-
-
-async def check_provider(
-    provider: SandboxProvider,
-    *,
-    level: Level | str | None = None,
-    python: str = sys.executable,
-    network: NetworkPolicy | None = None,
-    image: str | None = None,
-    supports_limits: Collection[str] = (),
-    leak_check: Callable[[], Awaitable[None]] | None = None,
-    processes: bool = True,
-    only: Collection[str] | None = None,
-    skip: Collection[str] = (),
-) -> None:
-    """Run the conformance checks against ``provider``; raise if any fails.
-
-    Args:
-        provider: the provider under test.
-        level: the level the kit's sandboxes ask for; default the highest in
-            ``provider.levels``. (Every level *not* in ``provider.levels`` is
-            asked for too, and must be refused.)
-        python: the interpreter path as seen inside the sandbox; commands are
-            ``[python, "-I", "-S", "-c", code]`` (no shell is needed).
-        network: the network policy of the kit's specs (default ``none``); a
-            provider that cannot enforce ``none`` passes the policy it accepts.
-        image: passed through as ``SandboxSpec.image``.
-        supports_limits: limit fields (``mem_mb``, ``cpu_ms``, ``disk_mb``,
-            ``max_processes``) the provider claims to enforce: for these,
-            refusing at create is a failure. Others may be enforced or refused.
-        leak_check: awaited whenever every sandbox the kit made is destroyed
-            (after the destroy and cancel checks and at the end); it raises
-            ``AssertionError`` if provider resources remain.
-        processes: ``False`` skips everything that runs commands (for test
-            doubles such as :class:`~corral.testing.FakeProvider`).
-        only, skip: names from :data:`CHECKS` to run or leave out.
-
-    Raises:
-        AssertionError: one or more checks failed; the message lists each as
-            ``[check-name] what went wrong``.
-    """
-    lv = Level(level) if level is not None else _highest(provider.levels)
-    names = _select(only, skip)
-    if not processes:
-        names = [n for n in names if n not in PROCESS_CHECKS]
-    from corral.testing._checks import CHECK_FUNCS  # the checks import this module
-
-    host_dir = tempfile.mkdtemp(prefix="corral-kit-host-")
-    kit = Kit(provider, level=lv, python=python, network=network or NetworkPolicy.none(),
-              image=image, supports_limits=frozenset(supports_limits),
-              leak_check=leak_check, processes=processes, host_dir=host_dir)
-    failures: list[str] = []
-    try:
-        for name in names:
-            kit.check_name = name
-            try:
-                await within(CHECK_FUNCS[name](kit), 120.0, f"check {name!r}")
-            except AssertionError as e:
-                failures.append(f"[{name}] {e}")
-            except Exception as e:  # a provider bug is a failure of this check, not of the kit
-                failures.append(f"[{name}] unexpected {type(e).__qualname__}: {e}")
-        kit.check_name = "end"
-        try:
-            await kit.check_leaks("the last check")
-        except AssertionError as e:
-            failures.append(f"[leaks] {e}")
-    finally:
-        shutil.rmtree(host_dir, ignore_errors=True)
-    if failures:
-        head = (f"provider {getattr(provider, 'name', type(provider).__name__)!r} failed "
-                f"{len(failures)} conformance check(s) (level {lv.value!r}):")
-        raise AssertionError("\n".join([head, *(f"  {f}" for f in failures)]))
-
-
-def check_provider_sync(provider: SandboxProvider, **kwargs: Any) -> None:
-    """:func:`check_provider` for sync code: runs it in a fresh event loop."""
-    asyncio.run(check_provider(provider, **kwargs))

@@ -25,6 +25,8 @@ def _check_argv(argv: Sequence[str]) -> list[str]:
     for i, a in enumerate(out):
         if not isinstance(a, str) or "\0" in a:
             raise ConfigInvalidError(f"argv[{i}]", "must be a string without NUL")
+    if not out[0]:
+        raise ConfigInvalidError("argv[0]", "must name a command, not be empty")
     return out
 
 

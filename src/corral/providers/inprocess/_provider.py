@@ -161,7 +161,8 @@ class InProcessProvider(SandboxProvider):
     NOT a security boundary: code runs with the caller's user, network and
     host filesystem. It enforces no limits and no network policy, so a spec
     that sets a limit, or asks for a network policy other than
-    ``unrestricted``, is refused with :class:`ConfigInvalidError`.
+    ``unrestricted``, is refused with :class:`LevelNotSupportedError` whose
+    ``field`` names it (``limits.mem_mb``, ``network``).
 
     Modes: None, ``in-context`` and ``json-stdio``. ``json-stdio`` may name
     ``spec.image``: a local directory of the handler's files, copied into the
@@ -187,19 +188,23 @@ class InProcessProvider(SandboxProvider):
         self.max_image_bytes = max_image_bytes
 
     def _validate(self, spec: SandboxSpec) -> str | None:
+        if not isinstance(spec, SandboxSpec):
+            raise ConfigInvalidError("spec", f"must be a SandboxSpec, not {type(spec).__name__}")
         if spec.level != Level.NONE:
             raise LevelNotSupportedError(
                 spec.level.value, [Level.NONE.value],
                 "the inprocess provider runs code as the caller; use 'subproc' or 'linux'")
         for field, value in spec.limits.asked().items():
-            raise ConfigInvalidError(
-                f"limits.{field}",
-                f"provider 'inprocess' (level none) cannot enforce limits (asked {value}); "
-                "unset it or use a provider that enforces it")
+            raise LevelNotSupportedError(
+                spec.level.value, [Level.NONE.value],
+                "unset it or use a provider that enforces it", field=f"limits.{field}",
+                missing=f"any limit at all (provider 'inprocess' runs commands as plain "
+                f"children of the caller; asked {field}={value})")
         if spec.network.kind != "unrestricted":
-            raise ConfigInvalidError(
-                "network", f"provider 'inprocess' (level none) cannot enforce network "
-                f"{spec.network.kind!r}; pass NetworkPolicy.unrestricted()")
+            raise LevelNotSupportedError(
+                spec.level.value, [Level.NONE.value], "pass NetworkPolicy.unrestricted()",
+                field="network", missing=f"network policy {spec.network.kind!r} (provider "
+                "'inprocess' runs commands in the caller's network)")
         if spec.mode is InvocationMode.IN_CONTEXT and spec.image is not None:
             raise ConfigInvalidError(
                 "image", "provider 'inprocess' takes an image (a directory of the handler's "

@@ -168,7 +168,7 @@ class SubprocProvider(SandboxProvider):
     N processes gets N budgets) nor any network policy, so a spec setting
     ``limits.mem_mb`` / ``cpu_ms`` / ``disk_mb`` / ``max_processes``, or a
     network policy other than ``unrestricted``, is refused with
-    :class:`ConfigInvalidError` naming the field.
+    :class:`LevelNotSupportedError` whose ``field`` names it.
 
     Args:
         temp_dir: where sandbox directories are made (default: the system's).
@@ -220,20 +220,25 @@ class SubprocProvider(SandboxProvider):
         self.max_image_bytes = max_image_bytes
 
     def _validate(self, spec: SandboxSpec) -> str | None:
+        if not isinstance(spec, SandboxSpec):
+            raise ConfigInvalidError("spec", f"must be a SandboxSpec, not {type(spec).__name__}")
         if spec.level != Level.CONTEXT_ISOLATED:
             raise LevelNotSupportedError(
                 spec.level.value, [Level.CONTEXT_ISOLATED.value],
                 "the subproc provider gives process isolation only, not a security boundary"
                 if spec.level == Level.STRICT else "use the inprocess provider for level none")
         for field, value in spec.limits.asked().items():
-            raise ConfigInvalidError(
-                f"limits.{field}",
-                f"provider 'subproc' cannot enforce {field}={value} for a whole sandbox "
-                "(rlimits are per process); unset it or use the 'linux' provider")
+            raise LevelNotSupportedError(
+                spec.level.value, [Level.CONTEXT_ISOLATED.value],
+                "unset it or use the 'linux' provider", field=f"limits.{field}",
+                missing=f"a per-sandbox {field} limit (provider 'subproc' has rlimits only, "
+                f"and they are per process; asked {field}={value})")
         if spec.network.kind != "unrestricted":
-            raise ConfigInvalidError(
-                "network", f"provider 'subproc' cannot enforce network {spec.network.kind!r} "
-                "(commands share the host's network); pass NetworkPolicy.unrestricted()")
+            raise LevelNotSupportedError(
+                spec.level.value, [Level.CONTEXT_ISOLATED.value],
+                "pass NetworkPolicy.unrestricted()", field="network",
+                missing=f"network policy {spec.network.kind!r} (provider 'subproc' runs "
+                "commands in the host's network)")
         if spec.mode not in (None, InvocationMode.JSON_STDIO, InvocationMode.HANDLER_IMAGE):
             raise ConfigInvalidError(
                 "mode", "provider 'subproc' runs general-purpose sandboxes (mode None) and "

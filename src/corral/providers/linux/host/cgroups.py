@@ -94,24 +94,27 @@ class CgroupManager:
     def require(self, limits: SandboxLimits, *, pause: bool = False) -> None:
         """Refuse, naming every missing primitive, when ``limits`` cannot be enforced."""
         s = self.support
-        need: list[tuple[str, str]] = []
+        need: list[tuple[str, str, str]] = []  # (controller, what, the refused spec field)
         if limits.mem_mb is not None:
-            need += [("memory", "cgroup memory controller"),
+            need += [("memory", "cgroup memory controller", "limits.mem_mb"),
                      ("memsw", "cgroup memory+swap limit (memory.memsw.limit_in_bytes"
-                      if s.version == "v1" else "cgroup memory+swap limit (memory.swap.max")]
+                      if s.version == "v1" else "cgroup memory+swap limit (memory.swap.max",
+                      "limits.mem_mb")]
         if limits.max_processes is not None:
-            need.append(("pids", "cgroup pids controller"))
+            need.append(("pids", "cgroup pids controller", "limits.max_processes"))
         if limits.cpu_ms is not None:
-            need.append(("cpu", "cgroup cpu accounting"))
+            need.append(("cpu", "cgroup cpu accounting", "limits.cpu_ms"))
         if pause:
-            need.append(("freezer", "cgroup freezer"))
-        missing = []
-        for ctrl, what in need:
+            need.append(("freezer", "cgroup freezer", "pause"))
+        missing, fields = [], []
+        for ctrl, what, field in need:
             if ctrl not in s.available:
                 why = s.missing.get(ctrl, "not available")
                 missing.append(f"{what}{')' if '(' in what else ''} [{why}]")
+                fields += [] if field in fields else [field]
         if missing:
-            raise LevelNotSupportedError("strict", (), s.describe(), missing="; ".join(missing))
+            raise LevelNotSupportedError("strict", ("strict",), s.describe(),
+                                         missing="; ".join(missing), field=", ".join(fields))
 
     def create(self, name: str, limits: SandboxLimits, *,
                owner_pid: int | None = None) -> SandboxCgroup:
@@ -244,8 +247,9 @@ class SandboxCgroup:
     def _write(self, key: str, name: str, value: str) -> None:
         path = self._file(key, name)
         if path is None or not os.path.exists(path):
-            raise LevelNotSupportedError("strict", (), f"sandbox cgroup {self.path}",
-                                         missing=f"cgroup file {name} ({key})")
+            field = {"memory": "limits.mem_mb", "pids": "limits.max_processes"}[key]
+            raise LevelNotSupportedError("strict", ("strict",), f"sandbox cgroup {self.path}",
+                                         missing=f"cgroup file {name} ({key})", field=field)
         write_text(path, value)
 
     def add_pid(self, pid: int) -> None:

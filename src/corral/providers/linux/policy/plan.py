@@ -218,14 +218,14 @@ def _check_level_and_network(spec: SandboxSpec) -> None:
     if spec.network.kind != "none":
         raise LevelNotSupportedError(
             str(spec.level), ("strict",),
-            "only network 'none' (loopback only) is implemented",
+            "only network 'none' (loopback only) is implemented", field="network",
             missing=f"network policy {spec.network.kind!r}")
     if spec.image is not None and spec.mode not in _IMAGE_MODES:
-        raise LevelNotSupportedError(
-            str(spec.level), ("strict",),
-            "the linux provider runs an image only as a handler's root filesystem (mode "
-            "'json-stdio' or 'handler-image'); general-purpose sandboxes use the host's own "
-            "binaries read-only", missing=f"container image {spec.image!r}")
+        raise ConfigInvalidError(
+            "image", "the linux provider runs an image only as a handler's root filesystem "
+            f"(mode 'json-stdio' or 'handler-image'), not with mode "
+            f"{getattr(spec.mode, 'value', None)!r}; general-purpose sandboxes use the "
+            "host's own binaries read-only")
 
 
 def check_spec(spec: SandboxSpec) -> None:
