@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from corral.core.spec import ResumeInfo
@@ -74,6 +75,7 @@ frames: st.SearchStrategy[WireFrame] = st.one_of(
 
 @SETTINGS
 @given(frames)
+@pytest.mark.slow
 def test_encode_parse_round_trip(frame: WireFrame) -> None:
     wire = encode_frame(frame)
     assert wire.endswith(b"\n")
@@ -126,6 +128,7 @@ def oracle(data: bytes, cap: int) -> list[ParseResult]:
 
 @SETTINGS
 @given(streams())
+@pytest.mark.slow
 def test_chunking_does_not_change_results(stream: tuple[bytes, list[bytes], int]) -> None:
     data, chunks, cap = stream
     whole = feed_all([data], cap)

@@ -198,6 +198,7 @@ def test_known_codes_rebuild_their_class_with_facts(proc_via: Via) -> None:
     assert (ei.value.limit, ei.value.limit_value, ei.value.observed) == ("memory", 64, 70)
 
 
+@pytest.mark.slow
 def test_a_handler_that_never_exits_times_out_and_is_killed(proc_via: Via, tmp_path: object
                                                             ) -> None:
     import os

@@ -23,6 +23,7 @@ from imagebuild import Member, deep_layer, header_bomb, oci_layout, oci_layout_b
 from corral.core.errors import ConfigInvalidError
 from corral.core.spec import InvocationMode, SandboxSpec
 from corral.images.cache import ImageCache
+from strict_tier import needs_strict
 
 # Unpacks in a separate host process, which reports what it raised and its own peak
 # RSS (VmHWM) before and after; RLIMIT_AS 4 GiB and the caller's timeout keep code
@@ -79,6 +80,7 @@ def _assert_left_nothing(root: Path, marker: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["pax", "longname"])
+@pytest.mark.slow
 def test_a_header_bomb_is_refused_by_the_capped_child(tmp_path: Path, kind: str) -> None:
     # ~600 KiB of gzip whose first header announces a 600 MiB record of zeros: the
     # host's tarfile read it whole (1.8 GiB RSS); with default caps the child hits
@@ -92,6 +94,7 @@ def test_a_header_bomb_is_refused_by_the_capped_child(tmp_path: Path, kind: str)
     _assert_left_nothing(tmp_path / "cache", str(tmp_path))
 
 
+@pytest.mark.slow
 def test_a_deep_tree_hits_the_cpu_cap(tmp_path: Path) -> None:
     # 20 000 files 200 directories down: every member walks the chain again (old
     # code spent ~4.5 s of host CPU on this 280 KiB layer)
@@ -112,6 +115,7 @@ def _fifo_image(tmp_path: Path) -> tuple[str, Path]:
     return img, layer
 
 
+@pytest.mark.slow
 def test_a_layer_that_never_ends_hits_the_wall_clock_cap(tmp_path: Path) -> None:
     img, _ = _fifo_image(tmp_path)  # old code: the host blocks in open() forever
     out = _unpack_in_host(img, str(tmp_path / "cache"), timeout=60, max_wall_s=2)
@@ -206,7 +210,8 @@ def test_ordinary_images_still_unpack_and_a_hit_needs_no_child(
     assert cache.unpack(img) == u and Path(u.rootfs, "a").read_bytes() == b"A"
 
 
-@pytest.mark.skipif(bool(LINUX_WHY), reason=LINUX_WHY or "-")
+@needs_strict(LINUX_WHY)
+@pytest.mark.slow
 def test_a_cancelled_create_leaves_no_child_and_no_temp_dir(tmp_path: Path) -> None:
     from corral.providers.linux import LinuxProvider
 

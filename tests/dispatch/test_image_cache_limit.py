@@ -21,6 +21,7 @@ from corral.images.cache import (
     UnpackedImage,
     mounted_digests,
 )
+from strict_tier import needs_strict
 
 
 def _image(root: Path, name: str) -> str:
@@ -100,7 +101,7 @@ def test_the_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
         ImageCache("/nonexistent", max_cache_bytes=0)
 
 
-@pytest.mark.skipif(bool(LINUX_WHY), reason=LINUX_WHY or "-")
+@needs_strict(LINUX_WHY)
 def test_an_image_a_live_sandbox_has_mounted_is_never_evicted() -> None:
     from corral.providers.linux import LinuxProvider
 

@@ -15,28 +15,12 @@ import pytest
 
 import corral
 from corral.core.spec import SandboxLimits, SandboxSpec
+from strict_tier import host_can_sandbox, needs_strict, unavailable
 
-
-def _host_can_sandbox() -> str:
-    """"" if this host has what LinuxProvider needs, else why not."""
-    if sys.platform != "linux":
-        return "not Linux"
-    from corral.providers.linux import _sys_unsafe as su
-    if su.machine_arch() not in ("x86_64", "aarch64"):
-        return f"no seccomp filter for {su.machine_arch()}"
-    pid = os.fork()
-    if pid == 0:
-        try:
-            su.unshare(su.CLONE_NEWUSER | su.CLONE_NEWNS | su.CLONE_NEWPID | su.CLONE_NEWNET)
-            os._exit(0)
-        except BaseException:
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    return "" if os.waitstatus_to_exitcode(status) == 0 else "cannot create namespaces"
-
-
-SKIP_REASON = _host_can_sandbox()
-needs_sandbox = pytest.mark.skipif(bool(SKIP_REASON), reason=SKIP_REASON or "ok")
+#: why the strict provider cannot run here ("" when it can); a test that needs it is
+#: skipped with this reason, or fails with it under CORRAL_REQUIRE_STRICT=1 (strict_tier.py)
+SKIP_REASON = host_can_sandbox()
+needs_sandbox = needs_strict(SKIP_REASON)
 
 
 def make_spec(**limits: int) -> SandboxSpec:
@@ -62,9 +46,10 @@ def run_with_provider(test: ProviderTest, **kwargs: Any) -> None:
 
 @pytest.fixture
 def linux() -> Callable[..., None]:
-    """``linux(test, **provider_kwargs)``: run an async test against a LinuxProvider."""
+    """``linux(test, **provider_kwargs)``: run an async test against a LinuxProvider
+    (skipped where it cannot run; failed instead under CORRAL_REQUIRE_STRICT=1)."""
     if SKIP_REASON:
-        pytest.skip(SKIP_REASON)
+        unavailable(SKIP_REASON)
     return run_with_provider
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from cgroup_view import sandbox_cgroup
 from corral.core.errors import LimitsExceededError
 from corral.core.spec import ExecOpts, ProcessOpts, SandboxLimits, SandboxSpec
 from corral.providers.linux.host.cpuwatch import CpuWatch
@@ -92,7 +93,8 @@ RESPAWNER = """
 
 async def cg_settled(sb: Any, timeout: float = 10.0) -> tuple[int, list[int]]:
     """Wait (bounded) until the sandbox's cgroup holds no process; its usage and pids."""
-    cg = sb._cg
+    cg = sandbox_cgroup(sb)
+    assert cg is not None, "the sandbox has no cgroup"
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while cg.pids() and loop.time() < end:
@@ -101,6 +103,7 @@ async def cg_settled(sb: Any, timeout: float = 10.0) -> tuple[int, list[int]]:
     return cg.usage().cpu_ms, cg.pids()
 
 
+@pytest.mark.slow
 def test_respawner_between_execs_is_killed_at_the_cap(linux: Any) -> None:
     async def test(p: Any) -> None:
         sb = await p.create(spec())
@@ -127,6 +130,7 @@ def test_respawner_between_execs_is_killed_at_the_cap(linux: Any) -> None:
     linux(test)
 
 
+@pytest.mark.slow
 def test_spinning_exec_gets_the_observed_figure(linux: Any) -> None:
     async def test(p: Any) -> None:
         sb = await p.create(spec())
@@ -146,6 +150,7 @@ def test_spinning_exec_gets_the_observed_figure(linux: Any) -> None:
     linux(test)
 
 
+@pytest.mark.slow
 def test_running_process_wait_reports_the_cap(linux: Any) -> None:
     async def test(p: Any) -> None:
         sb = await p.create(spec())
@@ -179,6 +184,7 @@ def test_sandbox_under_its_cap_keeps_working(linux: Any) -> None:
 
 # -- the watcher's schedule, without sandboxes ------------------------------------------------
 
+@pytest.mark.slow
 def test_watch_reads_less_often_far_from_the_cap() -> None:
     async def main() -> None:
         used = {"a": 0, "b": 0}

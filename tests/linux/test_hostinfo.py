@@ -16,6 +16,7 @@ import pytest
 from corral.providers.linux.host import hostinfo
 from corral.providers.linux.host.cgroups import detect
 from corral.providers.linux.host.hostinfo import Check, probe, providers_report
+from strict_tier import unavailable
 
 pytestmark = pytest.mark.linux
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -78,9 +79,9 @@ def test_unprivileged_view_agrees_with_util_linux(nobody_python: tuple[str, str]
 
 def test_failures_are_reported_with_the_reason() -> None:
     if importlib.util.find_spec("corral.providers.linux.policy.seccomp") is None:
-        pytest.skip("seccomp module not written yet")
+        unavailable("seccomp module not written yet")
     if not probe().seccomp.ok:
-        pytest.skip(f"seccomp not usable here: {probe().seccomp.detail}")
+        unavailable(f"seccomp not usable here: {probe().seccomp.detail}")
     # Inside corral's own seccomp filter unshare is denied: the probe must say so.
     d = run_probe_json(
         "from corral.providers.linux import _sys_unsafe as su\n"

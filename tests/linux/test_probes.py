@@ -29,6 +29,7 @@ import pytest
 
 from corral.core.errors import ConfigInvalidError, LimitsExceededError
 from corral.core.spec import ExecOpts, ExecResult, SandboxLimits, SandboxSpec
+from strict_tier import unavailable
 
 pytestmark = pytest.mark.linux
 
@@ -116,7 +117,7 @@ def need_provider() -> None:
     try:
         from corral.providers.linux import LinuxProvider  # noqa: F401
     except ImportError as e:
-        pytest.skip(f"control passed; LinuxProvider not importable: {e}")
+        unavailable(f"control passed; LinuxProvider not importable: {e}")
 
 
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="the control needs root on the host")
@@ -374,6 +375,7 @@ def test_cpu_limit() -> None:
     assert isinstance(out, LimitsExceededError), f"spun past cpu_ms=300: {out}"
 
 
+@pytest.mark.slow
 def test_process_limit() -> None:
     assert control_lines("limit_processes.py", {"n": 4, "sleep_s": 0.1})["processes"]["ok"]
     need_provider()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cgroup_view import manager, mine, sandbox_cgroup
 from corral.core.errors import ConfigInvalidError
 from corral.core.spec import ProcessOpts, SandboxLimits, SandboxSpec
 
@@ -20,7 +21,8 @@ def make_spec(**limits: int) -> SandboxSpec:
 
 
 def _cg_value(sb: Any, key: str, v1_name: str, v2_name: str) -> str:
-    cg = sb._cg
+    cg = sandbox_cgroup(sb)
+    assert cg is not None
     d = cg.dirs.get("unified") or cg.dirs[key]
     name = v2_name if cg.version == "v2" else v1_name
     with open(os.path.join(d, name)) as f:
@@ -46,10 +48,11 @@ def test_a_claimed_spare_gets_the_specs_limits_and_is_used_once(linux: Any) -> N
         sb = await p.create(make_spec(mem_mb=64, max_processes=9))
         assert sb.id == spare and sb.id != first.id
         assert spare not in _idle_spares(p)
-        if sb._cg is not None and "memory" in p._cgroups.support.available:
+        has_cg = sandbox_cgroup(sb) is not None
+        if has_cg and "memory" in manager().support.available:
             assert int(_cg_value(sb, "memory", "memory.limit_in_bytes", "memory.max")) \
                 == 64 << 20
-        if sb._cg is not None and "pids" in p._cgroups.support.available:
+        if has_cg and "pids" in manager().support.available:
             assert _cg_value(sb, "pids", "pids.max", "pids.max") == "9"
         r = await sb.exec(["sh", "-c", "echo ok"])
         assert r.stdout == b"ok\n"
@@ -117,21 +120,21 @@ def test_after_destroy_no_process_of_the_sandbox_runs(linux: Any, spares: int) -
     async def test(p: Any) -> None:
         for cmd in (["sleep", "30"], ["sh", "-c", "sleep 30 & sleep 30 & exec sleep 30"]):
             sb = await p.create(make_spec())
-            if sb._cg is None:
+            cg = sandbox_cgroup(sb)
+            if cg is None:
                 pytest.skip("no cgroup to list the sandbox's processes")
             proc = await sb.start_process(cmd, ProcessOpts(stdin=False))
             for _ in range(100):
-                if len(sb._cg.pids()) >= (2 if len(cmd) == 2 else 4):
+                if len(cg.pids()) >= (2 if len(cmd) == 2 else 4):
                     break
                 await asyncio.sleep(0.01)
-            pids = sb._cg.pids()
+            pids = cg.pids()
             assert len(pids) >= 2
             await sb.destroy()
             assert [pid for pid in pids if _runs_user_code(pid)] == []
             assert (await proc.wait()).exit_code != 0
         await p.aclose()
-        cgs = p._cgroups.list_cgroups()
-        assert [n for n in cgs if f"-{os.getpid()}-" in n] == []
+        assert list(mine()) == []
 
     linux(test, spares=spares)
 
@@ -142,19 +145,20 @@ def test_the_sandbox_cgroup_is_the_root_of_its_cgroup_namespace(linux: Any, spar
     async def test(p: Any) -> None:
         for _ in range(2):
             async with await p.create(make_spec()) as sb:
-                if sb._cg is None:
+                cg = sandbox_cgroup(sb)
+                if cg is None:
                     pytest.skip("no cgroups here")
                 r = await sb.exec(["cat", "/proc/self/cgroup"])
                 inside = {ln.split(":")[1]: ln.split(":", 2)[2]
                           for ln in r.stdout.decode().splitlines()}
-                (agent,) = sb._cg.pids()
+                (agent,) = cg.pids()
                 with open(f"/proc/{agent}/cgroup") as f:
                     outside = {ln.split(":")[1]: ln.split(":", 2)[2]
                                for ln in f.read().splitlines()}
-                for key in sb._cg.dirs:
+                for key in cg.dirs:
                     ctrl = {"unified": ""}.get(key, key)
                     ctrl = next(c for c in outside if ctrl in c.split(","))
                     assert inside[ctrl] == "/"
-                    assert outside[ctrl].endswith("/" + sb._cg.name)
+                    assert outside[ctrl].endswith("/" + cg.name)
 
     linux(test, spares=spares)

@@ -195,6 +195,7 @@ def test_memory_limit_handled_by_the_child_is_its_exit(py: Py) -> None:
     assert r.outcome is Outcome.EXIT and r.exit_code == 1 and "MemoryError" in r.stderr
 
 
+@pytest.mark.slow
 def test_cpu_limit(py: Py) -> None:
     r = run_bounded(*py("while True: pass"), timeout_ms=20_000, cpu_ms=500)
     assert r.outcome is Outcome.CPU_LIMIT

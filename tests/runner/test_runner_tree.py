@@ -38,6 +38,7 @@ def _daemon_code(token: str, then: str) -> str:
     ("sys.stdout.write('x' * 5000); sys.stdout.flush(); time.sleep(30)",
      Outcome.OVERFLOW_STDOUT),
 ])
+@pytest.mark.slow
 def test_double_forked_setsid_daemon_is_killed(
         py: Py, argv_token: str, wait_gone: Callable[[str], list[int]],
         then: str, outcome: Outcome) -> None:

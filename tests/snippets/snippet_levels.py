@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from strict_tier import needs_strict
+
 __all__ = ["LEVELS", "STRICT_SKIP"]
 
 
@@ -33,6 +35,4 @@ def _strict_reason() -> str:
 
 
 STRICT_SKIP = _strict_reason()
-LEVELS = [pytest.param("strict", marks=pytest.mark.skipif(bool(STRICT_SKIP), reason=STRICT_SKIP
-                                                          or "ok")),
-          "context-isolated"]
+LEVELS = [pytest.param("strict", marks=needs_strict(STRICT_SKIP)), "context-isolated"]

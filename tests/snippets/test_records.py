@@ -118,6 +118,7 @@ def test_arbitrary_bytes_only_raise_typed_errors(chunks: list[bytes], killed: bo
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(RECORD_JSON, max_size=6), st.booleans())
+@pytest.mark.slow
 def test_arbitrary_json_records_only_raise_typed_errors(records: list[Any],
                                                         killed: bool) -> None:
     lines = [json.dumps(r).encode() + b"\n" for r in records]
@@ -130,6 +131,7 @@ def test_arbitrary_json_records_only_raise_typed_errors(records: list[Any],
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(RECORD_JSON)
+@pytest.mark.slow
 def test_arbitrary_end_records_and_wire_objects_only_raise_typed_errors(value: Any) -> None:
     for attempt in (lambda: collect([GO, json.dumps({"end": value}).encode() + b"\n"]),
                     lambda: transcript_from_wire(value)):

@@ -10,13 +10,13 @@ import ast
 import asyncio
 from collections.abc import Callable
 
-import pytest
 from snippet_levels import STRICT_SKIP
 
 from corral.snippets.host.pool import SnippetPool
 from corral.snippets.host.runner import run_snippet
+from strict_tier import needs_strict
 
-pytestmark = pytest.mark.skipif(bool(STRICT_SKIP), reason=STRICT_SKIP or "ok")
+pytestmark = needs_strict(STRICT_SKIP)
 
 # The validator refuses this (os, fork): `_unsafe_skip_validation` stands in for an escape.
 LEAVE_SPINNER = """\

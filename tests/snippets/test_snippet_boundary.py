@@ -17,8 +17,9 @@ from snippet_levels import STRICT_SKIP
 from corral.snippets.host.pool import SnippetPool
 from corral.snippets.host.runner import run_snippet
 from corral.snippets.host.transcript import Transcript
+from strict_tier import needs_strict
 
-pytestmark = pytest.mark.skipif(bool(STRICT_SKIP), reason=STRICT_SKIP or "ok")
+pytestmark = needs_strict(STRICT_SKIP)
 
 REJECTED = sorted((Path(__file__).parent / "corpus" / "rejected").glob("*.py"))
 ABS_PATH = re.compile(r"""["'](/[^"'\s]+)["']""")

@@ -22,8 +22,9 @@ from corral.core.spec import Level
 from corral.snippets.host.runner import _DEFAULT, _run_in, run_snippet_sync, shutdown_snippet_pool
 from corral.snippets.host.transcript import Transcript
 from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS, validate_source
+from strict_tier import needs_strict
 
-pytestmark = pytest.mark.skipif(bool(STRICT_SKIP), reason=STRICT_SKIP or "ok")
+pytestmark = needs_strict(STRICT_SKIP)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -136,6 +136,7 @@ def test_never_raises_and_is_idempotent(text: str) -> None:
 @given(
     st.lists(st.tuples(JUNK, DELIM, st.one_of(home_paths(), JUNK), DELIM), min_size=1),
 )
+@pytest.mark.slow
 def test_home_paths_never_survive(parts: list[tuple[str, str, str, str]]) -> None:
     text = "".join(a + b + c + d for a, b, c, d in parts)
     out = sanitize_stack(text)

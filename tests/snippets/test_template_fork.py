@@ -18,8 +18,9 @@ from corral.core.errors import ConfigInvalidError
 from corral.core.spec import ExecOpts, ProcessOpts, SandboxLimits, SandboxSpec
 from corral.snippets.host.pool import SnippetPool
 from corral.snippets.host.runner import run_snippet
+from strict_tier import needs_strict
 
-pytestmark = pytest.mark.skipif(bool(STRICT_SKIP), reason=STRICT_SKIP or "ok")
+pytestmark = needs_strict(STRICT_SKIP)
 
 _PKG = os.path.dirname(os.path.abspath(str(corral.__file__)))
 _ROOT = os.path.dirname(_PKG)
