@@ -127,3 +127,34 @@ def test_cli_ro_bind_shows_a_host_dir_read_only(capsys: pytest.CaptureFixture[st
     finally:
         import shutil
         shutil.rmtree(d)
+
+
+def test_output_streams_before_the_command_ends() -> None:
+    """on_stdout sees the first chunk while the command still runs: it cancels the run,
+    which would otherwise only end at its timeout."""
+    token = CancelToken()
+    chunks: list[bytes] = []
+
+    def first(chunk: bytes) -> None:
+        chunks.append(chunk)
+        token.cancel("got the first chunk")
+
+    r = py("import sys, time; print('first', flush=True); time.sleep(60)",
+           timeout_ms=60_000, cancel=token, on_stdout=first)
+    assert r.outcome is Outcome.CANCELLED
+    assert b"".join(chunks) == b"first\n"
+    assert r.stdout == "first\n"
+
+
+def test_a_passed_provider_is_used_through_the_contract(linux: object) -> None:
+    from corral.providers.linux import LinuxProvider
+
+    async def main() -> None:
+        async with LinuxProvider(spares=0) as provider:
+            from corral.run.strict import run_strict_async
+            r = await run_strict_async(PY, ["-I", "-S", "-c", "print(6*7)"], timeout_ms=10_000,
+                                       provider=provider)
+            assert r.outcome is Outcome.EXIT and r.stdout == "42\n"
+
+    import asyncio
+    asyncio.run(main())

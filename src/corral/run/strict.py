@@ -1,10 +1,18 @@
-"""``run_strict``: one bounded run inside the strict Linux sandbox.
+"""``run_strict``: one bounded run inside a strict sandbox.
 
 The same shape as :func:`corral.run.bounded.run_bounded` (a :class:`RunResult`
 with one pinned outcome), but the command runs behind the strict level's
-boundary: fresh namespaces, a minimal read-only root, no network, a seccomp
-filter, every capability dropped, and cgroup limits on the whole tree. One
-sandbox is created for the run and destroyed when it ends, on every path.
+boundary (on linux: fresh namespaces, a minimal read-only root, no network, a
+seccomp filter, every capability dropped, and cgroup limits on the whole tree).
+One sandbox is created for the run and destroyed when it ends, on every path.
+
+It works through the provider contract only (:mod:`corral.core.contract`): any
+provider whose ``levels`` include ``strict`` serves it (a weaker one is refused
+with :class:`~corral.core.errors.LevelNotSupportedError` before anything runs).
+Output streams to ``on_stdout`` / ``on_stderr`` while the command runs when the
+sandbox offers the ``streaming-exec`` capability
+(:class:`~corral.core.contract.SupportsStreamingExec`; linux does); without it
+the callbacks see the output once the command has ended.
 
 Differences from ``run_bounded``: ``cwd`` is a path inside the sandbox
 (relative to its private ``/work``); the limits are the sandbox's (for the
@@ -19,17 +27,28 @@ import asyncio
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from corral.core.cancel import CancelToken
-from corral.core.errors import ConfigInvalidError, LimitsExceededError, SandboxTimeoutError
-from corral.core.spec import ExecOpts, ExecResult, ResourceUsage, SandboxLimits, SandboxSpec
-from corral.core.sync import run_sync
+from corral.core.cancel import CancelToken, call_on_cancel
+from corral.core.contract import SandboxProvider, SupportsStreamingExec
+from corral.core.errors import (
+    ConfigInvalidError,
+    LevelNotSupportedError,
+    LimitsExceededError,
+    SandboxTimeoutError,
+)
+from corral.core.spec import (
+    Capability,
+    ExecOpts,
+    ExecResult,
+    Level,
+    ResourceUsage,
+    SandboxLimits,
+    SandboxSpec,
+)
+from corral.core.sync import sync_twin
 from corral.run.bounded import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES
 from corral.run.result import Outcome, OutputBuffer, OutputCallback, RunResult, signal_name
-
-if TYPE_CHECKING:
-    from corral.providers.linux import LinuxProvider
 
 __all__ = ["run_strict", "run_strict_async"]
 
@@ -53,7 +72,7 @@ async def run_strict_async(
     cancel: CancelToken | None = None,
     on_stdout: OutputCallback | None = None,
     on_stderr: OutputCallback | None = None,
-    provider: LinuxProvider | None = None,
+    provider: SandboxProvider | None = None,
     ro_binds: Sequence[str] = (),
     tenant_id: str = "corral-run",
 ) -> RunResult:
@@ -71,14 +90,15 @@ async def run_strict_async(
         limits: the sandbox's limits (``None`` fields take the provider's defaults).
         cancel: a token; cancelling kills the run (outcome ``cancelled``).
         on_stdout / on_stderr: called with each chunk (up to the cap) as it arrives.
-        provider: a LinuxProvider to reuse (its fork server stays warm);
-            default: a private one, closed when the run ends.
+        provider: a provider whose ``levels`` include ``strict``, reused (a linux
+            one keeps its fork server warm) and not closed; default: a private
+            linux provider, closed when the run ends.
         ro_binds: more host paths the private provider shows read-only (another
             interpreter's prefix, a toolchain); with ``provider``, set them there.
 
     Raises:
-        LevelNotSupportedError: this host cannot give the strict level (or a
-            limit asked for): nothing ran.
+        LevelNotSupportedError: ``provider`` does not offer the strict level, or
+            this host cannot give it (or a limit asked for): nothing ran.
         ConfigInvalidError: bad arguments.
     """
     if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms <= 0:
@@ -96,21 +116,31 @@ async def run_strict_async(
         # one run: a pre-warmed spare would be built only to be thrown away
         provider = LinuxProvider(stdout_cap=max_stdout_bytes, stderr_cap=max_stderr_bytes,
                                  spares=0, ro_binds=tuple(ro_binds))
-    elif ro_binds:
-        raise ConfigInvalidError("ro_binds", "give them to the provider you pass in")
+    else:
+        if ro_binds:
+            raise ConfigInvalidError("ro_binds", "give them to the provider you pass in")
+        if Level.STRICT not in provider.levels:
+            raise LevelNotSupportedError(
+                Level.STRICT.value, frozenset(lv.value for lv in provider.levels),
+                f"run_strict needs a strict provider; {provider.name!r} is not one")
     started = time.monotonic()
     bufs = (OutputBuffer(max_stdout_bytes, on_stdout, True),
             OutputBuffer(max_stderr_bytes, on_stderr, True))
     loop = asyncio.get_running_loop()
     overflow: list[Outcome] = []
     try:
-        spec = SandboxSpec(tenant_id=tenant_id, run_id=uuid.uuid4().hex,
+        spec = SandboxSpec(tenant_id=tenant_id, run_id=uuid.uuid4().hex, level=Level.STRICT,
                            limits=limits or SandboxLimits())
         sandbox = await provider.create(spec, cancel=cancel)
         try:
-            task = asyncio.ensure_future(sandbox.exec(
-                [command, *args], ExecOpts(timeout_ms=timeout_ms, env=env, cwd=cwd, stdin=data),
-                on_output=lambda fd, chunk: _take(fd, chunk)))
+            argv = [command, *args]
+            opts = ExecOpts(timeout_ms=timeout_ms, env=env, cwd=cwd, stdin=data)
+            if (Capability.STREAMING_EXEC.value in provider.capabilities
+                    and isinstance(sandbox, SupportsStreamingExec)):
+                task = asyncio.ensure_future(sandbox.exec_streaming(
+                    argv, opts, on_output=lambda fd, chunk: _take(fd, chunk)))
+            else:  # the output comes with the result (see _result)
+                task = asyncio.ensure_future(sandbox.exec(argv, opts))
 
             def _take(fd: int, chunk: bytes) -> None:
                 if bufs[fd - 1].feed(chunk) and not overflow:
@@ -118,8 +148,7 @@ async def run_strict_async(
                                     else Outcome.OVERFLOW_STDERR)
                     task.cancel()
 
-            remove = (cancel.add_callback(lambda: loop.call_soon_threadsafe(task.cancel))
-                      if cancel is not None else (lambda: None))
+            remove = call_on_cancel(cancel, loop, task.cancel)
             try:
                 result: ExecResult | BaseException
                 try:
@@ -175,10 +204,6 @@ def _result(res: ExecResult | BaseException, bufs: tuple[OutputBuffer, OutputBuf
     return RunResult(outcome=Outcome.CANCELLED, **common())
 
 
-def run_strict(command: str, args: Sequence[str] = (), **kwargs: Any) -> RunResult:
-    """Sync twin of :func:`run_strict_async` (same keyword arguments).
-
-    Runs its own event loop, or a helper thread when called from inside a
-    running loop. Cancel with a :class:`CancelToken` from any thread.
-    """
-    return run_sync(run_strict_async(command, args, **kwargs), name="corral-run-strict")
+#: the synchronous twin (same parameters): its own short-lived event loop, or a helper
+#: thread when called where a loop is running. Cancel with the ``cancel`` token.
+run_strict = sync_twin(run_strict_async, name="run_strict")
