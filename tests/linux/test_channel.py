@@ -245,3 +245,49 @@ def test_well_formed_traffic_still_flows(alarm: None) -> None:
         h, _p, _f = await asyncio.wait_for(req, 10)
         assert h["ok"] is True and events == [{"ev": "exit", "pid": 3}]
     _with_channel(test, on_event=events.append)
+
+
+def test_a_late_reply_to_a_cancelled_request_is_dropped_quietly(alarm: None) -> None:
+    """A caller that gives up (cancelled) leaves its request's id behind: the agent's
+    late reply to it, payload and all, is discarded, not a violation that kills the
+    sandbox; a reply to an id never sent still is one."""
+    async def test(chan: Channel, far: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        far.setblocking(False)
+        req = asyncio.ensure_future(chan.request({"op": "read"}, max_reply=5))
+        rid = json.loads(await loop.sock_recv(far, 4096))["id"]
+        req.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await req
+        await loop.sock_sendall(far, b'{"id":%d,"ok":true,"len":5}\nhello' % rid)
+        nxt = asyncio.ensure_future(chan.request({"op": "ping"}))
+        rid2 = json.loads(await loop.sock_recv(far, 4096))["id"]
+        await loop.sock_sendall(far, b'{"id":%d,"ok":true}\n' % rid2)
+        h, _p, _f = await asyncio.wait_for(nxt, 10)
+        assert h["ok"] is True and not chan.is_closed and not chan.violation
+        # the cancelled id is spent: a second reply to it is a violation
+        await loop.sock_sendall(far, b'{"id":%d,"ok":true}\n' % rid)
+        await asyncio.wait_for(chan.closed, 10)
+        assert "reply to no request" in chan.violation
+    _with_channel(test)
+
+
+def test_only_the_last_cancelled_ids_are_remembered(alarm: None) -> None:
+    """The set of cancelled ids is bounded (CANCELLED_IDS): a reply to an older one is
+    a violation again."""
+    from corral.providers.linux.host.channel import CANCELLED_IDS
+
+    async def test(chan: Channel, far: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        far.setblocking(False)
+        for _ in range(CANCELLED_IDS + 1):
+            req = asyncio.ensure_future(chan.request({"op": "ping"}))
+            await asyncio.sleep(0)
+            req.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await req
+        await loop.sock_sendall(far, b'{"id":%d,"ok":true}\n' % (CANCELLED_IDS + 1))
+        await loop.sock_sendall(far, b'{"id":1,"ok":true}\n')
+        await asyncio.wait_for(chan.closed, 10)
+        assert "reply to no request (id '1')" in chan.violation
+    _with_channel(test)

@@ -58,7 +58,8 @@ from corral.core.spec import (
     SandboxSpec,
 )
 from corral.snippets.host.limiter import FifoLimiter
-from corral.snippets.sandbox.worker import BadRecord, Collector
+from corral.snippets.sandbox.worker import RECORDS_FILE, BadRecord, Collector
+from corral.wire import records as _records
 from corral.wire.protocol import (
     ErrorFrame,
     FrameDecoder,
@@ -460,6 +461,7 @@ class SnippetPool:
     async def _start_template(self, sandbox: Sandbox) -> ProcessHandle:
         """A template slot's process: ``python -I -S`` of the worker file."""
         await sandbox.write_file(WORKER_FILE, _worker_source())
+        await sandbox.write_file(RECORDS_FILE, Path(_records.__file__).read_text(encoding="utf-8"))
         argv = [sys.executable, "-I", "-S", WORKER_FILE, "--preload", self._preload]
         return await sandbox.start_process(argv, ProcessOpts(stdin=True, env={}))
 

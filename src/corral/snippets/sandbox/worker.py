@@ -43,7 +43,23 @@ from importlib.abc import Loader, MetaPathFinder
 from importlib.machinery import ModuleSpec
 from typing import Any, NoReturn
 
-__all__ = ["BadRecord", "Collector", "main", "run_child", "serve", "serve_once"]
+try:  # forked from the zygote, or on the host: corral is importable
+    from corral.wire import records as _records
+except ImportError:  # run as a file (``-I -S``): the codec beside it (the pool wrote it
+    # there), else in corral's source tree; executed, not imported: no __pycache__ written
+    _records = types.ModuleType("_corral_wire_records")
+    _here = os.path.dirname(os.path.abspath(__file__))
+    _path = os.path.join(_here, "_corral_wire_records.py")
+    if not os.path.exists(_path):
+        _path = os.path.join(os.path.dirname(os.path.dirname(_here)), "wire", "records.py")
+    with open(_path, encoding="utf-8") as _fh:
+        exec(compile(_fh.read(), _path, "exec"), _records.__dict__)
+
+__all__ = ["RECORDS_FILE", "BadRecord", "Collector", "main", "run_child", "serve", "serve_once"]
+
+#: the record codec's file name beside a template's worker file (``corral.wire.records``)
+RECORDS_FILE = "_corral_wire_records.py"
+BadRecord = _records.BadRecord
 
 PKG = "__payload__"
 CAPS = {"log_lines": 1000, "log_bytes": 65536, "line_chars": 4096, "facts_bytes": 65536,
@@ -70,9 +86,8 @@ class _Out:
     def __init__(self, fd: int, caps: dict[str, int]) -> None:
         self.fd, self.caps, self.lines, self.bytes, self.dropped = fd, caps, 0, 0, False
 
-    def send(self, record: dict[str, Any]) -> None:
-        text = json.dumps(record, ensure_ascii=False, default=repr) + "\n"
-        data = text.encode("utf-8", "replace")
+    def send(self, record: _records.Record) -> None:
+        data = _records.encode(record)
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
         try:
             view = memoryview(data)
@@ -88,7 +103,7 @@ class _Out:
             self.dropped = True
             return
         self.lines, self.bytes = self.lines + 1, self.bytes + size
-        self.send({"log": [stream, text], "cut": cut})
+        self.send(_records.Log(stream, text, cut))
 
 
 class _Stream:
@@ -530,34 +545,8 @@ def _child(files: dict[str, str], options: dict[str, Any], fd: int, *,
         cap = vm + int(options["mem_mb"]) * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     out = _Out(fd, {**CAPS, **options.get("caps", {})})
-    out.send({"go": True})  # the worker is set up: from here on, what happens is the run's
-    out.send({"end": run_child(files, options, out)})
-
-
-class BadRecord(ValueError):
-    """A record no honest worker writes (the run's process is hostile or broken)."""
-
-
-#: Keys of the end record, with the types an honest worker gives them.
-_END_TYPES: dict[str, tuple[type, ...]] = {
-    "facts": (dict,), "result": (str, type(None)), "errors": (list,),
-    "duration_ms": (int, float), "timed_out": (bool,), "truncated": (list,)}
-_LOG_STREAMS = ("stdout", "stderr", "log")
-#: Nesting of a record: {"end": {"facts": {name: <caps["depth"] containers>}}} and margin.
-_MAX_RECORD_DEPTH = 16
-
-
-def _depth_ok(value: Any, limit: int) -> bool:
-    """Whether ``value`` (decoded JSON) nests at most ``limit`` containers deep (iterative)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth > limit:
-                return False
-            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict)
-                                                   else item))
-    return True
+    out.send(_records.Go())  # the worker is set up: from here on, what happens is the run's
+    out.send(_records.End(run_child(files, options, out)))
 
 
 class Collector:
@@ -577,70 +566,33 @@ class Collector:
         self.logs: list[dict[str, str]] = []
         self.end: dict[str, Any] | None = None
         self.reply: dict[str, Any] | None = None  # a --once child's pong or refusal
-        self.started = False
-        self._buf = bytearray()
-        self._total = 0
-        # logs (JSON-escaped text can be 6x its UTF-8 size), the end record, and margin
-        self.limit: int = (self.caps["log_bytes"] * 6 + self.caps["log_lines"] * 64
-                           + self.caps["facts_bytes"] * 4 + 1_048_576)
+        self._decoder = _records.Decoder(log_lines=self.caps["log_lines"],
+                                         log_bytes=self.caps["log_bytes"],
+                                         facts_bytes=self.caps["facts_bytes"])
+        #: more bytes than any honest run writes (``wire.records.size_limit``)
+        self.limit: int = self._decoder.limit
+
+    @property
+    def started(self) -> bool:
+        """Whether the run's ``go`` record came."""
+        return bool(self._decoder.started)
 
     def feed(self, chunk: bytes) -> None:
         """Take some output. Raises BadRecord at the first malformed record, or when the
         output grows past what any honest run writes."""
-        self._total += len(chunk)
-        if self._total > self.limit:
-            raise BadRecord(f"the run wrote more than {self.limit} bytes of records")
-        self._buf += chunk
-        while (nl := self._buf.find(b"\n")) >= 0:
-            line = bytes(self._buf[:nl])
-            del self._buf[: nl + 1]
-            self._take(line)
-
-    def _take(self, line: bytes) -> None:
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError, MemoryError):  # not JSON, not UTF-8, too deep
-            raise BadRecord("a record is not a JSON line") from None
-        if type(rec) is not dict or not _depth_ok(rec, _MAX_RECORD_DEPTH):
-            raise BadRecord("a record is not a JSON object of a few levels")
-        if self.end is not None or self.reply is not None:
-            raise BadRecord("a record after the last one")
-        keys = set(rec)
-        if keys == {"go"} and rec["go"] is True and not self.started:
-            self.started = True
-        elif keys == {"log", "cut"} and self.started:
-            self._take_log(rec)
-        elif keys == {"end"} and self.started:
-            self.end = self._checked_end(rec["end"])
-        elif keys == {"pong", "pid"} and not self.started and rec["pong"] is True \
-                and type(rec["pid"]) is int:
-            self.reply = {"pong": True, "pid": rec["pid"]}
-        elif keys == {"refused"} and not self.started and type(rec["refused"]) is str:
-            self.reply = {"refused": rec["refused"][:500]}
-        else:
-            raise BadRecord(f"an unexpected record (keys {sorted(keys)[:3]!r})")
-
-    def _take_log(self, rec: dict[str, Any]) -> None:
-        entry, cut = rec.get("log"), rec.get("cut")
-        if not (type(entry) is list and len(entry) == 2 and entry[0] in _LOG_STREAMS
-                and type(entry[1]) is str and type(cut) is bool):
-            raise BadRecord("a malformed log record")
-        if len(self.logs) >= self.caps["log_lines"]:
-            raise BadRecord("more log records than the cap")
-        self.logs.append({"stream": entry[0], "text": entry[1]})
-
-    @staticmethod
-    def _checked_end(end: Any) -> dict[str, Any]:
-        if type(end) is not dict or not set(end) <= set(_END_TYPES):
-            raise BadRecord("a malformed end record")
-        for key, value in end.items():
-            if type(value) not in _END_TYPES[key]:
-                raise BadRecord(f"a malformed end record ({key})")
-        return end
+        for rec in self._decoder.feed(chunk):
+            if isinstance(rec, _records.Log):
+                self.logs.append({"stream": rec.stream, "text": rec.text})
+            elif isinstance(rec, _records.End):
+                self.end = rec.fields
+            elif isinstance(rec, _records.Pong):
+                self.reply = {"pong": True, "pid": rec.pid}
+            elif isinstance(rec, _records.Refused):
+                self.reply = {"refused": rec.text}
 
     def finish(self, code: int, killed: bool, elapsed_ms: float) -> dict[str, Any]:
         """The run's output, given how its process ended (exit code, negative: signal)."""
-        if self._buf and self.end is None and not killed:
+        if self._decoder.cut_off() and self.end is None and not killed:
             raise BadRecord("the run's last record is cut off")
         end = self.end
         if end is None:
@@ -676,7 +628,7 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
     os.close(w)
     deadline = t0 + (options["timeout_ms"] + options["grace_ms"]) / 1000
     killed = False
-    bad: BadRecord | None = None
+    bad: ValueError | None = None
     poller = select.poll()
     poller.register(r, select.POLLIN)
     while True:
@@ -762,21 +714,21 @@ def serve_once() -> NoReturn:
         size += len(chunk)
         if size > _MAX_JOB_BYTES:
             break
-    reply: dict[str, Any] | None = None
+    reply: _records.Pong | _records.Refused | None = None
     try:
         job = _job_of(b"".join(chunks))
         if job.get("op") == "ping":
-            reply = {"pong": True, "pid": os.getpid()}
+            reply = _records.Pong(os.getpid())
         elif job.get("op") != "run":
             raise ValueError(f"unknown op {job.get('op')!r}")
         files = {str(p): str(s) for p, s in job["files"]} if reply is None else {}
         options = dict(job["options"]) if reply is None else {}
     except (ValueError, KeyError, TypeError) as exc:
-        reply = {"refused": str(exc)[:500]}
+        reply = _records.Refused(str(exc)[:500])
     code = 0
     try:
         if reply is not None:
-            os.write(1, json.dumps(reply).encode() + b"\n")
+            os.write(1, _records.encode(reply))
         else:
             fd = os.dup(1)  # the record pipe; 0/1/2 go to /dev/null
             _child(files, options, fd, new_session=False)  # a session leader already

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import array
 import asyncio
-import json
+import collections
 import os
 import signal
 import socket
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, final
 
@@ -41,18 +41,17 @@ from corral.core.errors import ProviderError
 from corral.providers.linux import fdpass as _fdpass
 from corral.providers.linux.host.process import settle
 from corral.providers.linux.init.zygote import boot_argv
+from corral.wire import agent as _wire, fork as _fork
+from corral.wire.agent import MAX_FRAME, MAX_HEADER
 
 __all__ = ["MAX_FRAME", "MAX_HEADER", "REQUEST_TIMEOUT_S", "Channel", "Frame", "Zygote"]
 
 Frame = tuple[dict[str, Any], bytes, list[int]]
-#: longest header line accepted (a spawn request's env and argv go the other way)
-MAX_HEADER: Final = 64 * 1024
-#: payload allowed in a frame no request asked a payload for (events, hello, plain replies)
-MAX_FRAME: Final = 0
 #: a request's default deadline: the far end answers control requests in milliseconds
 REQUEST_TIMEOUT_S: Final = 30.0
-#: descriptors received but not yet claimed by a frame, at most
-_MAX_QUEUED_FDS: Final = 16
+#: ids of requests given up by their callers (cancelled) whose late replies are dropped
+#: quietly, the most recent this many
+CANCELLED_IDS: Final = 64
 
 
 @dataclass(slots=True)
@@ -78,16 +77,17 @@ class Channel:
         self._sock = sock
         sock.setblocking(False)
         self._loop = asyncio.get_running_loop()
-        self._buf = bytearray()
+        self._decoder = _wire.Decoder.host(self._allowance, accept_fds=accept_fds)
         self._fds: list[int] = []
-        #: the frame being received: (header, payload length, descriptors), header parsed
-        self._frame: tuple[dict[str, Any], int, int] | None = None
         self._pending: dict[int, _Pending] = {}
+        #: requests whose callers gave up (cancelled): a late reply to one is no violation
+        #: (their allowances: a late read reply still carries its payload)
+        self._cancelled: collections.OrderedDict[int, tuple[int, int]] = \
+            collections.OrderedDict()
         self._next = 1
         self._on_event = on_event
         self._on_orphan_fds = on_orphan_fds or _close_all
         self.on_violation = on_violation
-        self._accept_fds = accept_fds
         #: why the channel closed, if the far end broke the protocol ("" otherwise)
         self.violation = ""
         self.hello: asyncio.Future[dict[str, Any]] = self._loop.create_future()
@@ -110,62 +110,30 @@ class Channel:
             return
         except OSError:
             data, fds, truncated = b"", [], False
-        if fds:
-            self._fds.extend(fds)
-            if not self._accept_fds:
-                self._violate(f"sent {len(fds)} descriptor(s); it may send none")
-                return
-            if truncated or len(self._fds) > _MAX_QUEUED_FDS:
-                self._violate("sent more descriptors than its frames claim")
-                return
-        if not data:
-            self.close()
-            return
-        self._buf += data
+        self._fds.extend(fds)
         try:
-            self._parse()
-        except _Violation as e:
-            self._violate(str(e))
+            self._decoder.feed(data, len(fds), truncated)
+            if not data:
+                self.close()
+                return
+            while not self.closed.done() and (frame := self._decoder.next_frame()) is not None:
+                fds, self._fds = self._fds[:frame.nfds], self._fds[frame.nfds:]
+                self._dispatch(frame.header, frame.payload, fds)
+        except _wire.Violation as e:
+            self._violate(e.reason)
         except Exception as e:  # a handler choked on a well-formed frame: same thing
             self._violate(f"{type(e).__name__}: {e}")
 
-    def _parse(self) -> None:
-        while not self.closed.done():
-            if self._frame is None:
-                nl = self._buf.find(b"\n", 0, MAX_HEADER + 1)
-                if nl < 0:
-                    if len(self._buf) > MAX_HEADER:
-                        raise _Violation(f"a header line longer than {MAX_HEADER} bytes")
-                    return
-                header = _header(bytes(self._buf[:nl]))
-                del self._buf[: nl + 1]
-                n, k = self._sizes(header)
-                self._frame = (header, n, k)
-            header, n, k = self._frame
-            if len(self._buf) < n:
-                return
-            payload = bytes(self._buf[:n])
-            del self._buf[:n]
-            if k > len(self._fds):
-                raise _Violation(f"a frame claims {k} descriptors, {len(self._fds)} came")
-            fds, self._fds = self._fds[:k], self._fds[k:]
-            self._frame = None
-            self._dispatch(header, payload, fds)
-
-    def _sizes(self, header: dict[str, Any]) -> tuple[int, int]:
-        """(payload length, descriptor count) of a frame, checked against what the
-        request it answers allows."""
-        n, k = header.get("len", 0), header.get("nfds", 0)
-        if type(n) is not int or type(k) is not int or n < 0 or k < 0:
-            raise _Violation(f"bad len/nfds: {str(n)[:40]!r}/{str(k)[:40]!r}")
+    def _allowance(self, header: Mapping[str, Any]) -> tuple[int, int]:
+        """(payload bytes, descriptors) a frame may carry: what the request it answers
+        allows, nothing for any other frame."""
         rid = header.get("id")
-        pending = self._pending.get(rid) if type(rid) is int else None
-        max_n, max_k = (pending.max_reply, pending.max_fds) if pending else (MAX_FRAME, 0)
-        if n > max_n:
-            raise _Violation(f"a frame of {n} bytes where at most {max_n} may come")
-        if k > max_k:
-            raise _Violation(f"a frame with {k} descriptors where at most {max_k} may come")
-        return n, k
+        if type(rid) is not int:
+            return MAX_FRAME, 0
+        pending = self._pending.get(rid)
+        if pending is not None:
+            return pending.max_reply, pending.max_fds
+        return self._cancelled.get(rid, (MAX_FRAME, 0))
 
     def _dispatch(self, header: dict[str, Any], payload: bytes, fds: list[int]) -> None:
         rid = header.get("id")
@@ -173,7 +141,10 @@ class Channel:
             pending = self._pending.pop(rid, None) if type(rid) is int else None
             if pending is None:
                 self._on_orphan_fds(fds)
-                raise _Violation(f"a reply to no request (id {str(rid)[:40]!r})")
+                if type(rid) is int and rid in self._cancelled:
+                    del self._cancelled[rid]  # its caller gave up: dropped quietly
+                    return
+                raise _wire.Violation(f"a reply to no request (id {str(rid)[:40]!r})")
             if pending.fut.done():  # its caller gave up (cancelled)
                 self._on_orphan_fds(fds)
             else:
@@ -184,7 +155,7 @@ class Channel:
         elif not self.hello.done():
             self.hello.set_result(header)
         else:
-            raise _Violation("an unexpected frame (neither reply nor event)")
+            raise _wire.Violation("an unexpected frame (neither reply nor event)")
 
     # -- requests -----------------------------------------------------------------------
     async def request(self, header: dict[str, Any], payload: bytes = b"",
@@ -201,20 +172,23 @@ class Channel:
         rid = self._next
         self._next += 1
         h = dict(header, id=rid)
-        if payload:
-            h["len"] = len(payload)
         fut: asyncio.Future[Frame] = self._loop.create_future()
         self._pending[rid] = _Pending(fut, max_reply, max_fds, str(header.get("op", "?")))
         try:
             async with asyncio.timeout(timeout):
-                await self._send(json.dumps(h, separators=(",", ":")).encode() + b"\n"
-                                 + payload, fds)
+                await self._send(_wire.encode(h, payload), fds)
                 return await fut
         except TimeoutError:
             if self.is_closed:
                 raise self._gone() from None
             self._violate(f"no answer to {h.get('op', 'a request')!r} within {timeout} s")
             raise self._gone() from None
+        except asyncio.CancelledError:
+            if not self.is_closed:  # a late reply to it is dropped, not a violation
+                self._cancelled[rid] = (max_reply, max_fds)
+                while len(self._cancelled) > CANCELLED_IDS:
+                    self._cancelled.popitem(last=False)
+            raise
         finally:
             self._pending.pop(rid, None)
 
@@ -276,29 +250,14 @@ class Channel:
             if not p.fut.done():
                 p.fut.set_exception(err)
         self._pending.clear()
-        self._buf = bytearray()
-        self._frame = None
+        self._cancelled.clear()
+        self._decoder.reset()
         if not self.hello.done():
             self.hello.set_result({"error": str(err) if self.violation
                                    else f"{self.what} exited during setup"})
         self._on_orphan_fds(self._fds)
         self._fds = []
         self.closed.set_result(None)
-
-
-class _Violation(Exception):
-    """The far end broke the frame protocol (internal to Channel)."""
-
-
-def _header(line: bytes) -> dict[str, Any]:
-    """One header line as a JSON object, or _Violation."""
-    try:
-        header = json.loads(line)
-    except (ValueError, RecursionError) as e:
-        raise _Violation(f"a header that is not JSON ({type(e).__name__})") from None
-    if not isinstance(header, dict):
-        raise _Violation("a header that is not a JSON object")
-    return header
 
 
 def _close_all(fds: list[int]) -> None:
@@ -324,7 +283,6 @@ class Zygote:
     """The fork server process and its channel."""
 
     def __init__(self, import_root: str, seccomp_prog: bytes) -> None:
-        import base64
         host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = subprocess.Popen(
@@ -338,8 +296,7 @@ class Zygote:
             child_end.close()
         self.channel = Channel(host_end, what="sandbox fork server", on_orphan_fds=kill_pidfd,
                                on_violation=lambda _why: self.proc.kill(), accept_fds=True)
-        self._init = (json.dumps({"op": "init", "seccomp": base64.b64encode(seccomp_prog)
-                                  .decode()}) + "\n").encode()
+        self._init = _fork.init_frame(seccomp_prog)
 
     async def start(self) -> None:
         await self.channel.send_oneway(self._init)
@@ -352,22 +309,20 @@ class Zygote:
                      agent_fd: int) -> tuple[int, int]:
         """Build a sandbox; returns (host pid of its agent, pidfd). Raises ProviderError."""
         h, _p, fds = await self.channel.request(
-            {"op": "create", "plan": plan, "cgroup_procs": cgroup_procs}, fds=[agent_fd],
-            max_fds=1)
-        pid = h.get("pid")
-        if not h.get("ok") or len(fds) != 1 or type(pid) is not int:
+            _fork.create_request(plan, cgroup_procs), fds=[agent_fd], max_fds=1)
+        try:
+            pid = _fork.decode_create_reply(h, len(fds))
+        except _fork.CreateFailed as e:
             kill_pidfd(fds)
-            raise ProviderError(f"sandbox launch failed: {str(h.get('error', 'no pidfd'))[:500]}")
+            raise ProviderError(f"sandbox launch failed: {e.reason}") from None
         return pid, fds[0]
 
     async def preload(self, modules: Sequence[str], entries: Sequence[str] = ()) -> list[str]:
         """Import ``modules`` into the fork server (shared by every later sandbox) and
         register the fork ``entries``; returns the names it could not load."""
         h, _p, _fds = await self.channel.request(
-            {"op": "preload", "modules": list(modules), "entries": list(entries)}, timeout=120)
-        missing = h.get("missing", ())
-        return ([str(m) for m in missing] if isinstance(missing, list)
-                else [*modules, *entries])
+            _fork.preload_request(modules, entries), timeout=120)
+        return _fork.decode_preload_reply(h, [*modules, *entries])
 
     def stop(self) -> None:
         """Close the socket (the zygote exits on EOF) and reap it."""

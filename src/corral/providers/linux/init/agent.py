@@ -52,7 +52,7 @@ from corral.core.errors import ConfigInvalidError
 from corral.providers.confined import read_file_under, split_relative, write_file_under
 from corral.providers.linux import _sys_unsafe as su, fdpass as _fdpass, snapshots
 from corral.providers.linux.init import contain
-from corral.wire import jsonline as _jsonline
+from corral.wire import agent as _frames
 
 __all__ = ["fork_entries", "main", "register_fork_entries", "seal_imports"]
 
@@ -116,39 +116,22 @@ class _Agent:
         self.sock = sock
         self.work = str(plan["work_dir"])
         self.cpu_s: int | None = plan.get("cpu_rlimit_s")
-        self.buf = bytearray()
+        self.decoder = _frames.Decoder.trusted()
         self.fds: list[int] = []
         self.children: set[int] = set()
         self.forked: set[int] = set()  # fork_call children: their group dies with them
 
     # -- I/O ------------------------------------------------------------------
     def send(self, header: Mapping[str, Any], payload: bytes = b"") -> None:
-        h = dict(header)
-        if payload:
-            h["len"] = len(payload)
-        self.sock.sendall(_jsonline.dumps(h) + b"\n" + payload)
+        self.sock.sendall(_frames.encode(header, payload))
 
     def _fill(self) -> bool:
         data, fds = _fdpass.recv(self.sock, max_fds=_MAX_FDS)
         for fd in fds:
             os.set_inheritable(fd, False)
         self.fds.extend(fds)
-        self.buf += data
+        self.decoder.feed(data)  # descriptors are taken per request (_take_stdio)
         return bool(data)
-
-    def frames(self) -> list[tuple[dict[str, Any], bytes]]:
-        out: list[tuple[dict[str, Any], bytes]] = []
-        while True:
-            nl = self.buf.find(b"\n")
-            if nl < 0:
-                return out
-            header = _jsonline.loads(bytes(self.buf[:nl]))
-            n = int(header.get("len", 0))
-            if len(self.buf) < nl + 1 + n:
-                return out
-            payload = bytes(self.buf[nl + 1: nl + 1 + n])
-            del self.buf[: nl + 1 + n]
-            out.append((header, payload))
 
     # -- requests ---------------------------------------------------------------
     def handle(self, h: dict[str, Any], payload: bytes) -> None:
@@ -311,7 +294,7 @@ class _Agent:
             sys.stderr = io.TextIOWrapper(
                 io.BufferedWriter(io.FileIO(2, "wb", closefd=False)), encoding="utf-8",
                 errors="backslashreplace", line_buffering=True)
-            self.buf = bytearray()
+            self.decoder.reset()
             func(argv[1:])
             code = 0
         except SystemExit as e:
@@ -374,9 +357,9 @@ class _Agent:
         its copy-on-write faults are taken now (off the caller's path for a spare). Not
         the command lookup nor statvfs: a sandbox that only forks (a snippet slot) never
         needs them, and each page they touch would be its own for its whole life."""
-        self.buf += b'{"op":"ping","id":0}\n'
-        for header, _payload in self.frames():
-            _jsonline.dumps({"id": header["id"], "pid": 0})
+        self.decoder.feed(b'{"op":"ping","id":0}\n')
+        for header, _payload, _nfds in self.decoder.frames():
+            _frames.encode({"id": header["id"], "pid": 0})
 
     def serve(self) -> None:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -400,7 +383,7 @@ class _Agent:
             if self.sock.fileno() in ready:
                 if not self._fill():
                     os._exit(0)  # host gone: the pid namespace dies with us
-                for header, payload in self.frames():
+                for header, payload, _nfds in self.decoder.frames():
                     self.handle(header, payload)
                 self.reap()
 
@@ -413,7 +396,7 @@ def main(sock_fd: int, plan: Mapping[str, Any], seccomp_prog: bytes | su.Seccomp
         contain.contain(plan, keep_fd=sock_fd, seccomp_prog=seccomp_prog)
     except BaseException as e:
         try:
-            sock.sendall(_jsonline.dumps({"error": f"sandbox setup failed: {e}"}) + b"\n")
+            sock.sendall(_frames.encode({"error": f"sandbox setup failed: {e}"}))
         finally:
             os._exit(71)
     try:

@@ -74,7 +74,6 @@ root, host paths.
 
 from __future__ import annotations
 
-import base64
 import gc
 import importlib
 import os
@@ -93,7 +92,7 @@ from corral.providers.linux.init import (
     pid1,
 )
 from corral.providers.linux.policy.plan import NAMESPACES
-from corral.wire import jsonline as _jsonline
+from corral.wire import agent as _frames, fork as _fork, jsonline as _jsonline
 
 __all__ = ["BOOT", "boot_argv", "serve"]
 
@@ -172,18 +171,19 @@ def _template(sock_fd: int, prog: su.Seccomp) -> None:
         if not data:
             os._exit(0)
         ctl = int.from_bytes(anc[0][2][:4], sys.byteorder) if anc else -1
-        uid, _, gid = data[1:].partition(b" ")
-        switch = root and (uid, gid) != (b"0", b"0")
+        switch = False
         try:
+            uid, gid = _fork.decode_clone(data)
+            switch = root and (uid, gid) != (0, 0)
             if switch:
-                os.setresgid(-1, int(gid), -1)
-                os.setresuid(-1, int(uid), -1)
+                os.setresgid(-1, gid, -1)
+                os.setresuid(-1, uid, -1)
             pid, pidfd = su.clone_pidfd(_CLONE_FLAGS)
         except (OSError, ValueError) as e:
             if switch:
                 os.setresuid(-1, 0, -1)
                 os.setresgid(-1, 0, -1)
-            sock.send(b"E%d" % (getattr(e, "errno", 0) or 0))
+            sock.send(_fork.clone_failed(getattr(e, "errno", 0) or 0))
             os.close(ctl)
             continue
         if pid == 0:
@@ -195,7 +195,7 @@ def _template(sock_fd: int, prog: su.Seccomp) -> None:
         if switch:  # inline: each page T writes after a clone stays in that sandbox
             os.setresuid(-1, 0, -1)
             os.setresgid(-1, 0, -1)
-        sock.sendmsg([b"%d" % pid], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+        sock.sendmsg([_fork.cloned(pid)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                       pidfd.to_bytes(4, sys.byteorder))])
         os.close(ctl)
         os.close(pidfd)
@@ -226,18 +226,19 @@ class _Template:
         """A new pid 1 holding ``ctl``, in a user namespace owned by ``uid``/``gid``:
         (pid, pidfd). OSError if T could not clone, _TemplateGone if T is gone."""
         try:
-            _fdpass.send(self.sock, b"G%d %d" % (uid, gid), [ctl])
+            _fdpass.send(self.sock, _fork.encode_clone(uid, gid), [ctl])
             data, fds = _fdpass.recv(self.sock, 64)
         except OSError as e:
             raise _TemplateGone(str(e)) from None
         if not data:
             raise _TemplateGone("EOF")
-        if data[:1] == b"E":
+        try:
+            pid = _fork.decode_cloned(data)
+        except OSError:
             for fd in fds:
                 os.close(fd)
-            errno = int(data[1:] or 0)
-            raise OSError(errno, f"clone: {os.strerror(errno)}")
-        return int(data), fds[0]
+            raise
+        return pid, fds[0]
 
     def close(self) -> None:
         self.sock.close()  # T exits at EOF; the zygote reaps it
@@ -332,7 +333,7 @@ def serve(fd: int) -> None:
     signal.signal(signal.SIGCHLD, _ignore)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.freeze()
-    buf = bytearray()
+    decoder = _frames.Decoder.trusted()
     fds: list[int] = []
     prog: su.Seccomp | None = None
     template: _Template | None = None
@@ -350,12 +351,10 @@ def serve(fd: int) -> None:
             uids.wait_idle(1.5)  # keep the uid block until its sandboxes are gone
             uids.close()
             os._exit(0)
-        buf += data
-        while (nl := buf.find(b"\n")) >= 0:
-            req = _jsonline.loads(bytes(buf[:nl]))
-            del buf[: nl + 1]
-            if "seccomp" in req:
-                prog = su.Seccomp(base64.b64decode(req["seccomp"]))
+        decoder.feed(data)
+        for req, _payload, _nfds in decoder.frames():
+            if (bpf := _fork.seccomp_of(req)) is not None:
+                prog = su.Seccomp(bpf)
                 if template is not None:
                     template.close()
                     template = None
@@ -365,8 +364,7 @@ def serve(fd: int) -> None:
                     template = None
                 missing, unseal = _preload(req.get("modules", ()), req.get("entries", ()),
                                            unseal)
-                sock.sendall(_jsonline.dumps({"id": req.get("id"), "ok": True,
-                                              "missing": missing}) + b"\n")
+                sock.sendall(_fork.preload_reply(req.get("id"), missing))
                 continue
             if req.get("op") != "create":
                 continue
@@ -388,12 +386,10 @@ def serve(fd: int) -> None:
                         except OSError as e:
                             reply = {"ok": False, "error": f"fork server: {e}"}
                             break
-                reply["id"] = req.get("id")
                 if pidfd >= 0:
-                    reply["nfds"] = 1
-                    _fdpass.send(sock, _jsonline.dumps(reply) + b"\n", [pidfd])
+                    _fdpass.send(sock, _fork.create_ok(req.get("id"), reply["pid"]), [pidfd])
                 else:
-                    sock.sendall(_jsonline.dumps(reply) + b"\n")
+                    sock.sendall(_fork.create_failed(req.get("id"), str(reply["error"])))
             finally:
                 for f in (agent_fd, pidfd):
                     if f >= 0:
