@@ -24,13 +24,16 @@ import os
 import struct
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from corral.core.spec import ExecOpts, SandboxLimits, SandboxSpec
 from corral.providers.linux import LinuxProvider, LinuxSandbox
 from corral.snippets.host.pool import WORKER_FILE, SnippetPool, _frame, _worker_source
 from corral.snippets.host.runner import _job, run_snippet
+from corral.snippets.sandbox.worker import RECORDS_FILE
 from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS
+from corral.wire import records
 from corral.wire.protocol import FrameOk, OutputFrame, parse_frame
 
 SNIPPET = "1+1"
@@ -145,6 +148,7 @@ async def cold(runs: int) -> list[float]:
     job = _job([("main.py", SNIPPET)], 5000, DEFAULT_ALLOWED_IMPORTS, 256, True)
     frame = _frame(job, "bench")
     source = _worker_source()
+    codec = Path(records.__file__).read_text(encoding="utf-8")  # the worker's record codec
     times = []
     try:
         for i in range(runs + 1):
@@ -153,6 +157,7 @@ async def cold(runs: int) -> list[float]:
                 tenant_id="bench", run_id=f"cold-{i}", limits=SandboxLimits(mem_mb=320)))
             try:
                 await sb.write_file(WORKER_FILE, source)
+                await sb.write_file(RECORDS_FILE, codec)
                 res = await sb.exec([sys.executable, "-I", "-S", WORKER_FILE],
                                     ExecOpts(stdin=frame, timeout_ms=10000))
             finally:

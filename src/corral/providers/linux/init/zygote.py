@@ -313,6 +313,17 @@ def _preload(modules: object, entries: object, unseal: Callable[[], None]
     return missing, unseal
 
 
+def _warm_codec() -> None:
+    """Run wire 1's codec here until the interpreter has specialised its code, so every
+    agent forked later shares those code pages instead of writing its own copy of them
+    (a function's first runs rewrite its bytecode in place)."""
+    decoder = _frames.Decoder.trusted()
+    for _ in range(64):
+        decoder.feed(b'{"op":"ping","id":0}\n{"op":"write","id":0,"len":1}\nx')
+        for header, _payload, _nfds in decoder.frames():
+            _frames.encode({"id": header["id"], "ok": True}, b"x")
+
+
 def serve(fd: int) -> None:
     """Serve create requests on the socket ``fd`` until it closes."""
     su.set_child_subreaper()
@@ -332,6 +343,7 @@ def serve(fd: int) -> None:
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, _ignore)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _warm_codec()
     gc.freeze()
     decoder = _frames.Decoder.trusted()
     fds: list[int] = []
