@@ -17,9 +17,9 @@ from corral.core.errors import (
     ProviderError,
     SandboxTimeoutError,
 )
+from corral.core.result import ExecResult
 from corral.core.spec import (
     ExecOpts,
-    ExecResult,
     Level,
     NetworkPolicy,
     ProcessOpts,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from corral.core.errors import ConfigInvalidError
-from corral.core.spec import ResumeInfo
+from corral.core.spec import ResumeInfo, SandboxInvocationContext as Ctx
 from corral.wire import protocol as p
 from corral.wire.protocol import (
     DEFAULT_MAX_LINE_BYTES,
@@ -25,7 +25,6 @@ from corral.wire.protocol import (
     InvokeFrame,
     OutputFrame,
     ParseResult,
-    ProtocolContext,
     ProtocolErrorKind,
     ResumeFrame,
     SandboxSuspensionRequest,
@@ -36,7 +35,7 @@ from corral.wire.protocol import (
     parse_frames,
 )
 
-CTX_MIN = ProtocolContext(run_id="r1", tenant_id="t1")
+CTX_MIN = Ctx(run_id="r1", tenant_id="t1")
 CTX_MIN_WIRE = b'{"runId":"r1","tenantId":"t1","dryRun":false,"state":{},"nodeOutputs":{}}'
 
 # (frame, the exact bytes encode_frame gives and parse_frame takes back)
@@ -48,7 +47,7 @@ TABLE: list[tuple[WireFrame, bytes]] = [
     (
         InvokeFrame(
             input={"text": "grüße, 世界 🎉", "n": [1, 2.5, -3]},
-            ctx=ProtocolContext(
+            ctx=Ctx(
                 run_id="run-7",
                 tenant_id="acme",
                 node_id="summarize",
@@ -64,7 +63,7 @@ TABLE: list[tuple[WireFrame, bytes]] = [
     (
         InvokeFrame(
             input="x",
-            ctx=ProtocolContext(
+            ctx=Ctx(
                 run_id="r1", tenant_id="t1", resume=ResumeInfo(token_id="tok-1", value={"ok": 1})
             ),
         ),
@@ -124,7 +123,7 @@ def test_seed_handler_lines_parse_unchanged() -> None:
     res = parse_frame(line)
     assert isinstance(res, FrameOk)
     assert res.frame == InvokeFrame(
-        input={"q": 1}, ctx=ProtocolContext(run_id="r", tenant_id="t", node_id="summarize")
+        input={"q": 1}, ctx=Ctx(run_id="r", tenant_id="t", node_id="summarize")
     )
     err = parse_frame(b'{"v":1,"kind":"error","error":{"code":"x","message":"m","details":{}}}')
     assert err == FrameOk(frame=ErrorFrame(error=ErrorBody(code="x", message="m", details={})))
@@ -135,13 +134,13 @@ def test_unknown_fields_are_ignored() -> None:
     assert parse_frame(line) == FrameOk(frame=SuspendFrame(token_id="t"))
     res = parse_frame(_ctx(future="true"))
     assert isinstance(res, FrameOk)
-    assert res.frame == InvokeFrame(input=1, ctx=ProtocolContext(run_id="r", tenant_id="t"))
+    assert res.frame == InvokeFrame(input=1, ctx=Ctx(run_id="r", tenant_id="t"))
 
 
 def test_null_node_id_and_resume_mean_absent() -> None:
     res = parse_frame(_ctx(nodeId="null", resume="null"))
     assert res == FrameOk(
-        frame=InvokeFrame(input=1, ctx=ProtocolContext(run_id="r", tenant_id="t"))
+        frame=InvokeFrame(input=1, ctx=Ctx(run_id="r", tenant_id="t"))
     )
 
 
@@ -298,21 +297,21 @@ NOT_DICT: Any = []
         (InvokeFrame(input=[Opaque()], ctx=CTX_MIN), "input"),
         (
             InvokeFrame(
-                input=1, ctx=ProtocolContext(run_id="r", tenant_id="t", state={"a": Opaque()})
+                input=1, ctx=Ctx(run_id="r", tenant_id="t", state={"a": Opaque()})
             ),
             "ctx.state",
         ),
         (
             InvokeFrame(
                 input=1,
-                ctx=ProtocolContext(run_id="r", tenant_id="t", node_outputs={"a": float("inf")}),
+                ctx=Ctx(run_id="r", tenant_id="t", node_outputs={"a": float("inf")}),
             ),
             "ctx.nodeOutputs",
         ),
         (
             InvokeFrame(
                 input=1,
-                ctx=ProtocolContext(
+                ctx=Ctx(
                     run_id="r", tenant_id="t", resume=ResumeInfo(token_id="k", value=Opaque())
                 ),
             ),
@@ -322,17 +321,17 @@ NOT_DICT: Any = []
             ErrorFrame(error=ErrorBody(code="c", message="m", details={"d": Opaque()})),
             "error.details",
         ),
-        (InvokeFrame(input=1, ctx=ProtocolContext(run_id="", tenant_id="t")), "ctx.runId"),
+        (InvokeFrame(input=1, ctx=Ctx(run_id="", tenant_id="t")), "ctx.runId"),
         (
-            InvokeFrame(input=1, ctx=ProtocolContext(run_id="r", tenant_id="t", node_id="")),
+            InvokeFrame(input=1, ctx=Ctx(run_id="r", tenant_id="t", node_id="")),
             "ctx.nodeId",
         ),
         (
-            InvokeFrame(input=1, ctx=ProtocolContext(run_id="r", tenant_id="t", dry_run=NOT_BOOL)),
+            InvokeFrame(input=1, ctx=Ctx(run_id="r", tenant_id="t", dry_run=NOT_BOOL)),
             "ctx.dryRun",
         ),
         (
-            InvokeFrame(input=1, ctx=ProtocolContext(run_id="r", tenant_id="t", state=NOT_DICT)),
+            InvokeFrame(input=1, ctx=Ctx(run_id="r", tenant_id="t", state=NOT_DICT)),
             "ctx.state",
         ),
         (InvokeFrame(input=1, ctx={"runId": "r"}), "ctx"),  # type: ignore[arg-type]

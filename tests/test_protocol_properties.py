@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from corral.core.spec import ResumeInfo
+from corral.core.spec import ResumeInfo, SandboxInvocationContext
 from corral.wire.protocol import (
     EXCERPT_BYTES,
     ErrorBody,
@@ -18,7 +18,6 @@ from corral.wire.protocol import (
     InvokeFrame,
     OutputFrame,
     ParseResult,
-    ProtocolContext,
     ProtocolErrorKind,
     ResumeFrame,
     SuspendFrame,
@@ -47,7 +46,7 @@ json_objects = st.dictionaries(st.text(max_size=8), json_values, max_size=4)
 tokens = st.text(min_size=1, max_size=16)
 
 contexts = st.builds(
-    ProtocolContext,
+    SandboxInvocationContext,
     run_id=tokens,
     tenant_id=tokens,
     node_id=st.none() | tokens,

@@ -9,8 +9,9 @@ import pytest
 import corral
 
 PUBLIC = [
-    # the value types
+    # the value types; how a run ended (ExecResult and ExitStatus are RunResult)
     "Capability", "ExecOpts", "ExecResult", "ExitStatus", "HandlerRef", "InvocationMode",
+    "Outcome", "RunResult",
     "Level", "NetworkPolicy", "ProcessOpts", "ResourceUsage", "ResumeInfo",
     "SandboxInvocationContext", "SandboxLimits", "SandboxSpec", "SnapshotHandle",
     # the closed error set
@@ -23,14 +24,15 @@ PUBLIC = [
     "ProcessHandle", "ProcessStdin", "Sandbox", "SandboxProvider", "pause", "restore", "resume",
     "snapshot", "CancelToken", "provider",
     # the front doors
-    "RunResult", "run_bounded", "run_bounded_async", "run_strict", "run_strict_async",
+    "run_bounded", "run_bounded_async", "run_strict", "run_strict_async",
     "Transcript", "run_snippet", "run_snippet_sync", "validate_source",
-    "OutputOutcome", "SuspendedOutcome", "invoke", "invoke_in", "invoke_sync",
+    "HandlerOutput", "HandlerSuspended", "invoke", "invoke_in", "invoke_sync",
 ]
 
 #: public modules; each declares __all__
 MODULES = [
-    "corral", "corral.core.errors", "corral.core.spec", "corral.wire.protocol",
+    "corral", "corral.core.errors", "corral.core.spec", "corral.core.result",
+    "corral.wire.protocol",
     "corral.core.contract", "corral.run.bounded", "corral.run.strict", "corral.dispatch",
     "corral.snippets",
     "corral.testing", "corral.providers", "corral.providers.inprocess",

@@ -17,8 +17,9 @@ import corral
 
 SRC = Path(corral.__file__).parent
 PURE = [
-    "corral.core.errors", "corral.core.spec", "corral.core.contract",
-    "corral.wire.protocol", "corral.wire.jsonline",
+    "corral.core.errors", "corral.core.spec", "corral.core.result", "corral.core.contract",
+    "corral.wire.protocol", "corral.wire.jsonline", "corral.wire.agent", "corral.wire.fork",
+    "corral.wire.records",
     "corral.snippets.validator", "corral.snippets.validator.policy",
     "corral.snippets.validator.rules",
     "corral.providers.linux.policy.plan", "corral.providers.linux.policy.seccomp",

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from corral.core.errors import LevelNotSupportedError
-from corral.core.spec import ExecOpts, ExecResult
+from corral.core.result import ExecResult
+from corral.core.spec import ExecOpts
 from corral.run.bounded import Outcome
 from corral.run.strict import run_strict
 from corral.testing import FakeProvider
@@ -33,6 +34,6 @@ def test_any_strict_provider_serves_it_without_streaming_exec() -> None:
     r = run_strict("/bin/echo", ["hi"], timeout_ms=1000, provider=provider,
                    on_stdout=seen.append)
     assert r.outcome is Outcome.EXIT and r.exit_code == 0
-    assert r.stdout == "hi\n"
+    assert r.stdout_text == "hi\n"
     assert seen == [b"hi\n"]  # no streaming-exec: the output comes with the result
     assert [sb.destroyed for sb in provider.sandboxes] == [True]

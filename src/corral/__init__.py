@@ -45,11 +45,10 @@ from corral.core.errors import (
     SnapshotNotSupportedError,
     UnhandledWorkerError,
 )
+from corral.core.result import ExecResult, ExitStatus, Outcome, RunResult
 from corral.core.spec import (
     Capability,
     ExecOpts,
-    ExecResult,
-    ExitStatus,
     HandlerRef,
     InvocationMode,
     Level,
@@ -65,14 +64,14 @@ from corral.core.spec import (
 
 if TYPE_CHECKING:
     from corral.dispatch import (
-        OutputOutcome,
-        SuspendedOutcome,
+        HandlerOutput,
+        HandlerSuspended,
         invoke,
         invoke_in,
         invoke_sync,
     )
     from corral.providers import provider
-    from corral.run.bounded import RunResult, run_bounded, run_bounded_async
+    from corral.run.bounded import run_bounded, run_bounded_async
     from corral.run.strict import run_strict, run_strict_async
     from corral.snippets import Transcript, run_snippet, run_snippet_sync, validate_source
 
@@ -80,10 +79,10 @@ __version__ = "0.1.0"
 
 #: the front doors, loaded on first use: module -> the names it gives
 _LAZY_MODULES: dict[str, tuple[str, ...]] = {
-    "corral.dispatch": ("OutputOutcome", "SuspendedOutcome", "invoke", "invoke_in",
+    "corral.dispatch": ("HandlerOutput", "HandlerSuspended", "invoke", "invoke_in",
                         "invoke_sync"),
     "corral.providers": ("provider",),
-    "corral.run.bounded": ("RunResult", "run_bounded", "run_bounded_async"),
+    "corral.run.bounded": ("run_bounded", "run_bounded_async"),
     "corral.run.strict": ("run_strict", "run_strict_async"),
     "corral.snippets": ("Transcript", "run_snippet", "run_snippet_sync", "validate_source"),
 }
@@ -99,7 +98,9 @@ __all__ = [
     "ExecOpts",
     "ExecResult",
     "ExitStatus",
+    "HandlerOutput",
     "HandlerRef",
+    "HandlerSuspended",
     "InvalidSnapshotHandleError",
     "InvocationMode",
     "Level",
@@ -107,7 +108,7 @@ __all__ = [
     "LimitsExceededError",
     "NetworkPolicy",
     "OrphanedError",
-    "OutputOutcome",
+    "Outcome",
     "PauseNotSupportedError",
     "ProcessHandle",
     "ProcessOpts",
@@ -126,7 +127,6 @@ __all__ = [
     "SandboxTimeoutError",
     "SnapshotHandle",
     "SnapshotNotSupportedError",
-    "SuspendedOutcome",
     "Transcript",
     "UnhandledWorkerError",
     "invoke",

@@ -32,7 +32,7 @@ from corral.core.spec import (
     SandboxInvocationContext,
     SandboxSpec,
 )
-from corral.dispatch import Outcome, invoke, invoke_in
+from corral.dispatch import HandlerReply, invoke, invoke_in
 from corral.handler import entrypoint_script
 from corral.providers.inprocess import InProcessProvider
 
@@ -94,14 +94,14 @@ class Via:
     def run(self, source: str, payload: Any = None, ctx: SandboxInvocationContext | None = None,
             *, attribute: str = "handler", entry: str | None = None,
             files: Mapping[str, str] | None = None, run_id: str = "run-1",
-            **kw: Any) -> Outcome:
+            **kw: Any) -> HandlerReply:
         ref = HandlerRef(artifact_id="a", version="1", module_path="h.py", attribute=attribute,
                          entrypoint_path=entry)
         all_files = {"h.py": source, **(files or {})}
         return asyncio.run(self._run(ref, payload, ctx, all_files, run_id, kw))
 
     async def _run(self, ref: HandlerRef, payload: Any, ctx: Any, files: dict[str, str],
-                   run_id: str, kw: dict[str, Any]) -> Outcome:
+                   run_id: str, kw: dict[str, Any]) -> HandlerReply:
         common: dict[str, Any] = {"tenant_id": "acme", "run_id": run_id, "node_id": "n1"}
         if self.name.startswith("linux"):
             return await self._linux(ref, payload, ctx, files, common, kw)
@@ -138,7 +138,7 @@ class Via:
             assert left == [], f"the sandbox left its files behind: {left}"
 
     async def _linux(self, ref: HandlerRef, payload: Any, ctx: Any, files: dict[str, str],
-                     common: dict[str, Any], kw: dict[str, Any]) -> Outcome:
+                     common: dict[str, Any], kw: dict[str, Any]) -> HandlerReply:
         from corral.providers.linux import LinuxProvider
         provider = LinuxProvider(image_cache_dir=shared_cache())
         mode = (InvocationMode.HANDLER_IMAGE if self.name.endswith("handler-image")

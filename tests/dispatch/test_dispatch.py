@@ -13,7 +13,7 @@ from corral.core.errors import (
     UnhandledWorkerError,
 )
 from corral.core.spec import ResumeInfo, SandboxInvocationContext
-from corral.dispatch import OutputOutcome, SuspendedOutcome
+from corral.dispatch import HandlerOutput, HandlerSuspended
 
 ECHO = '''
 def handler(payload, ctx):
@@ -55,7 +55,7 @@ def test_output_reaches_the_caller_with_ctx_unchanged(via: Via) -> None:
     ctx = SandboxInvocationContext(dry_run=True, state={"n": 1, "nested": {"ü": [1, None]}},
                                    node_outputs={"fetch": "ok"})
     out = via.run(ECHO, {"text": "grüße"}, ctx)
-    assert out == OutputOutcome(value={
+    assert out == HandlerOutput(value={
         "input": {"text": "grüße"}, "run": "run-1", "tenant": "acme", "node": "n1",
         "dry": True, "state": {"n": 1, "nested": {"ü": [1, None]}}, "outs": {"fetch": "ok"},
         "resume": None, "tokens": {}})
@@ -63,17 +63,17 @@ def test_output_reaches_the_caller_with_ctx_unchanged(via: Via) -> None:
 
 
 def test_async_handler(via: Via) -> None:
-    assert via.run(ASYNC, 21) == OutputOutcome(value=42)
+    assert via.run(ASYNC, 21) == HandlerOutput(value=42)
 
 
 def test_suspend_then_resume_across_two_sandboxes(via: Via) -> None:
     first = via.run(APPROVAL, {"doc": "d7"}, SandboxInvocationContext(state={"step": 1}))
-    assert first == SuspendedOutcome(token_id="approve-d7")
+    assert first == HandlerSuspended(token_id="approve-d7")
     assert first.kind == "suspended"
     # a fresh sandbox: the token value and the state travel only in the frames
     second = via.run(APPROVAL, {"doc": "d7"}, SandboxInvocationContext(state={"step": 1}),
                      resumed={first.token_id: {"by": "ana"}}, run_id="run-1")
-    assert second == OutputOutcome(value={"doc": "d7", "approved": {"by": "ana"},
+    assert second == HandlerOutput(value={"doc": "d7", "approved": {"by": "ana"},
                                           "state": {"step": 1}})
 
 

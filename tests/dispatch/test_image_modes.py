@@ -16,7 +16,7 @@ from imagebuild import Member, oci_layout
 from cgroup_view import mine
 from corral.core.errors import ConfigInvalidError
 from corral.core.spec import HandlerRef, InvocationMode, Level, NetworkPolicy, SandboxSpec
-from corral.dispatch import OutputOutcome, invoke
+from corral.dispatch import HandlerOutput, invoke
 from corral.providers.inprocess import InProcessProvider
 from corral.providers.linux.policy.plan import HostLayout, LinuxOptions, build_plan
 from corral.providers.subproc import SubprocProvider
@@ -65,7 +65,7 @@ def test_an_image_dir_is_copied_into_the_work_dir(name: str, tmp_path: Path) -> 
                 await sb.read_file("link")  # the file API still refuses to follow it
             assert stat.S_IMODE(os.stat(work / "suid").st_mode) == 0o755
             ref = HandlerRef(artifact_id="a", version="1", module_path="h.py")
-            assert await _invoke_in(sb, ref) == OutputOutcome(value="data")
+            assert await _invoke_in(sb, ref) == HandlerOutput(value="data")
         finally:
             await sb.destroy()
         assert os.listdir(temp) == []
@@ -169,7 +169,7 @@ def test_handler_image_runs_the_images_files_and_env_read_only() -> None:
         [Member("app/", "dir"), Member("app/h.py", data=APP)]],
         config={"Env": ["CORRAL_HANDLER=/app/h.py:handler", "GREETING=hi"]})
     ref = HandlerRef(artifact_id="a", version="1")  # the target comes from the image's Env
-    assert _run_linux(img, ref) == OutputOutcome(value=_WANT)
+    assert _run_linux(img, ref) == HandlerOutput(value=_WANT)
 
 
 @linux
@@ -183,7 +183,7 @@ def test_a_rootfs_directory_is_an_image_too() -> None:
         os.chmod(d, 0o755)
     ref = HandlerRef(artifact_id="a", version="1", module_path="/app/h.py")
     out = _run_linux(str(root), ref, files={"x": "1"})
-    assert out == OutputOutcome(value={**_WANT, "env": None})
+    assert out == HandlerOutput(value={**_WANT, "env": None})
     assert sorted(os.listdir(root / "app")) == ["h.py"]
 
 

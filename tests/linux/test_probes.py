@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 
 from corral.core.errors import ConfigInvalidError, LimitsExceededError
-from corral.core.spec import ExecOpts, ExecResult, SandboxLimits, SandboxSpec
+from corral.core.result import ExecResult
+from corral.core.spec import ExecOpts, SandboxLimits, SandboxSpec
 from strict_tier import unavailable
 
 pytestmark = pytest.mark.linux

@@ -32,21 +32,21 @@ def test_exit_code_output_and_boundary() -> None:
            " sys.stderr.write('e'); sys.exit(3)")
     assert r.outcome is Outcome.EXIT
     assert r.exit_code == 3
-    assert r.stdout == "sandbox False\n"
-    assert r.stderr == "e"
+    assert r.stdout_text == "sandbox False\n"
+    assert r.stderr_text == "e"
 
 
 def test_stdin_and_env_allowlist(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOST_SECRET", "s3cret")
     r = py("import os,sys; print(sys.stdin.read(), os.environ.get('HOST_SECRET'),"
            " os.environ['MINE'])", stdin="hello", env={"MINE": "yes"})
-    assert r.stdout == "hello None yes\n"
+    assert r.stdout_text == "hello None yes\n"
 
 
 def test_timeout_keeps_partial_output() -> None:
     r = py("import time; print('before', flush=True); time.sleep(30)", timeout_ms=500)
     assert r.outcome is Outcome.TIMEOUT
-    assert r.stdout == "before\n"
+    assert r.stdout_text == "before\n"
     assert r.limit_value == 500
 
 
@@ -54,7 +54,7 @@ def test_stdout_cap_exact_to_the_byte() -> None:
     r = py("import sys; sys.stdout.write('x' * 100_000); sys.stdout.flush()",
            max_stdout_bytes=10_000)
     assert r.outcome is Outcome.OVERFLOW_STDOUT
-    assert len(r.stdout_bytes) == 10_000
+    assert len(r.stdout) == 10_000
     assert r.stdout_truncated
 
 
@@ -107,8 +107,8 @@ def test_command_missing_inside_exits_127_with_the_reason() -> None:
     r = run_strict("/opt/not/in/the/sandbox", timeout_ms=5_000, on_stderr=seen.append)
     assert r.outcome is Outcome.EXIT
     assert r.exit_code == 127
-    assert b"No such file" in r.stderr_bytes
-    assert b"".join(seen) == r.stderr_bytes  # streamed too, as a live run shows it
+    assert b"No such file" in r.stderr
+    assert b"".join(seen) == r.stderr  # streamed too, as a live run shows it
 
 
 def test_cli_ro_bind_shows_a_host_dir_read_only(capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,7 +143,7 @@ def test_output_streams_before_the_command_ends() -> None:
            timeout_ms=60_000, cancel=token, on_stdout=first)
     assert r.outcome is Outcome.CANCELLED
     assert b"".join(chunks) == b"first\n"
-    assert r.stdout == "first\n"
+    assert r.stdout_text == "first\n"
 
 
 def test_a_passed_provider_is_used_through_the_contract(linux: object) -> None:
@@ -154,7 +154,7 @@ def test_a_passed_provider_is_used_through_the_contract(linux: object) -> None:
             from corral.run.strict import run_strict_async
             r = await run_strict_async(PY, ["-I", "-S", "-c", "print(6*7)"], timeout_ms=10_000,
                                        provider=provider)
-            assert r.outcome is Outcome.EXIT and r.stdout == "42\n"
+            assert r.outcome is Outcome.EXIT and r.stdout_text == "42\n"
 
     import asyncio
     asyncio.run(main())

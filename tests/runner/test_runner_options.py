@@ -40,7 +40,7 @@ def test_args_forwarded_verbatim_no_shell(py: Py) -> None:
     args = ["a b", "$HOME", "*", "'q'", ""]
     cmd, base = py("import sys,json; print(json.dumps(sys.argv[1:]))")
     r = run_bounded(cmd, [*base, *args], timeout_ms=5000)
-    assert json.loads(r.stdout) == args
+    assert json.loads(r.stdout_text) == args
     with pytest.raises(ConfigInvalidError) as ei:
         run_bounded(cmd, "not-a-list", timeout_ms=1000)  # type: ignore[arg-type]
     assert ei.value.field == "args"
@@ -54,7 +54,7 @@ def test_relative_cwd_refused() -> None:
 
 def test_given_cwd_used_and_kept(py: Py, tmp_path: Path) -> None:
     r = run_bounded(*py("import os; print(os.getcwd())"), timeout_ms=5000, cwd=tmp_path)
-    assert r.stdout.strip() == str(tmp_path) and r.cwd == str(tmp_path)
+    assert r.stdout_text.strip() == str(tmp_path) and r.cwd == str(tmp_path)
     assert not r.cwd_owned and tmp_path.is_dir()
 
 
@@ -62,21 +62,21 @@ def test_owned_cwd_removed_even_if_made_unwritable(py: Py) -> None:
     code = ("import os; os.makedirs('a/b'); open('a/b/f','w').write('x');"
             "os.chmod('a/b', 0o500); os.chmod('a', 0o500); print(os.getcwd())")
     r = run_bounded(*py(code), timeout_ms=5000)
-    assert r.outcome is Outcome.EXIT and r.exit_code == 0, r.stderr
-    assert r.cwd_owned and r.stdout.strip() == r.cwd
+    assert r.outcome is Outcome.EXIT and r.exit_code == 0, r.stderr_text
+    assert r.cwd_owned and r.stdout_text.strip() == r.cwd
     assert os.path.basename(r.cwd).startswith("corral-run-")
     assert not os.path.exists(r.cwd)
 
 
 def _env_of(r: RunResult) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in r.stdout.splitlines())
+    return dict(line.split("=", 1) for line in r.stdout_text.splitlines())
 
 
 def test_env_is_an_allowlist(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CORRAL_TEST_SECRET", "s3cret")
     r = run_bounded("/usr/bin/env", timeout_ms=5000, env={"MINE": "1"})
     env = _env_of(r)
-    assert "CORRAL_TEST_SECRET" not in env and "s3cret" not in r.stdout
+    assert "CORRAL_TEST_SECRET" not in env and "s3cret" not in r.stdout_text
     assert set(env) <= {"MINE", "PATH", "HOME", "TMPDIR", TOKEN_VAR}
     assert env["MINE"] == "1"
     assert env["HOME"] == env["TMPDIR"] == r.cwd  # the owned cwd
@@ -125,8 +125,8 @@ def test_shutdown_signal(py: Py) -> None:
             "def h(*a): print('got', signal.Signals(a[0]).name, flush=True); sys.exit(3)\n"
             "signal.signal(signal.SIGINT, h); print('ready', flush=True); time.sleep(30)")
     r = run_bounded(*py(code), timeout_ms=400, shutdown_signal="SIGINT", grace_period_ms=300)
-    assert r.outcome is Outcome.TIMEOUT and r.returncode == 3
-    assert r.stdout == "ready\ngot SIGINT\n"
+    assert r.outcome is Outcome.TIMEOUT and r.exit_code == 3
+    assert r.stdout_text == "ready\ngot SIGINT\n"
     with pytest.raises(ConfigInvalidError) as ei:
         run_bounded("/bin/true", timeout_ms=100, shutdown_signal="SIGNOPE")
     assert ei.value.field == "shutdown_signal"
@@ -135,30 +135,30 @@ def test_shutdown_signal(py: Py) -> None:
 def test_shutdown_signal_sigkill_needs_no_grace(py: Py) -> None:
     r = run_bounded(*py("import time; time.sleep(30)"), timeout_ms=200,
                     shutdown_signal=signal.SIGKILL)
-    assert r.outcome is Outcome.TIMEOUT and r.returncode == -signal.SIGKILL
+    assert r.outcome is Outcome.TIMEOUT and r.exit_code == -signal.SIGKILL
 
 
 def test_stdin_absent_is_immediate_eof(py: Py) -> None:
     r = run_bounded(*py("import sys; print(len(sys.stdin.buffer.read()))"), timeout_ms=5000)
-    assert r.stdout == "0\n"
+    assert r.stdout_text == "0\n"
 
 
 def test_stdin_str_is_utf8(py: Py) -> None:
     r = run_bounded(*py("import sys; sys.stdout.buffer.write(sys.stdin.buffer.read())"),
                     timeout_ms=5000, stdin="héllo")
-    assert r.stdout_bytes == "héllo".encode()
+    assert r.stdout == "héllo".encode()
 
 
 def test_large_stdin_round_trip_does_not_deadlock() -> None:
     data = os.urandom(4 * 1024 * 1024)
     r = run_bounded("/bin/cat", timeout_ms=20_000, stdin=data)
-    assert r.outcome is Outcome.EXIT and r.stdout_bytes == data
+    assert r.outcome is Outcome.EXIT and r.stdout == data
 
 
 def test_stdin_ignored_by_child_is_dropped(py: Py) -> None:
     r = run_bounded(*py("import os; os.close(0); print('closed')"), timeout_ms=5000,
                     stdin=b"z" * (1 << 20))
-    assert r.outcome is Outcome.EXIT and r.stdout == "closed\n"
+    assert r.outcome is Outcome.EXIT and r.stdout_text == "closed\n"
 
 
 @pytest.mark.parametrize("name", ["max_stdout_bytes", "max_stderr_bytes", "node_heap_mb",
@@ -173,8 +173,8 @@ def test_caps_and_limits_must_be_positive_ints(name: str, bad: object) -> None:
 def test_default_caps(py: Py) -> None:
     code = "import sys; sys.stdout.write('o'*(8<<20)); sys.stderr.write('e'*((1<<20)+1))"
     r = run_bounded(*py(code), timeout_ms=20_000)
-    assert r.outcome is Outcome.OVERFLOW_STDERR and len(r.stderr_bytes) == 1 << 20
-    assert len(r.stdout_bytes) == 8 << 20 and not r.stdout_truncated
+    assert r.outcome is Outcome.OVERFLOW_STDERR and len(r.stderr) == 1 << 20
+    assert len(r.stdout) == 8 << 20 and not r.stdout_truncated
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node not installed")
@@ -185,7 +185,7 @@ def test_node_heap_mb_applied_for_node() -> None:
             "console.log(require('v8').getHeapStatistics().heap_size_limit)")
     r = run_bounded(os.path.realpath(node), ["-e", code], timeout_ms=20_000, node_heap_mb=64,
                     env={"NODE_OPTIONS": "--no-warnings"})
-    opts, limit = r.stdout.split("\n")[:2]
+    opts, limit = r.stdout_text.split("\n")[:2]
     assert r.node_heap_mb_applied
     assert opts == "--max-old-space-size=64 --no-warnings"
     assert int(limit) < 200 * 1024 * 1024  # default is ~2-4 GiB
@@ -193,7 +193,7 @@ def test_node_heap_mb_applied_for_node() -> None:
 
 def test_node_heap_mb_not_applied_for_other_commands(py: Py) -> None:
     r = run_bounded(*py(DUMP_ENV), timeout_ms=5000, node_heap_mb=64)
-    assert not r.node_heap_mb_applied and "NODE_OPTIONS" not in json.loads(r.stdout)
+    assert not r.node_heap_mb_applied and "NODE_OPTIONS" not in json.loads(r.stdout_text)
 
 
 def test_streaming_callbacks_see_output_as_it_arrives(py: Py) -> None:
@@ -204,7 +204,7 @@ def test_streaming_callbacks_see_output_as_it_arrives(py: Py) -> None:
                     on_stdout=lambda c: seen.append((time.monotonic(), "out", c)),
                     on_stderr=lambda c: seen.append((time.monotonic(), "err", c)))
     end = time.monotonic()
-    assert b"".join(c for _, s, c in seen if s == "out") == b"a\nb\n" == r.stdout_bytes
+    assert b"".join(c for _, s, c in seen if s == "out") == b"a\nb\n" == r.stdout
     assert b"".join(c for _, s, c in seen if s == "err") == b"e\n"
     assert seen[0][0] < end - 0.3  # the first chunk came long before the end
 
@@ -234,7 +234,7 @@ def test_spawner_seam_receives_the_run(py: Py) -> None:
         return spawn_process(argv, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr)
 
     r = run_bounded(*py("print(1)"), timeout_ms=5000, spawner=spy)
-    assert r.stdout == "1\n" and len(seen) == 1
+    assert r.stdout_text == "1\n" and len(seen) == 1
     argv, cwd, env = seen[0]
     assert list(argv[1:]) == py("print(1)")[1] and cwd == r.cwd and TOKEN_VAR in env
 
@@ -245,7 +245,7 @@ def test_async_twin(py: Py) -> None:
             run_bounded_async(*py(f"print({i})"), timeout_ms=5000) for i in range(5))))
 
     results = asyncio.run(main())
-    assert [r.stdout for r in results] == [f"{i}\n" for i in range(5)]
+    assert [r.stdout_text for r in results] == [f"{i}\n" for i in range(5)]
 
 
 def test_sync_from_a_thread_while_a_loop_runs_elsewhere(py: Py) -> None:
@@ -258,8 +258,8 @@ def test_sync_from_a_thread_while_a_loop_runs_elsewhere(py: Py) -> None:
             target=lambda: out.append(run_bounded(*py("print('w')"), timeout_ms=5000)))
         worker.start()
         worker.join()
-        assert out[0].stdout == "w\n"
-        assert run_bounded(*py("print('m')"), timeout_ms=5000).stdout == "m\n"
+        assert out[0].stdout_text == "w\n"
+        assert run_bounded(*py("print('m')"), timeout_ms=5000).stdout_text == "m\n"
     finally:
         loop.call_soon_threadsafe(loop.stop)
         t.join()
@@ -270,4 +270,4 @@ def test_sync_called_inside_a_coroutine(py: Py) -> None:
     async def main() -> RunResult:
         return run_bounded(*py("print('c')"), timeout_ms=5000)
 
-    assert asyncio.run(main()).stdout == "c\n"
+    assert asyncio.run(main()).stdout_text == "c\n"

@@ -35,35 +35,37 @@ Py = Callable[[str], tuple[str, list[str]]]
 def test_exit_zero(py: Py) -> None:
     r = run_bounded(*py("print('hello')"), timeout_ms=5000)
     assert r.outcome is Outcome.EXIT and r.exit_code == 0 and r.signal is None
-    assert r.stdout == "hello\n" and r.stdout_bytes == b"hello\n" and r.ok
+    assert r.stdout_text == "hello\n" and r.stdout == b"hello\n" and r.ok
     assert r.check() is r and exit_status_of(r) == 0
     assert r.usage.wall_ms >= 0 and r.duration_ms > 0
 
 
 def test_exit_nonzero_is_not_an_error() -> None:
     r = run_bounded("/bin/sh", ["-c", "echo oops >&2; exit 7"], timeout_ms=5000)
-    assert r.outcome is Outcome.EXIT and r.exit_code == 7 and r.returncode == 7
-    assert r.stderr == "oops\n" and not r.ok
+    assert r.outcome is Outcome.EXIT and r.exit_code == 7 and r.exit_code == 7
+    assert r.stderr_text == "oops\n" and not r.ok
     assert r.check() is r and exit_status_of(r) == 7
 
 
 def test_exit_by_signal(py: Py) -> None:
     r = run_bounded(*py("import os,signal; os.kill(os.getpid(), signal.SIGTERM)"),
                     timeout_ms=5000)
-    assert r.outcome is Outcome.EXIT and r.exit_code is None
-    assert r.signal == "SIGTERM" and r.returncode == -signal.SIGTERM
+    # the one result type: exit_code is the raw status (negative: the signal), as in subprocess
+    assert r.outcome is Outcome.EXIT and not r.ok
+    assert r.signal == "SIGTERM" and r.exit_code == -signal.SIGTERM
     assert exit_status_of(r) == 128 + signal.SIGTERM
 
 
 def test_timeout_partial_output_kept(py: Py) -> None:
     r = run_bounded(*py("import time; print('partial', flush=True); time.sleep(30)"),
                     timeout_ms=400)
-    assert r.outcome is Outcome.TIMEOUT and r.exit_code is None and r.signal is None
-    assert r.returncode == -signal.SIGTERM  # honoured the shutdown signal
-    assert r.stdout == "partial\n" and r.limit_value == 400
+    assert r.outcome is Outcome.TIMEOUT and r.signal == "SIGTERM"
+    assert r.exit_code == -signal.SIGTERM  # honoured the shutdown signal
+    assert r.stdout_text == "partial\n" and r.limit_value == 400
     with pytest.raises(SandboxTimeoutError) as ei:
         r.check()
-    assert ei.value.stdout == b"partial\n" and ei.value.timeout_ms == 400
+    assert ei.value.stdout == b"partial\n" and ei.value.result is not None
+    assert ei.value.result.stdout_text == "partial\n" and ei.value.timeout_ms == 400
     assert exit_status_of(r) == 124
 
 
@@ -72,8 +74,8 @@ def test_grace_exhausted_by_sigterm_ignoring_child(py: Py) -> None:
             "print('ready', flush=True); time.sleep(30)")
     r = run_bounded(*py(code), timeout_ms=300, grace_period_ms=200)
     assert r.outcome is Outcome.TIMEOUT
-    assert r.returncode == -signal.SIGKILL  # SIGTERM ignored: killed after the grace
-    assert r.stdout == "ready\n"
+    assert r.exit_code == -signal.SIGKILL  # SIGTERM ignored: killed after the grace
+    assert r.stdout_text == "ready\n"
     assert r.duration_ms >= 480  # 300 ms timeout + 200 ms grace, not earlier
     assert r.duration_ms < 10_000
 
@@ -86,7 +88,7 @@ def test_cancel_token_from_another_thread(py: Py) -> None:
         r = run_bounded(*py("import time; time.sleep(30)"), timeout_ms=20_000, cancel=tok)
     finally:
         timer.join()
-    assert r.outcome is Outcome.CANCELLED and r.returncode == -signal.SIGTERM
+    assert r.outcome is Outcome.CANCELLED and r.exit_code == -signal.SIGTERM
     with pytest.raises(SandboxCancelledError):
         r.check()
     assert exit_status_of(r) == 130
@@ -102,7 +104,7 @@ def test_cancel_token_already_cancelled_spawns_nothing() -> None:
         return spawn_process(argv, **kw)  # type: ignore[arg-type]
 
     r = run_bounded("/bin/true", timeout_ms=1000, cancel=tok, spawner=spawner)
-    assert r.outcome is Outcome.CANCELLED and calls == [] and r.returncode is None
+    assert r.outcome is Outcome.CANCELLED and calls == [] and r.exit_code is None
 
 
 def test_asyncio_cancellation_kills_reaps_and_propagates(py: Py, tmp_path: object) -> None:
@@ -133,7 +135,7 @@ def test_overflow_truncates_exactly_at_cap(py: Py, stream: str) -> None:
     kw = {"max_stdout_bytes": cap} if stream == "stdout" else {"max_stderr_bytes": cap}
     r = run_bounded(*py(code), timeout_ms=5000, **kw)  # type: ignore[arg-type]
     assert r.outcome == f"overflow-{stream}"
-    data = r.stdout_bytes if stream == "stdout" else r.stderr_bytes
+    data = r.stdout if stream == "stdout" else r.stderr
     assert data == b"x" * cap and len(data) == cap
     assert (r.stdout_truncated, r.stderr_truncated) == (stream == "stdout", stream == "stderr")
     assert r.limit_value == cap
@@ -146,21 +148,21 @@ def test_overflow_truncates_exactly_at_cap(py: Py, stream: str) -> None:
 def test_overflow_kills_a_child_that_keeps_running(py: Py) -> None:
     code = "import sys,time; sys.stdout.write('y'*5000); sys.stdout.flush(); time.sleep(30)"
     r = run_bounded(*py(code), timeout_ms=20_000, max_stdout_bytes=4096)
-    assert r.outcome is Outcome.OVERFLOW_STDOUT and r.returncode == -signal.SIGKILL
-    assert len(r.stdout_bytes) == 4096 and r.duration_ms < 10_000
+    assert r.outcome is Outcome.OVERFLOW_STDOUT and r.exit_code == -signal.SIGKILL
+    assert len(r.stdout) == 4096 and r.duration_ms < 10_000
 
 
 def test_output_exactly_at_cap_is_not_overflow(py: Py) -> None:
     r = run_bounded(*py("import sys; sys.stdout.write('z'*4096)"), timeout_ms=5000,
                     max_stdout_bytes=4096)
-    assert r.outcome is Outcome.EXIT and len(r.stdout_bytes) == 4096
+    assert r.outcome is Outcome.EXIT and len(r.stdout) == 4096
     assert not r.stdout_truncated
 
 
 def test_spawn_error_missing_command(tmp_path: object) -> None:
     r = run_bounded(os.path.join(str(tmp_path), "nope"), timeout_ms=1000)
-    assert r.outcome is Outcome.SPAWN_ERROR and r.returncode is None
-    assert "No such file" in r.error_message and r.spawn_errno == errno.ENOENT
+    assert r.outcome is Outcome.SPAWN_ERROR and r.exit_code is None
+    assert "No such file" in r.detail and r.spawn_errno == errno.ENOENT
     with pytest.raises(ConfigInvalidError) as ei:
         r.check()
     assert ei.value.field == "command"
@@ -173,7 +175,7 @@ def test_spawn_error_through_the_seam() -> None:
         raise OSError(errno.EAGAIN, "fork refused by test")
 
     r = run_bounded("/bin/true", timeout_ms=1000, spawner=failing)
-    assert r.outcome is Outcome.SPAWN_ERROR and "fork refused by test" in r.error_message
+    assert r.outcome is Outcome.SPAWN_ERROR and "fork refused by test" in r.detail
     assert r.cwd_owned and not os.path.exists(r.cwd)
     with pytest.raises(ProviderError):
         r.check()
@@ -182,7 +184,7 @@ def test_spawn_error_through_the_seam() -> None:
 def test_memory_limit_when_the_child_dies_of_it(py: Py) -> None:
     # 5 MiB of address space: the interpreter cannot even map libc -> SIGSEGV.
     r = run_bounded(*py("pass"), timeout_ms=10_000, mem_mb=5)
-    assert r.outcome is Outcome.MEMORY_LIMIT and r.returncode in (
+    assert r.outcome is Outcome.MEMORY_LIMIT and r.exit_code in (
         -signal.SIGSEGV, -signal.SIGBUS, -signal.SIGABRT)
     with pytest.raises(LimitsExceededError) as ei:
         r.check()
@@ -192,14 +194,14 @@ def test_memory_limit_when_the_child_dies_of_it(py: Py) -> None:
 def test_memory_limit_handled_by_the_child_is_its_exit(py: Py) -> None:
     # Documented gap: a child that catches ENOMEM (Python: MemoryError) just exits.
     r = run_bounded(*py("b = bytearray(400 * 1024 * 1024)"), timeout_ms=10_000, mem_mb=100)
-    assert r.outcome is Outcome.EXIT and r.exit_code == 1 and "MemoryError" in r.stderr
+    assert r.outcome is Outcome.EXIT and r.exit_code == 1 and "MemoryError" in r.stderr_text
 
 
 @pytest.mark.slow
 def test_cpu_limit(py: Py) -> None:
     r = run_bounded(*py("while True: pass"), timeout_ms=20_000, cpu_ms=500)
     assert r.outcome is Outcome.CPU_LIMIT
-    assert r.returncode in (-signal.SIGXCPU, -signal.SIGKILL)
+    assert r.exit_code in (-signal.SIGXCPU, -signal.SIGKILL)
     assert r.usage.cpu_ms >= 500
     with pytest.raises(LimitsExceededError) as ei:
         r.check()
@@ -222,7 +224,7 @@ def test_without_pidfd_a_watcher_thread_is_used_and_joined(
 
     monkeypatch.setattr(core, "_USE_PIDFD", False)
     threads = threading.active_count()
-    assert run_bounded(*py("print(1)"), timeout_ms=5000).stdout == "1\n"
+    assert run_bounded(*py("print(1)"), timeout_ms=5000).stdout_text == "1\n"
     r = run_bounded(*py("import time; time.sleep(30)"), timeout_ms=200)
     assert r.outcome is Outcome.TIMEOUT
 

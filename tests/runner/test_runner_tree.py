@@ -45,7 +45,7 @@ def test_double_forked_setsid_daemon_is_killed(
     r = run_bounded(*py(_daemon_code(argv_token, then)), timeout_ms=2000,
                     grace_period_ms=100, max_stdout_bytes=4096)
     assert r.outcome is outcome
-    assert r.stdout.startswith("daemon started")
+    assert r.stdout_text.startswith("daemon started")
     assert r.strays_killed >= 1
     assert wait_gone(argv_token) == []  # the fixture kills it if this fails
 

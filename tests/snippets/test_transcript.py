@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from corral.core.errors import UnhandledWorkerError
+from corral.core.spec import Level
 from corral.snippets.host.transcript import (
     CAPS,
     TRUNCATION_MARK,
@@ -58,7 +59,10 @@ def test_to_dict_is_json_round_trip() -> None:
     assert doc["facts"] == {"a": 1} and doc["result"] == "2"
     assert doc["truncated"] == ["logs"] and doc["timed_out"] is False
     assert set(doc) == {"logs", "facts", "result", "errors", "duration_ms", "timed_out",
-                        "truncated"}
+                        "truncated", "level"}
+    assert doc["level"] is None  # the wire does not say; the host sets the level it ran at
+    ran = transcript_from_wire(wire(), level=Level.STRICT)
+    assert ran.level == Level.STRICT and ran.to_dict()["level"] == "strict"
 
 
 def test_caps_log_lines_and_bytes_again_on_the_host() -> None:

@@ -41,6 +41,10 @@ checks them):
     caller names the entries (the snippet pool registers its worker): the
     provider knows no front door, and refuses any entry not registered and
     preloaded with ``ConfigInvalidError("entry")``.
+  - ``process-count`` (:class:`SupportsProcessCount`, on a sandbox): whether the
+    sandbox still serves (``alive``) and how many live processes it holds besides
+    the one the provider runs in it to serve it (``process_count()``), read from
+    the host; the snippet pool retires a slot in which a run left a process behind.
 
 **Refusals.** One error per kind of refusal, the same on every provider (the
 conformance kit's ``level``, ``limits``, ``network``, ``bad-input`` and
@@ -93,10 +97,9 @@ from corral.core.errors import (
     RestoreNotSupportedError,
     SnapshotNotSupportedError,
 )
+from corral.core.result import RunResult
 from corral.core.spec import (
     ExecOpts,
-    ExecResult,
-    ExitStatus,
     Level,
     ProcessOpts,
     SandboxSpec,
@@ -111,6 +114,7 @@ __all__ = [
     "SandboxProvider",
     "SupportsForkEntry",
     "SupportsPause",
+    "SupportsProcessCount",
     "SupportsRestore",
     "SupportsSnapshot",
     "SupportsStreamingExec",
@@ -146,8 +150,9 @@ class ProcessHandle(abc.ABC):
     stderr: AsyncIterator[bytes]
 
     @abc.abstractmethod
-    async def wait(self) -> ExitStatus:
-        """Wait for the process to end and return how it ended."""
+    async def wait(self) -> RunResult:
+        """Wait for the process to end and return how it ended (outcome ``exit``,
+        or ``timeout`` when ``ProcessOpts.timeout_ms`` passed and it was killed)."""
 
     @abc.abstractmethod
     async def kill(self) -> None:
@@ -162,13 +167,19 @@ class Sandbox(abc.ABC):
     spec: SandboxSpec
 
     @abc.abstractmethod
-    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
-        """Run ``argv`` to completion and return its output and exit code.
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> RunResult:
+        """Run ``argv`` to completion and return how it ended: a :class:`RunResult`
+        with outcome ``exit`` (its ``exit_code`` is the command's answer, negative
+        when a signal killed it).
+
+        Any other outcome raises the contract's error for it, built by
+        :meth:`RunResult.error`: ``err.result`` is the same value (output so far,
+        usage, the limit and what was observed).
 
         Raises:
-            SandboxTimeoutError: ``opts.timeout_ms`` passed; the command was
-                killed, partial output is on the error.
-            LimitsExceededError: the command hit a sandbox limit.
+            SandboxTimeoutError: ``opts.timeout_ms`` passed; the command was killed.
+            LimitsExceededError: the command hit a sandbox limit, or wrote more
+                than the output cap (``opts.max_stdout_bytes`` narrows it).
             ConfigInvalidError: bad argv or options.
         """
 
@@ -228,7 +239,7 @@ class SupportsStreamingExec(Protocol):
     """A sandbox of a provider advertising ``streaming-exec``."""
 
     async def exec_streaming(self, argv: Sequence[str], opts: ExecOpts | None = None, *,
-                             on_output: OutputSink) -> ExecResult:
+                             on_output: OutputSink) -> RunResult:
         """``exec``, with each chunk of output also given to ``on_output`` as it arrives
         (before the command ends); same result and errors as ``exec``."""
         ...
@@ -257,6 +268,22 @@ class SupportsForkEntry(Protocol):
         """Start a process that is a fork of the sandbox calling ``entry(args)``, set up
         and contained as a started command is. Raises ``ConfigInvalidError("entry")``
         for an entry not registered and preloaded before this sandbox was created."""
+        ...
+
+
+@runtime_checkable
+class SupportsProcessCount(Protocol):
+    """The sandbox side of ``process-count``: what runs in the sandbox, seen from the host."""
+
+    @property
+    def alive(self) -> bool:
+        """Whether the sandbox still serves: not destroyed, and the process the provider
+        runs in it to serve it (linux: its agent) has not exited."""
+        ...
+
+    def process_count(self) -> int:
+        """How many live processes the sandbox holds now besides that serving process
+        (0 once it no longer serves); cheap enough to call after every job."""
         ...
 
 

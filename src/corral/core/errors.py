@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, final
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, final
+
+if TYPE_CHECKING:
+    from corral.core.result import RunResult
 
 __all__ = [
     "ConfigInvalidError",
@@ -85,15 +88,21 @@ class CorralError(Exception):
         exit_status: what ``corral`` exits with when this error ends a command.
         http_status: the status a service maps this error to.
         message: the human message (also ``str(err)``).
+        result: for an error that ended a run (timeout, cancelled, a limit), the
+            :class:`~corral.core.result.RunResult` saying how, with the output and
+            usage captured up to then (:meth:`RunResult.error` builds the error);
+            ``None`` otherwise.
     """
 
     code: ClassVar[ErrorCode]
     exit_status: ClassVar[int]
     http_status: ClassVar[int]
+    result: RunResult | None
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        self.result = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe description: code, message and the class's own facts."""

@@ -23,8 +23,6 @@ __all__ = [
     "KNOWN_CAPABILITIES",
     "Capability",
     "ExecOpts",
-    "ExecResult",
-    "ExitStatus",
     "HandlerRef",
     "InvocationMode",
     "Level",
@@ -35,6 +33,7 @@ __all__ = [
     "SandboxInvocationContext",
     "SandboxLimits",
     "SandboxSpec",
+    "SandboxSuspensionRequest",
     "SnapshotHandle",
 ]
 
@@ -87,6 +86,8 @@ class Capability(enum.StrEnum):
     #: the provider has ``preload_python`` (SupportsWarmFork), its sandboxes
     #: ``start_python_fork`` (SupportsForkEntry)
     WARM_FORK = "warm-fork"
+    #: sandboxes have ``alive`` and ``process_count()`` (SupportsProcessCount)
+    PROCESS_COUNT = "process-count"
 
 
 KNOWN_CAPABILITIES: Final = frozenset(c.value for c in Capability)
@@ -236,14 +237,50 @@ class ResumeInfo:
         _check_str("resume.token_id", self.token_id)
 
 
+class SandboxSuspensionRequest(Exception):
+    """Raised by handler code to wait durably on a token (``ctx.wait_token``); the
+    handler-base entrypoint turns it into a ``suspend`` frame and exits with
+    :data:`corral.wire.protocol.SUSPEND_EXIT_CODE`."""
+
+    def __init__(self, token_id: str) -> None:
+        if not isinstance(token_id, str) or not token_id:
+            raise ConfigInvalidError("token_id", "must be a non-empty string")
+        super().__init__(f"handler suspended on wait token {token_id!r}")
+        self.token_id = token_id
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SandboxInvocationContext:
-    """Run context carried to a handler (``ctx`` on the invoke frame)."""
+    """The one run context: what a caller gives ``invoke``, what travels to the
+    handler as ``ctx`` on the invoke frame, and what the handler gets next to its
+    input.
 
+    Attributes:
+        run_id / tenant_id / node_id: whose run this is. ``invoke`` fills them
+            from the :class:`SandboxSpec` (a caller leaves them empty); the wire
+            requires them.
+        dry_run / state / node_outputs: the flow's context, passed through.
+        resume: the token whose completion triggered this run, with its value.
+        resumed_tokens: handler side only (never on the wire): every completed
+            token and its value (the resume frames, plus ``resume``), read with
+            :meth:`wait_token`.
+    """
+
+    run_id: str = ""
+    tenant_id: str = ""
+    node_id: str | None = None
     dry_run: bool = False
     state: Mapping[str, Any] = field(default_factory=dict)
     node_outputs: Mapping[str, Any] = field(default_factory=dict)
     resume: ResumeInfo | None = None
+    resumed_tokens: Mapping[str, Any] = field(default_factory=dict)
+
+    def wait_token(self, token_id: str) -> Any:
+        """The value token ``token_id`` completed with; if it has not completed yet,
+        raise :class:`SandboxSuspensionRequest` (the run suspends)."""
+        if token_id in self.resumed_tokens:
+            return self.resumed_tokens[token_id]
+        raise SandboxSuspensionRequest(token_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -304,18 +341,30 @@ class ExecOpts:
         env: the environment, an allowlist (the host's is never merged).
         cwd: working directory inside the sandbox (relative to its work dir).
         stdin: bytes written to the command's stdin, then closed.
+        max_stdout_bytes / max_stderr_bytes: output caps for this call; they
+            narrow, never widen, the provider's own. Passing one kills the
+            command (``LimitsExceededError("output")``).
     """
 
     timeout_ms: int | None = None
     env: Mapping[str, str] | None = None
     cwd: str | None = None
     stdin: bytes | None = None
+    max_stdout_bytes: int | None = None
+    max_stderr_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _check_count("timeout_ms", self.timeout_ms)
+        _check_count("max_stdout_bytes", self.max_stdout_bytes)
+        _check_count("max_stderr_bytes", self.max_stderr_bytes)
         _check_env(self.env)
         if self.stdin is not None and not isinstance(self.stdin, bytes | bytearray):
             raise ConfigInvalidError("stdin", "must be bytes")
+
+    def output_caps(self, stdout_cap: int, stderr_cap: int) -> tuple[int, int]:
+        """The caps for this call: the provider's, narrowed by this call's own."""
+        return (min(stdout_cap, self.max_stdout_bytes or stdout_cap),
+                min(stderr_cap, self.max_stderr_bytes or stderr_cap))
 
 
 def _check_env(env: Mapping[str, str] | None) -> None:
@@ -326,24 +375,6 @@ def _check_env(env: Mapping[str, str] | None) -> None:
             raise ConfigInvalidError("env", f"bad variable name {k!r}")
         if not isinstance(v, str) or "\0" in v:
             raise ConfigInvalidError(f"env[{k}]", "value must be a string without NUL")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExecResult:
-    """The result of ``Sandbox.exec``. Output is raw bytes; ``*_text`` decodes."""
-
-    stdout: bytes
-    stderr: bytes
-    exit_code: int
-    usage: ResourceUsage = field(default_factory=ResourceUsage)
-
-    @property
-    def stdout_text(self) -> str:
-        return self.stdout.decode("utf-8", "replace")
-
-    @property
-    def stderr_text(self) -> str:
-        return self.stderr.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -358,18 +389,6 @@ class ProcessOpts:
     def __post_init__(self) -> None:
         _check_env(self.env)
         _check_count("timeout_ms", self.timeout_ms)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExitStatus:
-    """How a started process ended: ``exit_code`` (negative = killed by signal)."""
-
-    exit_code: int
-    usage: ResourceUsage = field(default_factory=ResourceUsage)
-
-    @property
-    def signal(self) -> int | None:
-        return -self.exit_code if self.exit_code < 0 else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

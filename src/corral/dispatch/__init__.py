@@ -1,4 +1,4 @@
-"""Handler dispatch: ``invoke(provider, spec, handler_ref, input)`` -> an :data:`Outcome`.
+"""Handler dispatch: ``invoke(provider, spec, handler_ref, input)`` -> an :data:`HandlerReply`.
 
 ``invocation`` runs one call (create, the frame conversation, destroy);
 ``outcome`` holds the outcome types and the table of frames and exit codes ->
@@ -15,21 +15,21 @@ from corral.dispatch.invocation import (
     invoke_in,
     invoke_sync,
 )
-from corral.dispatch.outcome import (
-    Outcome,
-    OutputOutcome,
+from corral.dispatch.reply import (
+    HandlerOutput,
+    HandlerReply,
+    HandlerSuspended,
     ProtocolViolation,
-    SuspendedOutcome,
     decide,
 )
 
 __all__ = [
     "DEFAULT_INVOKE_TIMEOUT_MS",
     "DEFAULT_STDERR_TAIL_BYTES",
-    "Outcome",
-    "OutputOutcome",
+    "HandlerReply",
+    "HandlerOutput",
     "ProtocolViolation",
-    "SuspendedOutcome",
+    "HandlerSuspended",
     "decide",
     "invoke",
     "invoke_in",

@@ -16,9 +16,9 @@ from typing import Any
 
 from corral.core.contract import Sandbox
 from corral.core.errors import ConfigInvalidError, UnhandledWorkerError
-from corral.core.spec import HandlerRef
-from corral.dispatch.outcome import Outcome, decide
-from corral.handler import HandlerContext, build_context
+from corral.core.spec import HandlerRef, SandboxInvocationContext
+from corral.dispatch.reply import HandlerReply, decide
+from corral.handler import build_context
 from corral.handler.base import call_handler, load_handler, result_frame
 from corral.wire.protocol import (
     FrameOk,
@@ -46,7 +46,7 @@ def _exit_error(exc: SystemExit) -> UnhandledWorkerError:
 
 
 async def _call_in_context(fn: Callable[..., Any], payload: Any,
-                           ctx: HandlerContext) -> StdoutFrame:
+                           ctx: SandboxInvocationContext) -> StdoutFrame:
     """Async handlers run on the caller's loop; sync ones in a daemon thread.
     ``exit()`` in a handler must not end the caller: it becomes unhandled-worker."""
     if inspect.iscoroutinefunction(fn):
@@ -66,7 +66,7 @@ async def _call_in_context(fn: Callable[..., Any], payload: Any,
         if not fut.done():
             fut.set_result(frame)
 
-    def sync_call(payload: Any, ctx: HandlerContext) -> Any:
+    def sync_call(payload: Any, ctx: SandboxInvocationContext) -> Any:
         try:
             return fn(payload, ctx)
         except SystemExit as exc:
@@ -86,7 +86,7 @@ def _reraise(exc: BaseException) -> Any:
 
 
 async def in_context(sandbox: Sandbox, ref: HandlerRef, resumes: list[ResumeFrame],
-                      inv: InvokeFrame) -> Outcome:
+                      inv: InvokeFrame) -> HandlerReply:
     call: Callable[..., Awaitable[Any]] | None = getattr(sandbox, "call", None)
     if call is None:
         raise ConfigInvalidError(

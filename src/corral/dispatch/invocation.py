@@ -1,4 +1,4 @@
-"""Handler dispatch: ``invoke(provider, spec, handler_ref, input)`` -> an :data:`Outcome`.
+"""Handler dispatch: ``invoke(provider, spec, handler_ref, input)`` -> an :data:`HandlerReply`.
 
 One call creates a sandbox, runs the handler once over the frames of seed 01
 and destroys the sandbox (always, in ``finally``). The modes (``spec.mode``):
@@ -14,7 +14,7 @@ and destroys the sandbox (always, in ``finally``). The modes (``spec.mode``):
 
 The table of frames and exit codes -> outcomes and errors is in
 ``docs/handlers.md`` and in :func:`decide` (defined with the outcome types in
-:mod:`corral.dispatch.outcome`; the in-context mode is
+:mod:`corral.dispatch.reply`; the in-context mode is
 :mod:`corral.dispatch.in_context`).
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
@@ -45,8 +46,8 @@ from corral.core.spec import (
 )
 from corral.core.sync import sync_twin
 from corral.dispatch.in_context import in_context
-from corral.dispatch.outcome import (
-    Outcome,
+from corral.dispatch.reply import (
+    HandlerReply,
     decide,
     read_result,
 )
@@ -55,7 +56,6 @@ from corral.wire.protocol import (
     DEFAULT_MAX_LINE_BYTES,
     FrameDecoder,
     InvokeFrame,
-    ProtocolContext,
     ResumeFrame,
     WireFrame,
     encode_frame,
@@ -129,7 +129,7 @@ async def _feed(proc: ProcessHandle, data: bytes) -> None:
         await proc.stdin.close()
 
 
-async def _talk(proc: ProcessHandle, data: bytes, tail: _Tail, cap: int) -> Outcome:
+async def _talk(proc: ProcessHandle, data: bytes, tail: _Tail, cap: int) -> HandlerReply:
     feeder = asyncio.ensure_future(_feed(proc, data))
     errs = asyncio.ensure_future(tail.pump(proc.stderr))
     try:
@@ -195,7 +195,7 @@ async def invoke(
     cancel: CancelToken | None = None,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     stderr_tail_bytes: int = DEFAULT_STDERR_TAIL_BYTES,
-) -> Outcome:
+) -> HandlerReply:
     """Run ``handler_ref`` once on ``input`` in a fresh sandbox for ``spec``.
 
     The mode is ``spec.mode``. The sandbox is destroyed before this returns or
@@ -219,10 +219,8 @@ async def invoke(
 def _stdin(spec: SandboxSpec, payload: Any, ctx: SandboxInvocationContext | None,
            resumed: Mapping[str, Any] | None) -> tuple[list[ResumeFrame], InvokeFrame, bytes]:
     context = ctx if ctx is not None else (spec.invocation or SandboxInvocationContext())
-    pctx = ProtocolContext(
-        run_id=spec.run_id, tenant_id=spec.tenant_id, node_id=spec.node_id,
-        dry_run=context.dry_run, state=context.state, node_outputs=context.node_outputs,
-        resume=context.resume)
+    pctx = dataclasses.replace(context, run_id=spec.run_id, tenant_id=spec.tenant_id,
+                               node_id=spec.node_id, resumed_tokens={})
     resumes = [ResumeFrame(token_id=t, value=v) for t, v in (resumed or {}).items()]
     inv = InvokeFrame(input=payload, ctx=pctx)
     out: list[WireFrame] = [*resumes, inv]
@@ -242,7 +240,7 @@ async def invoke_in(
     cancel: CancelToken | None = None,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     stderr_tail_bytes: int = DEFAULT_STDERR_TAIL_BYTES,
-) -> Outcome:
+) -> HandlerReply:
     """Run ``handler_ref`` once in a live ``sandbox`` the caller owns (not destroyed).
 
     Args:
@@ -258,7 +256,7 @@ async def invoke_in(
         stderr_tail_bytes: how much of stderr an ``UnhandledWorkerError`` keeps.
 
     Returns:
-        :class:`OutputOutcome` or :class:`SuspendedOutcome`.
+        :class:`HandlerOutput` or :class:`HandlerSuspended`.
 
     Raises:
         CorralError: the handler's own error with its code (unknown codes become
@@ -279,7 +277,7 @@ async def invoke_in(
         raise SandboxCancelledError(f"invoke cancelled: {cancel.reason}")
     tail = _Tail(stderr_tail_bytes)
 
-    async def run() -> Outcome:
+    async def run() -> HandlerReply:
         for path, data in (files or {}).items():
             await sandbox.write_file(path, data)
         if real is InvocationMode.IN_CONTEXT:

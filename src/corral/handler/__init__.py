@@ -13,7 +13,6 @@ import os
 
 from corral.handler.base import (
     HANDLER_ENV,
-    HandlerContext,
     build_context,
     call_handler,
     error_frame_for,
@@ -27,7 +26,6 @@ from corral.handler.base import (
 
 __all__ = [
     "HANDLER_ENV",
-    "HandlerContext",
     "build_context",
     "call_handler",
     "entrypoint_script",

@@ -15,6 +15,7 @@ stream. The same call logic serves the dispatcher's in-context mode.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -22,11 +23,10 @@ import os
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import IO, Any, Final, final
+from typing import IO, Any, Final
 
 from corral.core.errors import ConfigInvalidError, CorralError, ErrorCode
-from corral.core.spec import HandlerRef, ResumeInfo
+from corral.core.spec import HandlerRef, SandboxInvocationContext
 from corral.wire.protocol import (
     DEFAULT_MAX_LINE_BYTES,
     SUSPEND_EXIT_CODE,
@@ -45,7 +45,6 @@ from corral.wire.protocol import (
 
 __all__ = [
     "HANDLER_ENV",
-    "HandlerContext",
     "build_context",
     "call_handler",
     "error_frame_for",
@@ -64,44 +63,15 @@ _TRACEBACK_CHARS: Final = 4000
 _USAGE: Final = "usage: python -m corral.handler MODULE_OR_FILE:ATTRIBUTE (or set CORRAL_HANDLER)"
 
 
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HandlerContext:
-    """What a handler gets as ``ctx`` next to its input.
-
-    ``state`` and ``node_outputs`` are the decoded JSON objects of the invoke
-    frame, unchanged. ``resume`` is the invoke frame's ``ctx.resume`` (the
-    token that triggered this re-run), and ``resumed_tokens`` maps every
-    completed token to its value: the resume frames, plus ``ctx.resume``.
-    """
-
-    run_id: str
-    tenant_id: str
-    node_id: str | None = None
-    dry_run: bool = False
-    state: Mapping[str, Any] = field(default_factory=dict)
-    node_outputs: Mapping[str, Any] = field(default_factory=dict)
-    resume: ResumeInfo | None = None
-    resumed_tokens: Mapping[str, Any] = field(default_factory=dict)
-
-    def wait_token(self, token_id: str) -> Any:
-        """The value token ``token_id`` completed with; if it has not completed yet,
-        raise :class:`~corral.wire.protocol.SandboxSuspensionRequest` (the run suspends)."""
-        if token_id in self.resumed_tokens:
-            return self.resumed_tokens[token_id]
-        raise SandboxSuspensionRequest(token_id)
-
-
-def build_context(invoke: InvokeFrame, resumes: Sequence[ResumeFrame] = ()) -> HandlerContext:
-    """The handler's ctx from an invoke frame and the resume frames before it."""
+def build_context(invoke: InvokeFrame,
+                  resumes: Sequence[ResumeFrame] = ()) -> SandboxInvocationContext:
+    """The handler's ctx: the invoke frame's, with ``resumed_tokens`` mapping every
+    completed token to its value (the resume frames, plus ``ctx.resume``)."""
     c = invoke.ctx
     tokens: dict[str, Any] = {r.token_id: r.value for r in resumes}
     if c.resume is not None:
         tokens.setdefault(c.resume.token_id, c.resume.value)
-    return HandlerContext(
-        run_id=c.run_id, tenant_id=c.tenant_id, node_id=c.node_id, dry_run=c.dry_run,
-        state=c.state, node_outputs=c.node_outputs, resume=c.resume, resumed_tokens=tokens,
-    )
+    return dataclasses.replace(c, resumed_tokens=tokens)
 
 
 # ---------------------------------------------------------------- naming and loading
@@ -165,7 +135,7 @@ def load_handler(module_path: str, attribute: str = "handler") -> Callable[..., 
 # ---------------------------------------------------------------- calling
 
 
-def call_handler(fn: Callable[..., Any], payload: Any, ctx: HandlerContext) -> Any:
+def call_handler(fn: Callable[..., Any], payload: Any, ctx: SandboxInvocationContext) -> Any:
     """``fn(payload, ctx)``; a coroutine (or other awaitable) result runs under asyncio.run."""
     result = fn(payload, ctx)
     if inspect.isawaitable(result):

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from corral.core.cancel import CancelToken
+from corral.core.result import OUTCOME_EXIT_STATUS, Outcome, RunResult, exit_status_of
 from corral.core.sync import sync_twin
 from corral.run.engine import CWD_PREFIX, BoundedRun
 from corral.run.options import (
@@ -35,7 +36,6 @@ from corral.run.options import (
     OutputCallback,
     make_options,
 )
-from corral.run.result import OUTCOME_EXIT_STATUS, Outcome, RunResult, exit_status_of
 from corral.run.tree import TOKEN_VAR, Spawner, spawn_process
 
 if TYPE_CHECKING:

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from typing import Final, final
 
 from corral.core.cancel import call_on_cancel
+from corral.core.result import Outcome, OutputBuffer, RunResult
 from corral.core.spec import ResourceUsage
 from corral.run.options import RunOptions, build_env
-from corral.run.result import Outcome, OutputBuffer, RunResult, exit_outcome, signal_name
 from corral.run.tree import PidWindow, kill_group, kill_tree, limited_argv, reap, remove_tree
 
 __all__ = ["CWD_PREFIX", "BoundedRun"]
@@ -362,10 +362,7 @@ class BoundedRun:
                t_end: float) -> RunResult:
         o = self._o
         outcome = self._outcome or self._overflow
-        exit_code: int | None = None
-        sig: str | None = None
         error, errno_ = "", None
-        limit: int | None = None
         if self._spawn_error is not None:
             outcome = Outcome.SPAWN_ERROR
             e = self._spawn_error
@@ -373,23 +370,47 @@ class BoundedRun:
             error = f"{type(e).__name__}: {e}"
         elif outcome is None:
             outcome = exit_outcome(rc, usage.cpu_ms, cpu_ms=o.cpu_ms, mem_mb=o.mem_mb)
-        if outcome is Outcome.EXIT and rc is not None:
-            if rc < 0:
-                sig = signal_name(-rc)
-            else:
-                exit_code = rc
         limit = {Outcome.TIMEOUT: o.timeout_ms, Outcome.OVERFLOW_STDOUT: o.max_stdout_bytes,
                  Outcome.OVERFLOW_STDERR: o.max_stderr_bytes, Outcome.MEMORY_LIMIT: o.mem_mb,
                  Outcome.CPU_LIMIT: o.cpu_ms}.get(outcome)
+        observed = {Outcome.OVERFLOW_STDOUT: self._out.total,
+                    Outcome.OVERFLOW_STDERR: self._err.total,
+                    Outcome.MEMORY_LIMIT: usage.peak_mem_mb or None,
+                    Outcome.CPU_LIMIT: usage.cpu_ms or None}.get(outcome)
         return RunResult(
-            outcome=outcome, exit_code=exit_code, signal=sig, returncode=rc,
-            stdout_bytes=b"".join(self._out.chunks), stderr_bytes=b"".join(self._err.chunks),
+            outcome=outcome, exit_code=rc,
+            stdout=self._out.value(), stderr=self._err.value(),
             stdout_truncated=self._out.truncated, stderr_truncated=self._err.truncated,
             duration_ms=round((t_end - self._t0) * 1000, 3), usage=usage, cwd=self._cwd,
             cwd_owned=self._cwd_owned, node_heap_mb_applied=self._heap_applied,
-            error_message=error, spawn_errno=errno_, limit_value=limit, strays_killed=strays)
+            detail=error, spawn_errno=errno_, limit_value=limit, observed=observed,
+            strays_killed=strays)
 
 
 def _settle(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+_MEMORY_SIGNALS: Final = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT})
+
+
+def exit_outcome(rc: int | None, cpu_ms_used: int, *, cpu_ms: int | None,
+                 mem_mb: int | None) -> Outcome:
+    """``exit``, or the rlimit outcome the child's death points to (docs/runner.md).
+
+    cpu-limit: ``cpu_ms`` was set and the child died of SIGXCPU (the soft
+    RLIMIT_CPU), or of a SIGKILL the runner did not send after using at least
+    ``cpu_ms`` (the hard one). memory-limit: ``mem_mb`` was set and the child
+    died of SIGSEGV, SIGBUS or SIGABRT (what an unchecked or fatal allocation
+    failure under RLIMIT_AS looks like). Anything else is ``exit``.
+    """
+    if rc is None or rc >= 0:
+        return Outcome.EXIT
+    sig = -rc
+    if cpu_ms is not None and (sig == signal.SIGXCPU or (
+            sig == signal.SIGKILL and cpu_ms_used >= cpu_ms)):
+        return Outcome.CPU_LIMIT
+    if mem_mb is not None and sig in _MEMORY_SIGNALS:
+        return Outcome.MEMORY_LIMIT
+    return Outcome.EXIT

@@ -14,7 +14,7 @@ from typing import Final
 
 from corral.core.cancel import CancelToken
 from corral.core.errors import ConfigInvalidError
-from corral.run.result import OutputCallback
+from corral.core.result import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES, OutputCallback
 from corral.run.tree import TOKEN_VAR, Spawner
 
 __all__ = [
@@ -27,8 +27,6 @@ __all__ = [
     "make_options",
 ]
 
-DEFAULT_MAX_STDOUT_BYTES: Final = 8 * 1024 * 1024
-DEFAULT_MAX_STDERR_BYTES: Final = 1024 * 1024
 DEFAULT_GRACE_PERIOD_MS: Final = 2000
 #: the variables copied from the host when present (HOME/TMPDIR: see build_env)
 BOOTSTRAP_VARS: Final = ("PATH", "HOME", "TMPDIR")

@@ -24,38 +24,30 @@ reason on stderr, as a shell would, instead of the ``spawn-error`` outcome.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from corral.core.cancel import CancelToken, call_on_cancel
 from corral.core.contract import SandboxProvider, SupportsStreamingExec
 from corral.core.errors import (
     ConfigInvalidError,
+    CorralError,
+    CreateCancelledError,
     LevelNotSupportedError,
-    LimitsExceededError,
-    SandboxTimeoutError,
 )
-from corral.core.spec import (
-    Capability,
-    ExecOpts,
-    ExecResult,
-    Level,
-    ResourceUsage,
-    SandboxLimits,
-    SandboxSpec,
+from corral.core.result import (
+    DEFAULT_MAX_STDERR_BYTES,
+    DEFAULT_MAX_STDOUT_BYTES,
+    Outcome,
+    OutputCallback,
+    RunResult,
 )
+from corral.core.spec import Capability, ExecOpts, Level, SandboxLimits, SandboxSpec
 from corral.core.sync import sync_twin
-from corral.run.bounded import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES
-from corral.run.result import Outcome, OutputBuffer, OutputCallback, RunResult, signal_name
 
 __all__ = ["run_strict", "run_strict_async"]
-
-_LIMIT_OUTCOME = {
-    "memory": Outcome.MEMORY_LIMIT, "cpu": Outcome.CPU_LIMIT,
-    "processes": Outcome.PROCESSES_LIMIT, "disk": Outcome.DISK_LIMIT,
-}
 
 
 async def run_strict_async(
@@ -124,40 +116,50 @@ async def run_strict_async(
                 Level.STRICT.value, frozenset(lv.value for lv in provider.levels),
                 f"run_strict needs a strict provider; {provider.name!r} is not one")
     started = time.monotonic()
-    bufs = (OutputBuffer(max_stdout_bytes, on_stdout, True),
-            OutputBuffer(max_stderr_bytes, on_stderr, True))
-    loop = asyncio.get_running_loop()
-    overflow: list[Outcome] = []
+    streams = {1: on_stdout, 2: on_stderr}
+    #: what streamed so far (already capped by the provider): the output a cancelled
+    #: run keeps, since a cancelled exec returns nothing
+    seen: dict[int, list[bytes]] = {1: [], 2: []}
+
+    def on_output(fd: int, chunk: bytes) -> None:
+        seen[fd].append(chunk)
+        cb = streams[fd]
+        if cb is not None:
+            cb(chunk)
+
     try:
         spec = SandboxSpec(tenant_id=tenant_id, run_id=uuid.uuid4().hex, level=Level.STRICT,
                            limits=limits or SandboxLimits())
-        sandbox = await provider.create(spec, cancel=cancel)
+        try:
+            sandbox = await provider.create(spec, cancel=cancel)
+        except CreateCancelledError:  # the cancel came while the sandbox was being made
+            return RunResult(outcome=Outcome.CANCELLED, cwd="/work",
+                             duration_ms=(time.monotonic() - started) * 1000)
         try:
             argv = [command, *args]
-            opts = ExecOpts(timeout_ms=timeout_ms, env=env, cwd=cwd, stdin=data)
-            if (Capability.STREAMING_EXEC.value in provider.capabilities
-                    and isinstance(sandbox, SupportsStreamingExec)):
-                task = asyncio.ensure_future(sandbox.exec_streaming(
-                    argv, opts, on_output=lambda fd, chunk: _take(fd, chunk)))
-            else:  # the output comes with the result (see _result)
+            opts = ExecOpts(timeout_ms=timeout_ms, env=env, cwd=cwd, stdin=data,
+                            max_stdout_bytes=max_stdout_bytes, max_stderr_bytes=max_stderr_bytes)
+            streaming = (Capability.STREAMING_EXEC.value in provider.capabilities
+                         and isinstance(sandbox, SupportsStreamingExec))
+            if streaming:
+                assert isinstance(sandbox, SupportsStreamingExec)
+                task = asyncio.ensure_future(sandbox.exec_streaming(argv, opts,
+                                                                    on_output=on_output))
+            else:  # the output comes with the result
                 task = asyncio.ensure_future(sandbox.exec(argv, opts))
-
-            def _take(fd: int, chunk: bytes) -> None:
-                if bufs[fd - 1].feed(chunk) and not overflow:
-                    overflow.append(Outcome.OVERFLOW_STDOUT if fd == 1
-                                    else Outcome.OVERFLOW_STDERR)
-                    task.cancel()
-
-            remove = call_on_cancel(cancel, loop, task.cancel)
+            remove = call_on_cancel(cancel, asyncio.get_running_loop(), task.cancel)
             try:
-                result: ExecResult | BaseException
                 try:
                     result = await task
-                except (SandboxTimeoutError, LimitsExceededError, asyncio.CancelledError) as e:
-                    if isinstance(e, asyncio.CancelledError) and not (
-                            overflow or (cancel is not None and cancel.cancelled)):
+                except CorralError as e:
+                    if e.result is None:
+                        raise
+                    result = e.result
+                except asyncio.CancelledError:
+                    if cancel is None or not cancel.cancelled:
                         raise  # our caller's cancellation: let it through
-                    result = e
+                    result = RunResult(outcome=Outcome.CANCELLED, stdout=b"".join(seen[1]),
+                                       stderr=b"".join(seen[2]))
             finally:
                 remove()
         finally:
@@ -165,43 +167,12 @@ async def run_strict_async(
     finally:
         if own:
             await provider.aclose()
-    return _result(result, bufs, overflow, cancel, timeout_ms,
-                   (time.monotonic() - started) * 1000)
-
-
-def _result(res: ExecResult | BaseException, bufs: tuple[OutputBuffer, OutputBuffer],
-            overflow: list[Outcome], cancel: CancelToken | None, timeout_ms: int,
-            duration_ms: float) -> RunResult:
-    def common() -> dict[str, Any]:
-        out, err = (b"".join(b.chunks) for b in bufs)
-        return {"stdout_bytes": out, "stderr_bytes": err, "stdout_truncated": bufs[0].truncated,
-                "stderr_truncated": bufs[1].truncated, "duration_ms": duration_ms,
-                "cwd": "/work"}
-
-    if overflow:
-        cap = bufs[0 if overflow[0] is Outcome.OVERFLOW_STDOUT else 1].cap
-        return RunResult(outcome=overflow[0], limit_value=cap, **common())
-    if isinstance(res, ExecResult):
-        code = res.exit_code
-        for buf, data in zip(bufs, (res.stdout, res.stderr), strict=True):
-            if data and not buf.total:  # never streamed: the reason a command could not start
-                buf.feed(data)
-        return RunResult(outcome=Outcome.EXIT, exit_code=code if code >= 0 else None,
-                         signal=signal_name(-code) if code < 0 else None, returncode=code,
-                         usage=res.usage, **common())
-    if isinstance(res, SandboxTimeoutError):
-        return RunResult(outcome=Outcome.TIMEOUT, limit_value=timeout_ms,
-                         usage=ResourceUsage(wall_ms=int(duration_ms)),
-                         **common())
-    if isinstance(res, LimitsExceededError):
-        if res.limit == "output":  # the provider's own cap, when a shared provider's is lower
-            which = Outcome.OVERFLOW_STDERR if bufs[1].truncated else Outcome.OVERFLOW_STDOUT
-            return RunResult(outcome=which, limit_value=res.limit_value,
-                             **common())
-        return RunResult(outcome=_LIMIT_OUTCOME[res.limit], limit_value=res.limit_value,
-                         **common())
-    assert cancel is not None and cancel.cancelled
-    return RunResult(outcome=Outcome.CANCELLED, **common())
+    if not streaming:
+        for fd, data_ in ((1, result.stdout), (2, result.stderr)):
+            if data_:
+                on_output(fd, data_)
+    return dataclasses.replace(result, duration_ms=(time.monotonic() - started) * 1000,
+                               cwd=result.cwd or "/work")
 
 
 #: the synchronous twin (same parameters): its own short-lived event loop, or a helper

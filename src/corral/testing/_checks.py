@@ -12,7 +12,8 @@ import uuid
 from collections.abc import Awaitable
 
 from corral.core.errors import ProviderError, SandboxTimeoutError
-from corral.core.spec import ExecOpts, ExecResult, ProcessOpts
+from corral.core.result import RunResult
+from corral.core.spec import ExecOpts, ProcessOpts
 from corral.testing._kit import (
     Kit,
     drain,
@@ -36,7 +37,7 @@ _SLEEPER_TREE = (
 )
 
 
-def _brief(r: ExecResult) -> str:
+def _brief(r: RunResult) -> str:
     return f"exit {r.exit_code}, stdout {r.stdout[:200]!r}, stderr {r.stderr[-300:]!r}"
 
 
@@ -48,7 +49,7 @@ async def check_exec(k: Kit) -> None:
         expect(sb.spec == spec, "sandbox.spec must be the spec it was created from")
         r = await k.run(sb, "import sys; sys.stdout.buffer.write(b'out\\x00\\xff\\n'); "
                             "sys.stderr.buffer.write(b'err\\x01')")
-        expect(isinstance(r, ExecResult), f"exec must return ExecResult, got {type(r).__name__}")
+        expect(isinstance(r, RunResult), f"exec must return RunResult, got {type(r).__name__}")
         expect((r.stdout, r.stderr, r.exit_code) == (b"out\x00\xff\n", b"err\x01", 0),
                f"exec output not byte-exact: {_brief(r)}")
         r = await k.run(sb, "import sys; sys.exit(3)")

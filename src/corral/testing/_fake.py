@@ -9,8 +9,8 @@ paths are refused with ConfigInvalidError).
 
     def handler(argv, opts):
         if argv[:2] == ["python", "-c"]:
-            return ExecResult(stdout=b"42\\n", stderr=b"", exit_code=0)
-        return ExecResult(stdout=b"", stderr=b"not found", exit_code=127)
+            return RunResult(stdout=b"42\\n", stderr=b"", exit_code=0)
+        return RunResult(stdout=b"", stderr=b"not found", exit_code=127)
 
     provider = FakeProvider(handler)
 """
@@ -31,22 +31,23 @@ from corral.core.errors import (
     LevelNotSupportedError,
     ProviderError,
 )
-from corral.core.spec import ExecOpts, ExecResult, ExitStatus, Level, ProcessOpts, SandboxSpec
+from corral.core.result import RunResult
+from corral.core.spec import ExecOpts, Level, ProcessOpts, SandboxSpec
 from corral.providers.confined import split_relative
 
 __all__ = ["FakeHandler", "FakeProvider", "FakeSandbox"]
 
-#: ``handler(argv, opts) -> ExecResult`` (or an awaitable of one). It may raise
+#: ``handler(argv, opts) -> RunResult`` (or an awaitable of one). It may raise
 #: corral errors (SandboxTimeoutError, LimitsExceededError, ...) to simulate them.
 FakeHandler: TypeAlias = Callable[[Sequence[str], ExecOpts],
-                                  "ExecResult | Awaitable[ExecResult]"]
+                                  "RunResult | Awaitable[RunResult]"]
 
 #: the work dir as absolute paths name it inside a fake sandbox
 FAKE_WORK_DIR = "/work"
 
 
-def _ok(argv: Sequence[str], opts: ExecOpts) -> ExecResult:
-    return ExecResult(stdout=b"", stderr=b"", exit_code=0)
+def _ok(argv: Sequence[str], opts: ExecOpts) -> RunResult:
+    return RunResult(stdout=b"", stderr=b"", exit_code=0)
 
 
 @final
@@ -145,17 +146,17 @@ class FakeSandbox(Sandbox):
         if cwd is not None and cwd not in ("", ".", FAKE_WORK_DIR, FAKE_WORK_DIR + "/"):
             split_relative(cwd, root_alias=FAKE_WORK_DIR)
 
-    async def _answer(self, argv: Sequence[str], opts: ExecOpts) -> ExecResult:
+    async def _answer(self, argv: Sequence[str], opts: ExecOpts) -> RunResult:
         self._check(argv, opts.cwd)
         self.calls.append((tuple(argv), opts))
         result = self._handler(argv, opts)
         if inspect.isawaitable(result):
             result = await result
-        if not isinstance(result, ExecResult):
-            raise ProviderError(f"fake handler returned {type(result).__name__}, not ExecResult")
+        if not isinstance(result, RunResult):
+            raise ProviderError(f"fake handler returned {type(result).__name__}, not RunResult")
         return result
 
-    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> RunResult:
         self._alive("exec")
         return await self._answer(argv, opts or ExecOpts())
 
@@ -211,7 +212,7 @@ class _FakeProcess(ProcessHandle):
         self.stdin_data = bytearray()
         self.stdin_closed = not opts.stdin
         self.stdin = _FakeStdin(self)
-        self._result: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
+        self._result: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         self._task: asyncio.Task[None] | None = None
         self.stdout = self._stream(lambda r: r.stdout)
         self.stderr = self._stream(lambda r: r.stderr)
@@ -228,20 +229,20 @@ class _FakeProcess(ProcessHandle):
         try:
             res = await self._sb._answer(self._argv, opts)
         except Exception as e:
-            res = ExecResult(stdout=b"", stderr=f"{type(e).__name__}: {e}".encode(), exit_code=1)
+            res = RunResult(stdout=b"", stderr=f"{type(e).__name__}: {e}".encode(), exit_code=1)
         if not self._result.done():
             self._result.set_result(res)
 
-    async def _stream(self, pick: Callable[[ExecResult], bytes]) -> AsyncIterator[bytes]:
+    async def _stream(self, pick: Callable[[RunResult], bytes]) -> AsyncIterator[bytes]:
         data = pick(await asyncio.shield(self._result))
         if data:
             yield data
 
-    async def wait(self) -> ExitStatus:
-        return ExitStatus(exit_code=(await asyncio.shield(self._result)).exit_code)
+    async def wait(self) -> RunResult:
+        return RunResult(exit_code=(await asyncio.shield(self._result)).exit_code)
 
     async def kill(self) -> None:
         if not self._result.done():
-            self._result.set_result(ExecResult(stdout=b"", stderr=b"", exit_code=-9))
+            self._result.set_result(RunResult(stdout=b"", stderr=b"", exit_code=-9))
         if self._task is not None and not self._task.done():
             self._task.cancel()

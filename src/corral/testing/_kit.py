@@ -18,7 +18,8 @@ from typing import TypeVar
 
 from corral.core.contract import Sandbox, SandboxProvider
 from corral.core.errors import ConfigInvalidError
-from corral.core.spec import ExecOpts, ExecResult, Level, NetworkPolicy, SandboxLimits, SandboxSpec
+from corral.core.result import RunResult
+from corral.core.spec import ExecOpts, Level, NetworkPolicy, SandboxLimits, SandboxSpec
 
 __all__ = ["Kit", "KitOptions", "drain", "expect", "expect_config_invalid", "read_until",
            "within"]
@@ -137,7 +138,7 @@ class Kit:
         return [self.python, "-I", "-S", "-c", code]
 
     async def run(self, sb: Sandbox, code: str, opts: ExecOpts | None = None,
-                  *, seconds: float = 20.0) -> ExecResult:
+                  *, seconds: float = 20.0) -> RunResult:
         """``sb.exec`` of a python snippet, guarded by ``seconds``."""
         return await within(sb.exec(self.py(code), opts), seconds, "exec of a python snippet")
 

@@ -24,6 +24,7 @@ Stdlib and :mod:`corral.wire.agent` only (imported by the fork server).
 from __future__ import annotations
 
 import base64
+import errno as _errno
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -120,7 +121,6 @@ def clone_failed(errno: int) -> bytes:
 def decode_cloned(data: bytes) -> int:
     """The pid of a clone; OSError (the template's errno) when it failed."""
     if data[:1] == b"E":
-        import os
-        errno = int(data[1:] or 0)
-        raise OSError(errno, f"clone: {os.strerror(errno)}")
+        code = int(data[1:] or 0)
+        raise OSError(code, f"clone: {_errno.errorcode.get(code, f'errno {code}')}")
     return int(data)

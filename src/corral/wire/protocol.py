@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias, final
 
 from corral.core.errors import ConfigInvalidError
-from corral.core.spec import ResumeInfo
+from corral.core.spec import ResumeInfo, SandboxInvocationContext, SandboxSuspensionRequest
 
 # fmt: off
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "OutputFrame",
     "PROTOCOL_VERSION",
     "ParseResult",
-    "ProtocolContext",
     "ProtocolError",
     "ProtocolErrorKind",
     "ResumeFrame",
@@ -67,38 +66,13 @@ DEFAULT_MAX_LINE_BYTES: Final = 16 * 1024 * 1024
 EXCERPT_BYTES: Final = 200
 
 
-class SandboxSuspensionRequest(Exception):
-    """Raised by handler code to wait durably on a token; the handler-base entrypoint
-    turns it into a :class:`SuspendFrame` and exits with :data:`SUSPEND_EXIT_CODE`."""
-
-    def __init__(self, token_id: str) -> None:
-        if not isinstance(token_id, str) or not token_id:
-            raise ConfigInvalidError("token_id", "must be a non-empty string")
-        super().__init__(f"handler suspended on wait token {token_id!r}")
-        self.token_id = token_id
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProtocolContext:
-    """The run context on ``invoke`` as ``ctx``; wire names are camelCase (``runId`` ...)."""
-
-    run_id: str
-    tenant_id: str
-    node_id: str | None = None
-    dry_run: bool = False
-    state: Mapping[str, Any] = field(default_factory=dict)
-    node_outputs: Mapping[str, Any] = field(default_factory=dict)
-    resume: ResumeInfo | None = None
-
-
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InvokeFrame:
     """Host to handler: run once with ``input`` in context ``ctx``."""
 
     input: Any
-    ctx: ProtocolContext
+    ctx: SandboxInvocationContext
     v: Literal[1] = field(default=1, init=False)
     kind: Literal["invoke"] = field(default="invoke", init=False)
 
@@ -212,8 +186,12 @@ ParseResult: TypeAlias = FrameOk | FrameErr
 def frame_to_dict(frame: WireFrame) -> dict[str, Any]:
     """The wire dict of a frame, keys in wire order; typed fields are checked as
     :func:`parse_frame` checks them (a bad one raises :class:`ConfigInvalidError`)."""
-    if isinstance(frame, InvokeFrame) and not isinstance(frame.ctx, ProtocolContext):
-        raise ConfigInvalidError("ctx", "must be a ProtocolContext")
+    if isinstance(frame, InvokeFrame) and not isinstance(frame.ctx, SandboxInvocationContext):
+        raise ConfigInvalidError("ctx", "must be a SandboxInvocationContext")
+    for name, wire in (("run_id", "runId"), ("tenant_id", "tenantId")):
+        if isinstance(frame, InvokeFrame) and not getattr(frame.ctx, name):
+            raise ConfigInvalidError(f"ctx.{wire}", "the wire needs it (invoke fills it "
+                                     "from the spec)")
     if isinstance(frame, ErrorFrame) and not isinstance(frame.error, ErrorBody):
         raise ConfigInvalidError("error", "must be an ErrorBody")
     resume = frame.ctx.resume if isinstance(frame, InvokeFrame) else None
@@ -329,7 +307,7 @@ def _get(obj: Mapping[str, Any], key: str, path: str, want: str, *, optional: bo
     return value
 
 
-def _ctx(doc: Mapping[str, Any]) -> ProtocolContext:
+def _ctx(doc: Mapping[str, Any]) -> SandboxInvocationContext:
     ctx = _get(doc, "ctx", "ctx", "object")
     fields = {
         "run_id": _get(ctx, "runId", "ctx.runId", "token"),
@@ -344,7 +322,7 @@ def _ctx(doc: Mapping[str, Any]) -> ProtocolContext:
         token = _get(resume, "tokenId", "ctx.resume.tokenId", "token")
         value = _get(resume, "value", "ctx.resume.value", "any")
         fields["resume"] = ResumeInfo(token_id=token, value=value)
-    return ProtocolContext(**fields)
+    return SandboxInvocationContext(**fields)
 
 
 def _build(doc: dict[str, Any]) -> WireFrame:

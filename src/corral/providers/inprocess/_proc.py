@@ -7,11 +7,12 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from corral.core.contract import ProcessHandle, ProcessStdin
 from corral.core.errors import ConfigInvalidError, ProviderError
-from corral.core.spec import ExitStatus, ResourceUsage
+from corral.core.result import Outcome, OutputBuffer, RunResult
+from corral.core.spec import ResourceUsage
 
 __all__ = ["Child", "InProcessHandle", "spawn"]
 
@@ -33,26 +34,30 @@ def _check_argv(argv: Sequence[str]) -> list[str]:
 class _Pipe:
     """Reads one pipe to EOF in the background, so the child never blocks on it.
 
-    Chunks go to a queue (for streaming) or a buffer (for exec), and the pipe
-    always reaches EOF once the process group is dead, which lets asyncio
-    close the transport.
+    Chunks go to a queue (for streaming) or an :class:`OutputBuffer` (for exec,
+    capped: passing the cap calls ``on_over`` once), and the pipe always reaches
+    EOF once the process group is dead, which lets asyncio close the transport.
     """
 
-    def __init__(self, reader: asyncio.StreamReader, *, keep: bool) -> None:
-        self.buf = bytearray()
-        self._keep = keep
+    def __init__(self, reader: asyncio.StreamReader, *, buf: OutputBuffer | None,
+                 on_over: Callable[[], None]) -> None:
+        self.buf = buf
+        self._on_over = on_over
         self._queue: asyncio.Queue[bytes] = asyncio.Queue()
         self.task = asyncio.ensure_future(self._pump(reader))
 
     async def _pump(self, reader: asyncio.StreamReader) -> None:
         try:
             while chunk := await reader.read(_CHUNK):
-                if self._keep:
-                    self.buf += chunk
-                else:
+                if self.buf is None:
                     self._queue.put_nowait(chunk)
+                elif self.buf.feed(chunk):
+                    self._on_over()
         finally:
             self._queue.put_nowait(b"")
+
+    def value(self) -> bytes:
+        return self.buf.value() if self.buf is not None else b""
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while chunk := await self._queue.get():
@@ -63,14 +68,24 @@ class _Pipe:
 class Child:
     """One spawned command: the leader of its own process group."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, *, keep: bool) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, *,
+                 caps: tuple[int, int] | None) -> None:
         self.proc = proc
         self.pgid = proc.pid
         self.started = time.monotonic()
         assert proc.stdout is not None and proc.stderr is not None
-        self.out = _Pipe(proc.stdout, keep=keep)
-        self.err = _Pipe(proc.stderr, keep=keep)
+        #: the stream that passed its cap first (1 or 2; the group was killed), or 0
+        self.over = 0
+        self.out = _Pipe(proc.stdout, buf=OutputBuffer(caps[0]) if caps else None,
+                         on_over=lambda: self._overflow(1))
+        self.err = _Pipe(proc.stderr, buf=OutputBuffer(caps[1]) if caps else None,
+                         on_over=lambda: self._overflow(2))
         self._killed_group = False
+
+    def _overflow(self, fd: int) -> None:
+        if not self.over:
+            self.over = fd
+            self.kill_group()
 
     def kill_group(self) -> None:
         """SIGKILL the whole process group (the leader and what it started)."""
@@ -104,8 +119,9 @@ class Child:
 
 
 async def spawn(argv: Sequence[str], *, cwd: str, env: Mapping[str, str], stdin: bool,
-                keep: bool) -> Child:
-    """Start ``argv`` in a new session (so its own process group)."""
+                caps: tuple[int, int] | None) -> Child:
+    """Start ``argv`` in a new session (so its own process group); ``caps``: keep
+    the output up to these caps (exec), else stream it (a started process)."""
     args = _check_argv(argv)
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -115,7 +131,7 @@ async def spawn(argv: Sequence[str], *, cwd: str, env: Mapping[str, str], stdin:
         )
     except OSError as e:
         raise ProviderError(f"cannot start {args[0]!r}: {e.strerror}", e) from None
-    return Child(proc, keep=keep)
+    return Child(proc, caps=caps)
 
 
 class _Stdin(ProcessStdin):
@@ -150,18 +166,27 @@ class InProcessHandle(ProcessHandle):
         self.stdout = child.out.chunks()
         self.stderr = child.err.chunks()
         self._timer: asyncio.TimerHandle | None = None
+        self._timeout_ms = timeout_ms
+        self._timed_out = False
         if timeout_ms is not None:
             self._timer = asyncio.get_running_loop().call_later(
-                timeout_ms / 1000, child.kill_group)
+                timeout_ms / 1000, self._on_timeout)
         self._waiter = asyncio.ensure_future(self._wait())
 
-    async def _wait(self) -> ExitStatus:
+    def _on_timeout(self) -> None:
+        self._timed_out = True
+        self.child.kill_group()
+
+    async def _wait(self) -> RunResult:
         code = await self.child.wait()
         if self._timer is not None:
             self._timer.cancel()
-        return ExitStatus(exit_code=code, usage=self.child.usage())
+        if self._timed_out:
+            return RunResult(outcome=Outcome.TIMEOUT, exit_code=code, usage=self.child.usage(),
+                             limit_value=self._timeout_ms)
+        return RunResult(outcome=Outcome.EXIT, exit_code=code, usage=self.child.usage())
 
-    async def wait(self) -> ExitStatus:
+    async def wait(self) -> RunResult:
         return await asyncio.shield(self._waiter)
 
     async def kill(self) -> None:

@@ -15,12 +15,16 @@ from corral.core.errors import (
     ConfigInvalidError,
     LevelNotSupportedError,
     ProviderError,
-    SandboxTimeoutError,
+)
+from corral.core.result import (
+    DEFAULT_MAX_STDERR_BYTES,
+    DEFAULT_MAX_STDOUT_BYTES,
+    Outcome,
+    RunResult,
 )
 from corral.core.spec import (
     Capability,
     ExecOpts,
-    ExecResult,
     InvocationMode,
     Level,
     ProcessOpts,
@@ -49,8 +53,9 @@ class InProcessSandbox(HostDirSandbox):
     its group is killed when it returns.
     """
 
-    def __init__(self, spec: SandboxSpec, base: str) -> None:
+    def __init__(self, spec: SandboxSpec, base: str, caps: tuple[int, int]) -> None:
         super().__init__(spec, base, provider_name=_NAME)
+        self._caps = caps
         self._children: set[Child] = set()
 
     # -- helpers -------------------------------------------------------------
@@ -62,9 +67,9 @@ class InProcessSandbox(HostDirSandbox):
         return out
 
     async def _spawn(self, argv: Sequence[str], *, cwd: str | None, env: Any, stdin: bool,
-                     keep: bool) -> Child:
+                     caps: tuple[int, int] | None) -> Child:
         child = await spawn(argv, cwd=self._cwd(cwd), env=self._env(env), stdin=stdin,
-                            keep=keep)
+                            caps=caps)
         if self._destroyed:  # destroy ran while we were starting it
             child.kill_group()
             await child.wait()
@@ -73,12 +78,14 @@ class InProcessSandbox(HostDirSandbox):
         return child
 
     # -- the contract --------------------------------------------------------
-    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> RunResult:
         self._alive("exec")
         opts = opts or ExecOpts()
         child = await self._spawn(argv, cwd=opts.cwd, env=opts.env,
-                                  stdin=opts.stdin is not None, keep=True)
+                                  stdin=opts.stdin is not None,
+                                  caps=opts.output_caps(self._caps[0], self._caps[1]))
         feeder: asyncio.Future[None] | None = None
+        outcome, limit = Outcome.EXIT, None
         try:
             if opts.stdin is not None:
                 feeder = asyncio.ensure_future(_feed(child, bytes(opts.stdin)))
@@ -87,19 +94,25 @@ class InProcessSandbox(HostDirSandbox):
                 code = await asyncio.wait_for(child.wait(), timeout)
             except TimeoutError:
                 child.kill_group()
-                await child.wait()
-                await child.finish_pipes()
-                raise SandboxTimeoutError(
-                    f"command ran past its timeout of {opts.timeout_ms} ms and was killed",
-                    timeout_ms=opts.timeout_ms or 0, stdout=bytes(child.out.buf),
-                    stderr=bytes(child.err.buf)) from None
+                code = await child.wait()
+                outcome, limit = Outcome.TIMEOUT, opts.timeout_ms
             await child.finish_pipes()
-            if feeder is not None:
+            if feeder is not None and outcome is Outcome.EXIT:
                 await feeder
             if self._destroyed:
                 raise ProviderError(f"exec: sandbox {self.id} was destroyed while it ran")
-            return ExecResult(stdout=bytes(child.out.buf), stderr=bytes(child.err.buf),
-                              exit_code=code, usage=child.usage())
+            out, err = child.out.buf, child.err.buf
+            assert out is not None and err is not None
+            if child.over and outcome is Outcome.EXIT:
+                over = out if child.over == 1 else err
+                outcome = Outcome.OVERFLOW_STDOUT if child.over == 1 else Outcome.OVERFLOW_STDERR
+                limit = over.cap
+            result = RunResult(
+                outcome=outcome, exit_code=code, stdout=out.value(), stderr=err.value(),
+                stdout_truncated=out.truncated, stderr_truncated=err.truncated,
+                usage=child.usage(), limit_value=limit,
+                observed=(out if child.over == 1 else err).total if child.over else None)
+            return result.check()
         finally:
             child.kill_group()  # also on asyncio cancellation of exec
             if feeder is not None and not feeder.done():
@@ -112,7 +125,7 @@ class InProcessSandbox(HostDirSandbox):
         self._alive("start_process")
         opts = opts or ProcessOpts()
         child = await self._spawn(argv, cwd=opts.cwd, env=opts.env, stdin=opts.stdin,
-                                  keep=False)
+                                  caps=None)
         return InProcessHandle(child, opts.timeout_ms)
 
     async def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -172,6 +185,9 @@ class InProcessProvider(SandboxProvider):
 
     Args:
         temp_dir: where sandbox directories are made (default: the system's).
+        max_stdout_bytes / max_stderr_bytes: caps on ``exec`` output (passing
+            one kills the command's group and raises ``LimitsExceededError("output")``;
+            ``ExecOpts`` may narrow them).
         max_image_bytes: cap on the file bytes of an image directory.
     """
 
@@ -180,11 +196,17 @@ class InProcessProvider(SandboxProvider):
     capabilities = frozenset({Capability.STREAMING.value})
 
     def __init__(self, *, temp_dir: str | None = None,
+                 max_stdout_bytes: int = DEFAULT_MAX_STDOUT_BYTES,
+                 max_stderr_bytes: int = DEFAULT_MAX_STDERR_BYTES,
                  max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES) -> None:
-        if isinstance(max_image_bytes, bool) or not isinstance(max_image_bytes, int) \
-                or max_image_bytes <= 0:
-            raise ConfigInvalidError("max_image_bytes", "must be a positive integer")
+        for name, value in (("max_stdout_bytes", max_stdout_bytes),
+                            ("max_stderr_bytes", max_stderr_bytes),
+                            ("max_image_bytes", max_image_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigInvalidError(name, "must be a positive integer")
         self.temp_dir = temp_dir
+        self.max_stdout_bytes = max_stdout_bytes
+        self.max_stderr_bytes = max_stderr_bytes
         self.max_image_bytes = max_image_bytes
 
     def _validate(self, spec: SandboxSpec) -> str | None:
@@ -216,4 +238,4 @@ class InProcessProvider(SandboxProvider):
         base = await make_sandbox_dir(prefix="corral-inprocess-", temp_dir=self.temp_dir,
                                       image=image, max_image_bytes=self.max_image_bytes,
                                       cancel=cancel)
-        return InProcessSandbox(spec, base)
+        return InProcessSandbox(spec, base, (self.max_stdout_bytes, self.max_stderr_bytes))

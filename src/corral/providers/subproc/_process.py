@@ -8,16 +8,10 @@ from typing import final
 
 from corral.core.contract import ProcessHandle, ProcessStdin
 from corral.core.errors import ProviderError
-from corral.core.spec import ExitStatus
+from corral.core.result import RunResult
 from corral.run.engine import BoundedRun
-from corral.run.result import RunResult
 
-__all__ = ["ChunkQueue", "SubprocProcess", "exit_code_of"]
-
-
-def exit_code_of(result: RunResult) -> int:
-    """The contract's exit code: the child's code, or minus the signal that killed it."""
-    return result.returncode if result.returncode is not None else -9
+__all__ = ["ChunkQueue", "SubprocProcess"]
 
 
 @final
@@ -93,9 +87,10 @@ class SubprocProcess(ProcessHandle):
     def done(self) -> bool:
         return self._task.done()
 
-    async def wait(self) -> ExitStatus:
-        result = await asyncio.shield(self._task)
-        return ExitStatus(exit_code=exit_code_of(result), usage=result.usage)
+    async def wait(self) -> RunResult:
+        """How the run ended: the bounded run's own result (its outcome says
+        ``timeout`` or an overflow when the run was stopped for one)."""
+        return await asyncio.shield(self._task)
 
     async def kill(self) -> None:
         self._run.kill()

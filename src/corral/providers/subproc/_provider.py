@@ -23,10 +23,15 @@ from typing import Final, final
 from corral.core.cancel import CancelToken
 from corral.core.contract import ProcessHandle, Sandbox, SandboxProvider
 from corral.core.errors import ConfigInvalidError, LevelNotSupportedError, ProviderError
+from corral.core.result import (
+    DEFAULT_MAX_STDERR_BYTES,
+    DEFAULT_MAX_STDOUT_BYTES,
+    Outcome,
+    RunResult,
+)
 from corral.core.spec import (
     Capability,
     ExecOpts,
-    ExecResult,
     InvocationMode,
     Level,
     ProcessOpts,
@@ -34,10 +39,9 @@ from corral.core.spec import (
 )
 from corral.images.hostdir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec
 from corral.providers._hostdir import HostDirSandbox, make_sandbox_dir, remove_sandbox_dir
-from corral.providers.subproc._process import ChunkQueue, SubprocProcess, exit_code_of
+from corral.providers.subproc._process import ChunkQueue, SubprocProcess
 from corral.run.engine import BoundedRun
-from corral.run.options import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES, make_options
-from corral.run.result import Outcome, RunResult
+from corral.run.options import make_options
 from corral.run.tree import spawn_process
 
 __all__ = ["SubprocProvider", "SubprocSandbox"]
@@ -104,15 +108,15 @@ class SubprocSandbox(HostDirSandbox):
             run.result.check()
         return run
 
-    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> ExecResult:
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> RunResult:
         self._alive("exec")
         opts = opts or ExecOpts()
         timeout = self._p.exec_timeout_ms
         if opts.timeout_ms is not None:
             timeout = min(timeout, opts.timeout_ms)
+        out_cap, err_cap = opts.output_caps(self._p.max_stdout_bytes, self._p.max_stderr_bytes)
         run = self._start(argv, cwd=opts.cwd, env=opts.env, timeout_ms=timeout,
-                          stdin=opts.stdin, out_cap=self._p.max_stdout_bytes,
-                          err_cap=self._p.max_stderr_bytes)
+                          stdin=opts.stdin, out_cap=out_cap, err_cap=err_cap)
         self._runs.add(run)
         try:
             result = await run.wait()
@@ -120,12 +124,10 @@ class SubprocSandbox(HostDirSandbox):
             self._runs.discard(run)
         return self._exec_result(result)
 
-    def _exec_result(self, result: RunResult) -> ExecResult:
+    def _exec_result(self, result: RunResult) -> RunResult:
         if self._destroyed:
             raise ProviderError(f"exec: sandbox {self.id} was destroyed while it ran")
-        result.check()
-        return ExecResult(stdout=result.stdout_bytes, stderr=result.stderr_bytes,
-                          exit_code=exit_code_of(result), usage=result.usage)
+        return result.check()
 
     async def start_process(self, argv: Sequence[str],
                             opts: ProcessOpts | None = None) -> ProcessHandle:

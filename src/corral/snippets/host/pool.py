@@ -1,8 +1,10 @@
 """The warm snippet pool: bounded, FIFO, per-tenant sandboxes; one fresh process per run.
 
-Built on the provider contract only, plus one optional capability it negotiates
+Built on the provider contract only, plus two optional capabilities it negotiates
 (``warm-fork``, :class:`~corral.core.contract.SupportsWarmFork` /
-:class:`~corral.core.contract.SupportsForkEntry`). A
+:class:`~corral.core.contract.SupportsForkEntry`; ``process-count``,
+:class:`~corral.core.contract.SupportsProcessCount`, to retire a slot in which a
+run left a process behind): the same code for every provider. A
 *slot* is a sandbox created ahead of time (for one tenant; a fresh *spare*
 is bound to the first tenant that takes it and never serves another). On a
 provider with ``warm-fork`` (linux) the slot holds no process but the sandbox's
@@ -46,6 +48,7 @@ from corral.core.contract import (
     Sandbox,
     SandboxProvider,
     SupportsForkEntry,
+    SupportsProcessCount,
     SupportsWarmFork,
 )
 from corral.core.errors import ConfigInvalidError, ProviderError, UnhandledWorkerError
@@ -54,6 +57,7 @@ from corral.core.spec import (
     Level,
     NetworkPolicy,
     ProcessOpts,
+    SandboxInvocationContext,
     SandboxLimits,
     SandboxSpec,
 )
@@ -66,7 +70,6 @@ from corral.wire.protocol import (
     FrameErr,
     InvokeFrame,
     OutputFrame,
-    ProtocolContext,
     encode_frame,
 )
 
@@ -117,7 +120,8 @@ class PoolStatistics:
 class _Slot:
     """One warm sandbox and its template process (which forks a child per run)."""
 
-    def __init__(self, sandbox: Sandbox, process: ProcessHandle, level: Level) -> None:
+    def __init__(self, sandbox: Sandbox, process: ProcessHandle, level: Level,
+                 view: SupportsProcessCount | None) -> None:
         self.sandbox, self.process, self.level = sandbox, process, level
         self.tenant: str | None = None
         self.server_pid = 0  # the template's pid inside the sandbox
@@ -127,7 +131,7 @@ class _Slot:
         self._pending: list[Any] = []
         self._stderr = b""
         self._drain = asyncio.ensure_future(self._drain_stderr())
-        self._view = _ProcessView(sandbox, own=1)  # the template
+        self._view = _ProcessView(view, own=1)  # the template
 
     async def _drain_stderr(self) -> None:
         with contextlib.suppress(Exception):
@@ -181,17 +185,19 @@ class _ForkSlot:
     process but the agent. The host collects the run's records and kills the run's
     process group at timeout + grace."""
 
-    def __init__(self, sandbox: Sandbox, fork: SupportsForkEntry, level: Level) -> None:
+    def __init__(self, sandbox: Sandbox, fork: SupportsForkEntry, level: Level,
+                 view: SupportsProcessCount | None) -> None:
         self.sandbox, self.level = sandbox, level
         self._fork = fork  # the same sandbox, seen through its capability
         self.tenant: str | None = None
         self.server_pid = 1  # the agent
         self.last_used = time.monotonic()
-        self._view = _ProcessView(sandbox, own=0)
+        self._view = _ProcessView(view, own=0)
 
     @property
     def alive(self) -> bool:
-        return bool(getattr(self.sandbox, "alive", True))
+        """False once the sandbox's agent exited (seen through ``process-count``)."""
+        return self._view.alive
 
     async def call(self, frame: bytes, job: Mapping[str, Any]) -> Any:
         """Fork one worker, hand it ``frame``, return the run's output. A worker that
@@ -249,7 +255,7 @@ class _ForkSlot:
             raise UnhandledWorkerError("the snippet worker exited before the run started",
                                        exit_code=status.exit_code)
         try:
-            return collector.finish(status.exit_code, killed,
+            return collector.finish(-9 if status.exit_code is None else status.exit_code, killed,
                                     round((loop.time() - started) * 1000, 3))
         except BadRecord as e:
             raise UnhandledWorkerError(f"the snippet worker wrote a malformed record: {e}",
@@ -267,52 +273,35 @@ class _ForkSlot:
 _AnySlot = _Slot | _ForkSlot
 
 
-def _alive(pids: list[int]) -> int:
-    """How many of ``pids`` (host pids) still run (not gone, not zombies already dead)."""
-    count = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rpartition(b")")[2].split()[0]
-        except (OSError, IndexError):
-            continue  # gone
-        if state not in (b"Z", b"X"):
-            count += 1
-    return count
+def _process_view(sandbox: Sandbox, provider: SandboxProvider) -> SupportsProcessCount | None:
+    """The sandbox seen through the ``process-count`` capability, or None without it."""
+    if Capability.PROCESS_COUNT.value in provider.capabilities and isinstance(
+            sandbox, SupportsProcessCount):
+        return sandbox
+    return None
 
 
 class _ProcessView:
     """Whether a slot's sandbox holds, after a job, a live process beyond its own ones:
     something a run detached (``setsid``) from its process group and left behind.
 
-    Every process of the sandbox descends from its agent (the pid namespace's init), and
-    one whose parent died is re-parented to the agent: so the agent's children, beyond
-    the slot's own (``own``: the template, if any), are exactly what was left behind.
-    Read in ``/proc/AGENT/task/AGENT/children`` (one small file); without it, through the
-    sandbox's cgroup (``LinuxSandbox.host_pids``). A provider with neither view (subproc)
-    is never checked."""
+    Read through the ``process-count`` capability
+    (:class:`~corral.core.contract.SupportsProcessCount`: the live processes of the
+    sandbox besides the one its provider serves it with, linux's agent), less the slot's
+    own (``own``: the template, if any). A sandbox without that view (subproc) is never
+    checked."""
 
-    def __init__(self, sandbox: Sandbox, *, own: int) -> None:
-        self.sandbox, self.own = sandbox, own
-        self.agent = 0
+    def __init__(self, view: SupportsProcessCount | None, *, own: int) -> None:
+        self.view, self.own = view, own
+
+    @property
+    def alive(self) -> bool:
+        return True if self.view is None else self.view.alive  # else: shows on the next call
 
     def extra(self) -> int:
-        if not getattr(self.sandbox, "alive", False):
-            return 0  # destroyed or its agent exited: the slot is discarded anyway
-        host_pids = getattr(self.sandbox, "host_pids", None)
-        if host_pids is None:
-            return 0
-        if not self.agent:
-            pids = host_pids()
-            if not pids:
-                return 0
-            self.agent = pids[0]
-        try:
-            with open(f"/proc/{self.agent}/task/{self.agent}/children", "rb") as f:
-                children = [int(p) for p in f.read().split()]
-        except (OSError, ValueError):
-            children = host_pids()[1:]  # every process of the sandbox but the agent
-        return _alive(children) - self.own if children else 0
+        if self.view is None or not self.view.alive:
+            return 0  # unchecked, or its agent exited: the slot is discarded anyway
+        return self.view.process_count() - self.own
 
     async def leftovers(self) -> bool:
         for _ in range(_LEFTOVER_POLLS):
@@ -327,7 +316,8 @@ def _worker_source() -> str:
 
 
 def _frame(job: Mapping[str, Any], tenant_id: str) -> bytes:
-    ctx = ProtocolContext(run_id=f"snippet-{uuid.uuid4().hex[:12]}", tenant_id=tenant_id)
+    ctx = SandboxInvocationContext(run_id=f"snippet-{uuid.uuid4().hex[:12]}",
+                                   tenant_id=tenant_id)
     return encode_frame(InvokeFrame(input=dict(job), ctx=ctx))
 
 
@@ -364,6 +354,8 @@ class SnippetPool:
                                         else DEFAULT_ALLOWED_IMPORTS | {"traceback", "ast"}))
         self._idle: dict[tuple[Level, str | None], deque[_AnySlot]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: slots being closed in the background: awaited, never cancelled, by aclose
+        self._closing: set[asyncio.Task[Any]] = set()
         self._warming: dict[Level, int] = {}
         self._ids = itertools.count(1)
         self._counts = dict.fromkeys(
@@ -410,9 +402,11 @@ class SnippetPool:
         forked = await self._preload_into(provider)
         sandbox = await provider.create(spec)
         try:
-            slot: _AnySlot | None = await self._fork_slot(sandbox, level) if forked else None
+            view = _process_view(sandbox, provider)
+            slot: _AnySlot | None = (await self._fork_slot(sandbox, level, view) if forked
+                                     else None)
             if slot is None:
-                template = _Slot(sandbox, await self._start_template(sandbox), level)
+                template = _Slot(sandbox, await self._start_template(sandbox), level, view)
                 try:
                     pong = await asyncio.wait_for(
                         template.call(_frame({"op": "ping"}, spec.tenant_id), {}),
@@ -429,12 +423,13 @@ class SnippetPool:
         return slot
 
     @staticmethod
-    async def _fork_slot(sandbox: Sandbox, level: Level) -> _ForkSlot | None:
+    async def _fork_slot(sandbox: Sandbox, level: Level,
+                         view: SupportsProcessCount | None) -> _ForkSlot | None:
         """A fork-per-job slot, or None (the sandbox cannot fork the worker: no
         ``warm-fork``, or its provider's fork server restarted since the preload)."""
         if not isinstance(sandbox, SupportsForkEntry):
             return None
-        slot = _ForkSlot(sandbox, sandbox, level)
+        slot = _ForkSlot(sandbox, sandbox, level, view)
         try:
             await asyncio.wait_for(slot.call(_frame({"op": "ping"}, sandbox.spec.tenant_id), {}),
                                    _START_TIMEOUT_S)
@@ -470,6 +465,11 @@ class SnippetPool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _close_later(self, slot: _AnySlot) -> None:
+        task = asyncio.ensure_future(slot.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     async def _warm_spare(self, level: Level) -> None:
         self._warming[level] = self._warming.get(level, 0) + 1
         try:
@@ -502,7 +502,7 @@ class SnippetPool:
             if over > 0 or now - s.last_used > self.idle_ttl_s:
                 over -= 1
                 self._idle[(s.level, s.tenant)].remove(s)
-                self._spawn(s.close())
+                self._close_later(s)
 
     async def _take(self, level: Level, tenant: str) -> _AnySlot:
         self._retire()
@@ -523,7 +523,7 @@ class SnippetPool:
 
     def _discard(self, slot: _AnySlot) -> None:
         self._counts["replaced"] += 1
-        self._spawn(slot.close())
+        self._close_later(slot)
         self._top_up(slot.level)
 
     async def prewarm(self, *, level: Level | str = Level.STRICT, tenant_id: str | None = None,
@@ -596,7 +596,8 @@ class SnippetPool:
             task.cancel()
         slots = [s for q in self._idle.values() for s in q]
         self._idle.clear()
-        await asyncio.gather(*(s.close() for s in slots), *self._tasks, return_exceptions=True)
+        await asyncio.gather(*(s.close() for s in slots), *self._tasks, *self._closing,
+                             return_exceptions=True)
         for provider in self._owned:
             with contextlib.suppress(Exception):
                 await provider.aclose()

@@ -1,10 +1,12 @@
 """``run_snippet``: validate a Python snippet, run it in the warm pool, return its Transcript.
 
-Without ``pool=`` runs go to one process-wide :class:`SnippetPool` that lives
-on a background event loop (thread ``corral-snippets``), so async callers on
-any loop and sync callers share one bound on concurrency
+Without ``pool=`` or ``provider=`` runs go to one process-wide :class:`SnippetPool`
+that lives on a background event loop (thread ``corral-snippets``), so async callers
+on any loop and sync callers share one bound on concurrency
 (:func:`set_max_concurrent_workers`). It is closed at interpreter exit or by
-:func:`shutdown_snippet_pool`.
+:func:`shutdown_snippet_pool`. With ``provider=`` the run goes through a short-lived
+pool on that provider (the same pool code, whatever the provider), closed after the
+run; the provider stays the caller's.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import functools
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, Final, ParamSpec, TypeVar
 
-from corral.core.cancel import CancelToken
-from corral.core.errors import ConfigInvalidError, SandboxCancelledError
+from corral.core.cancel import CancelScope, CancelToken
+from corral.core.contract import SandboxProvider
+from corral.core.errors import ConfigInvalidError, LevelNotSupportedError, SandboxCancelledError
 from corral.core.spec import Level
 from corral.snippets.host.pool import GRACE_MS, PoolStatistics, SnippetPool
 from corral.snippets.host.transcript import (
@@ -52,6 +56,7 @@ _SANDBOX_PATHS: Final = ("/work", "/tmp")
 
 FilesArg = Sequence[Mapping[str, str]] | Sequence[tuple[str, str]] | Mapping[str, str]
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def _files(source: str | None, files: FilesArg | None) -> list[tuple[str, str]]:
@@ -83,6 +88,7 @@ def _timeout(timeout_ms: int) -> int:
 
 
 def _level(level: Level | str) -> Level:
+    """The level asked for; ConfigInvalidError for an unknown one or ``none``."""
     try:
         lv = Level(level)
     except ValueError:
@@ -91,6 +97,32 @@ def _level(level: Level | str) -> Level:
         raise ConfigInvalidError("level", "snippets run at 'strict' (default) or "
                                  "'context-isolated', never at 'none'")
     return lv
+
+
+#: the levels a snippet may run at, strongest first
+_SNIPPET_LEVELS: Final = (Level.STRICT, Level.CONTEXT_ISOLATED)
+
+
+def _level_on(level: Level | str | None, provider: SandboxProvider | None) -> Level:
+    """The level a run uses: the one asked for (default ``strict``), or with a provider
+    the strongest snippet level it offers unless the caller asked for one. A level the
+    provider does not offer raises LevelNotSupportedError (nothing has run)."""
+    asked = None if level is None else _level(level)
+    if provider is None:
+        return asked or Level.STRICT
+    offered = frozenset(provider.levels)
+    supported = frozenset(lv.value for lv in offered)
+    if asked is None:
+        for lv in _SNIPPET_LEVELS:
+            if lv in offered:
+                return lv
+        raise LevelNotSupportedError(
+            Level.STRICT.value, supported,
+            f"snippets run at 'strict' or 'context-isolated'; {provider.name!r} offers neither")
+    if asked not in offered:
+        raise LevelNotSupportedError(asked.value, supported,
+                                     f"provider {provider.name!r} does not offer it")
+    return asked
 
 
 def _too_large(files: list[tuple[str, str]]) -> Transcript | None:
@@ -120,26 +152,38 @@ async def _run_in(pool: SnippetPool, files: list[tuple[str, str]], *, tenant_id:
     loop = asyncio.get_running_loop()
     started = loop.time()
     transcript: Transcript | None = await pool.run_job(
-        job, tenant_id=tenant_id, level=level, timeout_ms=timeout_ms, parse=_from_wire)
+        job, tenant_id=tenant_id, level=level, timeout_ms=timeout_ms,
+        parse=lambda output: _from_wire(output, level))
     if transcript is None:  # the host backstop killed a slot that did not answer
         elapsed = round((loop.time() - started) * 1000, 3)
-        return Transcript(timed_out=True, duration_ms=elapsed, errors=(SnippetError(
+        return Transcript(timed_out=True, duration_ms=elapsed, level=level, errors=(SnippetError(
             type="TimeoutError", message=f"the snippet ran past its {timeout_ms} ms timeout "
             "and its sandbox was killed"),))
     return transcript
 
 
-def _from_wire(output: Any) -> Transcript:
+def _from_wire(output: Any, level: Level) -> Transcript:
     """The checked transcript of a worker's output (UnhandledWorkerError if malformed)."""
-    return transcript_from_wire(output, sandbox_paths=_SANDBOX_PATHS)
+    return transcript_from_wire(output, sandbox_paths=_SANDBOX_PATHS, level=level)
+
+
+async def _on_provider(provider: SandboxProvider, level: Level,
+                       run: Callable[[SnippetPool], Awaitable[T]]) -> T:
+    """``run`` in a short-lived pool on ``provider`` (one slot, no spare), closed after
+    it on every path; the provider is not closed (the caller owns it)."""
+    pool = SnippetPool(providers={level: provider}, max_workers=1, spares=0)
+    try:
+        return await run(pool)
+    finally:
+        await pool.aclose()
 
 
 async def run_snippet(
     source: str | None = None, *, files: FilesArg | None = None,
-    timeout_ms: int = DEFAULT_TIMEOUT_MS, level: Level | str = Level.STRICT,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS, level: Level | str | None = None,
     tenant_id: str = "default", cancel: CancelToken | None = None,
     allowed_imports: frozenset[str] | None = None, pool: SnippetPool | None = None,
-    _unsafe_skip_validation: bool = False,
+    provider: SandboxProvider | None = None, _unsafe_skip_validation: bool = False,
 ) -> Transcript:
     """Validate and run a Python snippet; return what it did.
 
@@ -147,13 +191,23 @@ async def run_snippet(
     ``[(path, source)]`` or ``{path: source}``) in which ``main.py`` runs as ``__main__``
     and the others import as modules. ``timeout_ms`` is clamped to [100, 10000].
     A snippet the validator refuses is not run: its transcript holds one
-    ``ValidationError`` per violation. ``level`` ``strict`` runs on the linux
-    provider, ``context-isolated`` on subproc. Slots are never shared between
+    ``ValidationError`` per violation. ``level`` ``strict`` (the default) runs on the
+    linux provider, ``context-isolated`` on subproc. Slots are never shared between
     ``tenant_id`` values. Cancelling the awaiting task or ``cancel`` stops the run
     (``cancel`` raises :class:`SandboxCancelledError`).
+
+    ``provider``: run on this provider instead (any provider offering ``strict`` or
+    ``context-isolated``), through a short-lived pool closed after the run; the
+    provider is not closed. The level is then ``level`` if given, else the strongest
+    the provider offers; one it does not offer raises
+    :class:`~corral.core.errors.LevelNotSupportedError` before anything runs.
+    ``pool`` (a pool of the calling event loop) and ``provider`` exclude each other.
+    ``Transcript.level`` says the level the snippet ran at.
     """
     payload = _files(source, files)
-    lv, timeout = _level(level), _timeout(timeout_ms)
+    if pool is not None and provider is not None:
+        raise ConfigInvalidError("provider", "pass pool= or provider=, not both")
+    lv, timeout = _level_on(level, provider), _timeout(timeout_ms)
     if not isinstance(tenant_id, str) or not tenant_id:
         raise ConfigInvalidError("tenant_id", "must be a non-empty string")
     allowed = DEFAULT_ALLOWED_IMPORTS if allowed_imports is None else frozenset(allowed_imports)
@@ -165,6 +219,9 @@ async def run_snippet(
         return rejected
     kw: dict[str, Any] = dict(tenant_id=tenant_id, level=lv, timeout_ms=timeout,
                               allowed=allowed, guard=not _unsafe_skip_validation)
+    if provider is not None:
+        return await _with_token(cancel, lambda: _on_provider(
+            provider, lv, lambda p: _run_in(p, payload, **kw)))
     if pool is not None:
         return await _with_token(cancel, lambda: _run_in(pool, payload, **kw))
     fut = _DEFAULT.submit(lambda p: _with_token(cancel, lambda: _run_in(p, payload, **kw)))
@@ -172,38 +229,39 @@ async def run_snippet(
 
 
 async def _with_token(cancel: CancelToken | None, make: Callable[[], Awaitable[T]]) -> T:
-    if cancel is None:
-        return await make()
-    if cancel.cancelled:
+    """``make()``, stopped when ``cancel`` fires (SandboxCancelledError) through the one
+    token bridge, :class:`~corral.core.cancel.CancelScope`."""
+    if cancel is not None and cancel.cancelled:
         raise SandboxCancelledError(f"snippet cancelled: {cancel.reason}")
-    task = asyncio.current_task()
-    assert task is not None
-    loop = asyncio.get_running_loop()
-    remove = cancel.add_callback(lambda: loop.call_soon_threadsafe(task.cancel))
-    try:
+    async with CancelScope(cancel):
         return await make()
-    except asyncio.CancelledError:
-        if not cancel.cancelled:
+    assert cancel is not None  # only the token's cancellation ends the block here
+    raise SandboxCancelledError(f"snippet cancelled: {cancel.reason}")
+
+
+def _snippet_loop_twin(fn: Callable[P, Coroutine[Any, Any, T]], *, name: str
+                       ) -> Callable[P, T]:
+    """The synchronous twin of ``fn`` (same parameters), run on the process-wide pool's
+    event loop rather than a fresh loop per call (:func:`corral.core.sync.sync_twin`):
+    providers and pools keep state bound to the loop they first ran on (a linux
+    provider's fork server channel), so every sync call that passes the same
+    ``provider=`` or ``pool=`` must run on one loop. Must not be called from that loop's
+    thread; cancel with the ``cancel`` token."""
+
+    def twin(*args: P.args, **kwargs: P.kwargs) -> T:
+        fut = _DEFAULT.run(fn(*args, **kwargs))
+        try:
+            return fut.result()
+        except BaseException:
+            fut.cancel()
             raise
-        task.uncancel()
-        raise SandboxCancelledError(f"snippet cancelled: {cancel.reason}") from None
-    finally:
-        remove()
 
-
-def run_snippet_sync(source: str | None = None, **kwargs: Any) -> Transcript:
-    """:func:`run_snippet` for sync code (same arguments; ``cancel=`` a CancelToken).
-
-    Runs on the process-wide pool's loop; must not be called from that loop.
-    """
-    if kwargs.get("pool") is not None:
-        raise ConfigInvalidError("pool", "run_snippet_sync uses the process-wide pool")
-    fut = _DEFAULT.submit(lambda p: run_snippet(source, pool=p, **kwargs))
-    try:
-        return fut.result()
-    except BaseException:
-        fut.cancel()
-        raise
+    functools.update_wrapper(twin, fn)
+    twin.__name__ = twin.__qualname__ = name
+    twin.__doc__ = (f"Synchronous twin of :func:`{fn.__module__}.{fn.__name__}` (same "
+                    "arguments, same result), run on the process-wide snippet pool's "
+                    "event loop.\n\n" + (fn.__doc__ or ""))
+    return twin
 
 
 class _DefaultPool:
@@ -239,6 +297,10 @@ class _DefaultPool:
             return await make(self._get())
 
         return asyncio.run_coroutine_threadsafe(call(), loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coro`` on the pool's loop (the loop every sync run shares)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure())
 
     def set_max(self, n: int) -> None:
         SnippetPool(max_workers=n, spares=0)  # validates n
@@ -277,6 +339,11 @@ class _DefaultPool:
 
 _DEFAULT: Final = _DefaultPool()
 atexit.register(_DEFAULT.shutdown)
+
+#: the synchronous twin of :func:`run_snippet` (same parameters), on the process-wide
+#: pool's event loop: a ``provider=`` or ``pool=`` passed from sync code is always used
+#: on that one loop. Cancel with the ``cancel`` token.
+run_snippet_sync = _snippet_loop_twin(run_snippet, name="run_snippet_sync")
 
 
 def set_max_concurrent_workers(n: int) -> None:

@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, final
 
 from corral.core.errors import UnhandledWorkerError
+from corral.core.spec import Level
 from corral.snippets.host.sanitize import sanitize_stack
 from corral.snippets.validator import Violation
 
@@ -116,6 +117,8 @@ class Transcript:
         duration_ms: wall time of the run itself (0 when rejected unrun).
         timed_out: the run hit its timeout and was stopped.
         truncated: the fields a cap cut (``logs``, ``facts``, ``result``, ``errors``).
+        level: the isolation level the snippet ran at (``strict`` or
+            ``context-isolated``); None when it did not run (rejected by the validator).
     """
 
     logs: tuple[LogLine, ...] = ()
@@ -125,6 +128,7 @@ class Transcript:
     duration_ms: float = 0.0
     timed_out: bool = False
     truncated: frozenset[str] = frozenset()
+    level: Level | None = None
 
     @property
     def ok(self) -> bool:
@@ -141,7 +145,8 @@ class Transcript:
         return {"logs": [{"stream": x.stream, "text": x.text} for x in self.logs],
                 "facts": thaw(self.facts), "result": self.result,
                 "errors": [e.to_dict() for e in self.errors], "duration_ms": self.duration_ms,
-                "timed_out": self.timed_out, "truncated": sorted(self.truncated)}
+                "timed_out": self.timed_out, "truncated": sorted(self.truncated),
+                "level": None if self.level is None else self.level.value}
 
 
 def transcript_rejected(violations: Sequence[Violation]) -> Transcript:
@@ -258,15 +263,17 @@ def _errors(raw: object, cut: set[str], paths: Sequence[str]) -> tuple[SnippetEr
     return tuple(out)
 
 
-def transcript_from_wire(raw: object, *, sandbox_paths: Sequence[str] = ()) -> Transcript:
+def transcript_from_wire(raw: object, *, sandbox_paths: Sequence[str] = (),
+                         level: Level | None = None) -> Transcript:
     """Check and cap a transcript dict from the worker. Raises UnhandledWorkerError if
-    malformed, whatever ``raw`` is (the worker's process is hostile input)."""
+    malformed, whatever ``raw`` is (the worker's process is hostile input). ``level`` is
+    the level the run had (the host knows it; the worker is not asked)."""
     if not isinstance(raw, dict):
         raise _bad("not an object")
     if not _nesting_ok(raw, _MAX_NESTING):
         raise _bad("nests too deeply")
     try:
-        return _checked(raw, sandbox_paths)
+        return _checked(raw, sandbox_paths, level)
     except UnhandledWorkerError:
         raise
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError, RecursionError,
@@ -274,7 +281,8 @@ def transcript_from_wire(raw: object, *, sandbox_paths: Sequence[str] = ()) -> T
         raise _bad(type(exc).__name__) from None
 
 
-def _checked(raw: dict[Any, Any], sandbox_paths: Sequence[str]) -> Transcript:
+def _checked(raw: dict[Any, Any], sandbox_paths: Sequence[str],
+             level: Level | None) -> Transcript:
     cut: set[str] = set()
     result = raw.get("result")
     if result is not None and not isinstance(result, str):
@@ -297,4 +305,5 @@ def _checked(raw: dict[Any, Any], sandbox_paths: Sequence[str]) -> Transcript:
         duration_ms=round(max(float(duration), 0.0), 3),
         timed_out=timed_out,
         truncated=frozenset(cut),
+        level=level,
     )

@@ -15,7 +15,8 @@ from typing import final
 
 from corral.core.contract import ProcessHandle, ProcessStdin
 from corral.core.errors import ProviderError
-from corral.core.spec import ExitStatus, ResourceUsage
+from corral.core.result import Outcome, RunResult
+from corral.core.spec import ResourceUsage
 
 __all__ = ["ExitInfo", "LinuxProcess", "PipeReader", "Run", "StdinPipe"]
 
@@ -179,10 +180,12 @@ class LinuxProcess(ProcessHandle):
             r.stop()
         self.stdin.close_now()
 
-    async def wait(self) -> ExitStatus:
+    async def wait(self) -> RunResult:
         info = await asyncio.shield(self._run.exit)
         wall = int((asyncio.get_running_loop().time() - self._started) * 1000)
-        return ExitStatus(exit_code=info.code, usage=usage_of(info, wall))
+        outcome = Outcome.TIMEOUT if self._run.killed_for == "timeout" else Outcome.EXIT
+        return RunResult(outcome=outcome, exit_code=info.code, usage=usage_of(info, wall),
+                         duration_ms=float(wall))
 
     async def kill(self) -> None:
         if not self._run.exit.done():

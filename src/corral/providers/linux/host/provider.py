@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Sequence
-from typing import Any, Final, final
+from typing import Any, final
 
 from corral.core.cancel import CancelToken
 from corral.core.contract import SandboxProvider
@@ -15,6 +15,7 @@ from corral.core.errors import (
     LevelNotSupportedError,
     ProviderError,
 )
+from corral.core.result import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES
 from corral.core.spec import Level, SandboxLimits, SandboxSpec
 from corral.images.cache import ImageCache, UnpackedImage, unreachable_part
 from corral.providers.linux import _sys_unsafe as su
@@ -35,10 +36,8 @@ from corral.providers.linux.policy.plan import (
 )
 from corral.providers.linux.snapshots import SnapshotStore
 
-__all__ = ["DEFAULT_STDERR_CAP", "DEFAULT_STDOUT_CAP", "LinuxProvider", "LinuxSandbox"]
+__all__ = ["LinuxProvider", "LinuxSandbox"]
 
-DEFAULT_STDOUT_CAP: Final = 8 * 1024 * 1024
-DEFAULT_STDERR_CAP: Final = 1024 * 1024
 
 
 @final
@@ -91,8 +90,8 @@ class LinuxProvider(SandboxProvider):
     def __init__(self, *, default_limits: SandboxLimits = DEFAULT_LIMITS,
                  outside_uid: int | None = None, outside_gid: int | None = None,
                  cgroup_root: str | None = None, hostname: str = "sandbox",
-                 stdout_cap: int = DEFAULT_STDOUT_CAP,
-                 stderr_cap: int = DEFAULT_STDERR_CAP, spares: int = 1,
+                 stdout_cap: int = DEFAULT_MAX_STDOUT_BYTES,
+                 stderr_cap: int = DEFAULT_MAX_STDERR_BYTES, spares: int = 1,
                  image_cache_dir: str | None = None, ro_binds: Sequence[str] = ()) -> None:
         from corral.providers.linux.host.cgroups import CgroupManager
         if isinstance(spares, bool) or not isinstance(spares, int) or not 0 <= spares <= 8:
@@ -110,7 +109,8 @@ class LinuxProvider(SandboxProvider):
         self._cgroups = CgroupManager(root=cgroup_root)
         self.reaped_orphans: tuple[str, ...] = tuple(self._cgroups.reap_orphans())
         self.snapshots = SnapshotStore()
-        caps = {"strict", "streaming", "streaming-exec", "warm-fork", "snapshot", "restore"}
+        caps = {"strict", "streaming", "streaming-exec", "warm-fork", "process-count",
+                "snapshot", "restore"}
         if self._cgroups.support.has("freezer"):
             caps.add("pause")
         self.capabilities = frozenset(caps)

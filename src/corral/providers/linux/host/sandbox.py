@@ -12,13 +12,20 @@ from typing import TYPE_CHECKING, Any, final
 from corral.core.contract import Sandbox
 from corral.core.errors import (
     ConfigInvalidError,
+    CorralError,
     LimitsExceededError,
     PauseNotSupportedError,
     ProviderError,
-    SandboxTimeoutError,
     error_from_code,
 )
-from corral.core.spec import ExecOpts, ExecResult, ProcessOpts, SandboxSpec, SnapshotHandle
+from corral.core.result import Outcome, OutputBuffer, RunResult
+from corral.core.spec import (
+    ExecOpts,
+    ProcessOpts,
+    ResourceUsage,
+    SandboxSpec,
+    SnapshotHandle,
+)
 from corral.providers.confined import split_relative
 from corral.providers.linux.host.channel import REQUEST_TIMEOUT_S, Channel
 from corral.providers.linux.host.process import (
@@ -38,6 +45,8 @@ if TYPE_CHECKING:
 __all__ = ["LinuxSandbox"]
 
 _EOF_GRACE_S = 0.2
+_CPU_KILLED = ("the sandbox used up its CPU time (cpu_ms) and was killed with every process "
+               "in it")
 #: exit events kept for pids whose spawn reply is still on its way, at most
 _MAX_EARLY = 1024
 #: longest error text taken from the agent
@@ -250,10 +259,8 @@ class LinuxSandbox(Sandbox):
         self._provider._cpu_watch.add(self, cap, self._cg.cpu_ms, self._cpu_cap_hit)
 
     def _cpu_error(self) -> LimitsExceededError:
-        return LimitsExceededError(
-            "cpu", self.plan.limits.cpu_ms or 0, self._cpu_over,
-            "the sandbox used up its CPU time (cpu_ms) and was killed with every process "
-            "in it")
+        return LimitsExceededError("cpu", self.plan.limits.cpu_ms or 0, self._cpu_over,
+                                   _CPU_KILLED)
 
     def _cpu_cap_hit(self, used: int) -> None:
         """The watcher saw ``used`` >= cpu_ms: kill the whole sandbox, now.
@@ -324,45 +331,46 @@ class LinuxSandbox(Sandbox):
             pass
         return 0
 
-    def _limit_error(self, run: Run, info: ExitInfo, before: tuple[int, int]
-                     ) -> LimitsExceededError | None:
+    def _limit_hit(self, run: Run, info: ExitInfo, before: tuple[int, int]
+                   ) -> tuple[Outcome, int, int | None, str] | None:
+        """Which limit ended ``run``, if one did: (outcome, limit, observed, how)."""
         lim = self.plan.limits
         oom_before, pids_before = before
         if run.killed_for == "cpu" or (lim.cpu_ms is not None and (
                 info.code == -signal.SIGXCPU or (info.code == -signal.SIGKILL
                                                  and self._cpu_over))):
             if not self._cpu_over:  # RLIMIT_CPU, the second line, struck first
-                return LimitsExceededError("cpu", lim.cpu_ms or 0, max(
+                return (Outcome.CPU_LIMIT, lim.cpu_ms or 0, max(
                     info.cpu_ms, self._cg.cpu_ms() if self._cg is not None else 0),
                     "a command used up its CPU time (RLIMIT_CPU)")
-            return self._cpu_error()
+            return (Outcome.CPU_LIMIT, lim.cpu_ms or 0, self._cpu_over, _CPU_KILLED)
         if lim.mem_mb is not None and info.code == -signal.SIGKILL and (
                 self._oom_kills() > oom_before):
-            return LimitsExceededError("memory", lim.mem_mb, 0,
-                                       "the command was killed by the out-of-memory killer")
+            return (Outcome.MEMORY_LIMIT, lim.mem_mb, None,
+                    "the command was killed by the out-of-memory killer")
         if lim.max_processes is not None and info.code != 0 and (
                 self._pids_max_events() > pids_before):
-            return LimitsExceededError("processes", lim.max_processes, 0,
-                                       "a fork failed at the sandbox's process limit")
+            return (Outcome.PROCESSES_LIMIT, lim.max_processes, None,
+                    "a fork failed at the sandbox's process limit")
         disk = lim.disk_mb or 0
         if info.code == -signal.SIGXFSZ or (info.code != 0 and 0 <= info.disk_free < min(
                 1 << 20, disk * 1024 * 1024 // 50)):
-            return LimitsExceededError("disk", disk, disk,
-                                       "the sandbox's writable area (/work and /tmp) is full")
+            return (Outcome.DISK_LIMIT, disk, disk,
+                    "the sandbox's writable area (/work and /tmp) is full")
         return None
 
     # -- the contract -------------------------------------------------------------------
     async def exec_streaming(self, argv: Sequence[str], opts: ExecOpts | None = None, *,
-                             on_output: Callable[[int, bytes], object]) -> ExecResult:
+                             on_output: Callable[[int, bytes], object]) -> RunResult:
         """The ``streaming-exec`` capability
         (:class:`corral.core.contract.SupportsStreamingExec`): :meth:`exec`, with
         ``on_output(fd, chunk)`` (fd 1 or 2) seeing each chunk as it arrives."""
         return await self.exec(argv, opts, on_output=on_output)
 
     async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None, *,
-                   on_output: Callable[[int, bytes], object] | None = None) -> ExecResult:
+                   on_output: Callable[[int, bytes], object] | None = None) -> RunResult:
         """The contract's exec; ``on_output(fd, chunk)`` (fd 1 or 2), when given, sees
-        each chunk of output as it arrives (see :meth:`exec_streaming`)."""
+        each chunk of output as it arrives, up to the cap (see :meth:`exec_streaming`)."""
         opts = opts or ExecOpts()
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -370,31 +378,38 @@ class LinuxSandbox(Sandbox):
         before = (self._oom_kills(), self._pids_max_events()) if self._ran else (0, 0)
         run, in_w, out_r, err_r, spawn_err = await self._start(argv, opts.env, opts.cwd)
         stdin = StdinPipe(in_w)
-        out, err = bytearray(), bytearray()
-        caps = ((out, self._provider.stdout_cap), (err, self._provider.stderr_cap))
-        over: list[tuple[int, int]] = []
+        caps = opts.output_caps(self._provider.stdout_cap, self._provider.stderr_cap)
+        bufs = (OutputBuffer(caps[0], _to_fd(on_output, 1)),
+                OutputBuffer(caps[1], _to_fd(on_output, 2)))
+        over: list[int] = []  # the fd that passed its cap first
         killers: list[asyncio.Future[None]] = []
 
-        def sink(i: int) -> Any:
-            buf, cap = caps[i]
-
+        def sink(i: int) -> Callable[[bytes], None]:
             def take(data: bytes) -> None:
-                if on_output is not None:
-                    on_output(i + 1, data)
-                buf.extend(data)
-                if len(buf) > cap and run is not None and not over:
-                    over.append((cap, len(buf)))
+                if bufs[i].feed(data) and run is not None and not over:
+                    over.append(i + 1)
                     killers.append(asyncio.ensure_future(self._kill_run(run, "output")))
             return take
 
+        def result(outcome: Outcome, code: int | None, info: ExitInfo | None = None, *,
+                   limit: int | None = None, observed: int | None = None,
+                   detail: str = "") -> RunResult:
+            wall = int((loop.time() - started) * 1000)
+            return RunResult(
+                outcome=outcome, exit_code=code, stdout=bufs[0].value(), stderr=bufs[1].value(),
+                stdout_truncated=bufs[0].truncated, stderr_truncated=bufs[1].truncated,
+                duration_ms=float(wall), limit_value=limit, observed=observed, detail=detail,
+                usage=usage_of(info, wall) if info is not None else ResourceUsage(wall_ms=wall))
+
         readers = [PipeReader(out_r, sink(0)), PipeReader(err_r, sink(1))]
         try:
-            if run is None:
+            if run is None:  # as a shell says it: 127 not found, 126 cannot run
                 stdin.close_now()
                 for r in readers:
                     r.stop()
                 code = 127 if "not found" in spawn_err or "No such file" in spawn_err else 126
-                return ExecResult(stdout=b"", stderr=spawn_err.encode() + b"\n", exit_code=code)
+                bufs[1].feed(spawn_err.encode() + b"\n")
+                return result(Outcome.EXIT, code, detail=spawn_err)
             feeder = asyncio.ensure_future(self._feed(stdin, opts.stdin))
             timeout = None if opts.timeout_ms is None else opts.timeout_ms / 1000
             try:
@@ -405,10 +420,14 @@ class LinuxSandbox(Sandbox):
                 await self._kill_run(run, "timeout")
                 await asyncio.wait([run.exit], timeout=5)
                 await asyncio.wait([r.eof for r in readers], timeout=_EOF_GRACE_S)
-                raise SandboxTimeoutError(
-                    f"command timed out after {opts.timeout_ms} ms and was killed",
-                    timeout_ms=opts.timeout_ms or 0, stdout=bytes(out[:caps[0][1]]),
-                    stderr=bytes(err[:caps[1][1]])) from None
+                got = run.exit.result() if run.exit.done() and not run.exit.exception() \
+                    else None
+                raise _error(result(Outcome.TIMEOUT, got.code if got else None, got,
+                                    limit=opts.timeout_ms)) from None
+            except LimitsExceededError as e:  # the CPU watcher killed the whole sandbox
+                await asyncio.wait([r.eof for r in readers], timeout=_EOF_GRACE_S)
+                raise _error(result(Outcome.CPU_LIMIT, -signal.SIGKILL, limit=e.limit_value,
+                                    observed=e.observed, detail=e.detail)) from None
             finally:
                 feeder.cancel()
         finally:
@@ -418,14 +437,17 @@ class LinuxSandbox(Sandbox):
             if run is not None and not run.exit.done():
                 await self._kill_run(run, "cancelled")
         if over:
-            raise LimitsExceededError("output", over[0][0], over[0][1],
-                                      "the command wrote more than the output cap; it was killed")
-        limit = self._limit_error(run, info, before)
-        if limit is not None:
-            raise limit
-        wall = int((loop.time() - started) * 1000)
-        return ExecResult(stdout=bytes(out), stderr=bytes(err), exit_code=info.code,
-                          usage=usage_of(info, wall))
+            fd = over[0]
+            raise _error(result(
+                Outcome.OVERFLOW_STDOUT if fd == 1 else Outcome.OVERFLOW_STDERR, info.code,
+                info, limit=bufs[fd - 1].cap, observed=bufs[fd - 1].total,
+                detail="the command wrote more than the output cap; it was killed"))
+        hit = self._limit_hit(run, info, before)
+        if hit is not None:
+            outcome, limit, observed, detail = hit
+            raise _error(result(outcome, info.code, info, limit=limit, observed=observed,
+                                detail=detail))
+        return result(Outcome.EXIT, info.code, info)
 
     @staticmethod
     async def _feed(stdin: StdinPipe, data: bytes | None) -> None:
@@ -507,6 +529,22 @@ class LinuxSandbox(Sandbox):
             except OSError:
                 others = []
         return [agent, *sorted(others)]
+
+    def process_count(self) -> int:
+        """How many live processes (not zombies) the sandbox holds besides its agent; 0
+        once it no longer serves. The ``process-count`` capability
+        (:class:`corral.core.contract.SupportsProcessCount`)."""
+        if not self.alive:
+            return 0
+        count = 0
+        for pid in self.host_pids()[1:]:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    state = f.read().rpartition(b")")[2].split()[0]
+            except (OSError, IndexError):
+                continue  # gone
+            count += state not in (b"Z", b"X")
+        return count
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         self._check_cpu()
@@ -604,3 +642,17 @@ class LinuxSandbox(Sandbox):
                 self._provider._reaper.submit(cg)
             else:
                 await asyncio.to_thread(kill_and_remove, cg)
+
+
+def _to_fd(on_output: Callable[[int, bytes], object] | None, fd: int
+           ) -> Callable[[bytes], object] | None:
+    if on_output is None:
+        return None
+    return lambda chunk: on_output(fd, chunk)
+
+
+def _error(result: RunResult) -> CorralError:
+    """The contract's error for a run that did not end by exiting (``err.result`` is it)."""
+    err = result.error()
+    assert err is not None, result.outcome
+    return err

@@ -1,5 +1,5 @@
-"""What a handler's frames and exit code mean: the outcome types, the reading of
-the one result frame from its stdout, and the mapping to an outcome or a typed
+"""What a handler's frames and exit code mean: the reply types, the reading of
+the one result frame from its stdout, and the mapping to a reply or a typed
 error (:func:`decide`; the table is in ``docs/handlers.md``).
 
 Import the public names from :mod:`corral.dispatch.invocation`, which re-exports them.
@@ -37,14 +37,14 @@ from corral.wire.protocol import (
 )
 
 __all__ = [
-    "Outcome", "OutputOutcome", "ProtocolViolation", "SuspendedOutcome", "decide",
+    "HandlerOutput", "HandlerReply", "HandlerSuspended", "ProtocolViolation", "decide",
     "read_result",
 ]
 
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
-class OutputOutcome:
+class HandlerOutput:
     """The handler returned ``value`` (decoded JSON)."""
 
     value: Any
@@ -53,14 +53,14 @@ class OutputOutcome:
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SuspendedOutcome:
+class HandlerSuspended:
     """The handler waits durably on ``token_id``; re-invoke with it in ``resumed``."""
 
     token_id: str
     kind: Literal["suspended"] = field(default="suspended", init=False)
 
 
-Outcome: TypeAlias = OutputOutcome | SuspendedOutcome
+HandlerReply: TypeAlias = HandlerOutput | HandlerSuspended
 
 
 class ProtocolViolation(Exception):
@@ -92,7 +92,8 @@ def _error_from_body(body: ErrorBody, exit_code: int | None, stderr_tail: str) -
     return error_from_code(body.code, body.message)  # unknown codes: ProviderError
 
 
-def decide(frame: StdoutFrame | None, *, exit_code: int | None, stderr_tail: str = "") -> Outcome:
+def decide(frame: StdoutFrame | None, *, exit_code: int | None,
+           stderr_tail: str = "") -> HandlerReply:
     """Turn the one result frame (or none) and the exit code into an outcome or error.
 
     ``exit_code`` is None in-context (no process). See ``docs/handlers.md``.
@@ -104,11 +105,11 @@ def decide(frame: StdoutFrame | None, *, exit_code: int | None, stderr_tail: str
         raise _error_from_body(frame.error, exit_code, stderr_tail)
     if isinstance(frame, OutputFrame):
         if exit_code in (None, 0):
-            return OutputOutcome(value=frame.output)
+            return HandlerOutput(value=frame.output)
         raise unhandled(f"the handler wrote an output frame but exited with code {exit_code}")
     if isinstance(frame, SuspendFrame):
         if exit_code in (None, SUSPEND_EXIT_CODE):
-            return SuspendedOutcome(token_id=frame.token_id)
+            return HandlerSuspended(token_id=frame.token_id)
         raise unhandled(f"the handler wrote a suspend frame but exited with code {exit_code}, "
                         f"not {SUSPEND_EXIT_CODE}")
     if exit_code == SUSPEND_EXIT_CODE:
