@@ -461,13 +461,19 @@ class LinuxSandbox(Sandbox):
 
     async def start_process(self, argv: Sequence[str],
                             opts: ProcessOpts | None = None) -> LinuxProcess:
-        opts = opts or ProcessOpts()
+        return await self._process(argv, opts or ProcessOpts(), entry=None)
+
+    async def _process(self, argv: Sequence[str], opts: ProcessOpts, *,
+                       entry: str | None) -> LinuxProcess:
+        """A started command (``entry``: a fork of the agent calling it) as a handle."""
         started = asyncio.get_running_loop().time()
-        run, in_w, out_r, err_r, spawn_err = await self._start(argv, opts.env, opts.cwd)
+        run, in_w, out_r, err_r, spawn_err = await self._start(argv, opts.env, opts.cwd,
+                                                               entry=entry)
         if run is None:
             for fd in (in_w, out_r, err_r):
                 os.close(fd)
-            raise ConfigInvalidError("argv", f"cannot start: {spawn_err}")
+            raise ConfigInvalidError("argv" if entry is None else "entry",
+                                     f"cannot start: {spawn_err}")
         stdin = StdinPipe(in_w)
         if not opts.stdin:
             stdin.close_now()
@@ -495,18 +501,7 @@ class LinuxSandbox(Sandbox):
         :meth:`LinuxProvider.preload_python`) before this sandbox was created, else
         ConfigInvalidError("entry").
         """
-        opts = opts or ProcessOpts()
-        started = asyncio.get_running_loop().time()
-        run, in_w, out_r, err_r, spawn_err = await self._start(args, opts.env, opts.cwd,
-                                                               entry=entry)
-        if run is None:
-            for fd in (in_w, out_r, err_r):
-                os.close(fd)
-            raise ConfigInvalidError("entry", f"cannot start: {spawn_err}")
-        stdin = StdinPipe(in_w)
-        if not opts.stdin:
-            stdin.close_now()
-        return LinuxProcess(run, stdin, out_r, err_r, self._kill_run, started, opts.timeout_ms)
+        return await self._process(args, opts or ProcessOpts(), entry=entry)
 
     def host_pids(self) -> list[int]:
         """The host pids of the sandbox's processes (its agent first), e.g. to read
