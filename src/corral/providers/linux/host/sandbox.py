@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import os
 import signal
@@ -316,6 +317,27 @@ class LinuxSandbox(Sandbox):
         except (OSError, ValueError):
             return 0
 
+    def _peak_mem_mb(self) -> int | None:
+        """The sandbox's peak memory as its cgroup counted it (MiB), if known."""
+        if self._cg is None:
+            return None
+        try:
+            return int(self._cg.usage().peak_mem_mb) or None
+        except (OSError, ValueError):
+            return None
+
+    def _cg_usage(self, wall_ms: int) -> ResourceUsage:
+        """What the whole sandbox used, from its cgroup (a command killed with it left no
+        exit record of its own)."""
+        if self._cg is None:
+            return ResourceUsage(wall_ms=wall_ms)
+        try:
+            u = self._cg.usage()
+        except (OSError, ValueError):
+            return ResourceUsage(wall_ms=wall_ms)
+        return ResourceUsage(cpu_ms=int(u.cpu_ms), wall_ms=wall_ms,
+                             peak_mem_mb=int(u.peak_mem_mb))
+
     def _pids_max_events(self) -> int:
         """The pids controller's count of refused forks (0 if unknown)."""
         if self._cg is None:
@@ -346,7 +368,7 @@ class LinuxSandbox(Sandbox):
             return (Outcome.CPU_LIMIT, lim.cpu_ms or 0, self._cpu_over, _CPU_KILLED)
         if lim.mem_mb is not None and info.code == -signal.SIGKILL and (
                 self._oom_kills() > oom_before):
-            return (Outcome.MEMORY_LIMIT, lim.mem_mb, None,
+            return (Outcome.MEMORY_LIMIT, lim.mem_mb, self._peak_mem_mb(),
                     "the command was killed by the out-of-memory killer")
         if lim.max_processes is not None and info.code != 0 and (
                 self._pids_max_events() > pids_before):
@@ -395,11 +417,14 @@ class LinuxSandbox(Sandbox):
                    limit: int | None = None, observed: int | None = None,
                    detail: str = "") -> RunResult:
             wall = int((loop.time() - started) * 1000)
+            usage = usage_of(info, wall) if info is not None else self._cg_usage(wall)
+            if outcome is Outcome.MEMORY_LIMIT and observed:
+                usage = dataclasses.replace(usage, peak_mem_mb=max(usage.peak_mem_mb, observed))
             return RunResult(
                 outcome=outcome, exit_code=code, stdout=bufs[0].value(), stderr=bufs[1].value(),
                 stdout_truncated=bufs[0].truncated, stderr_truncated=bufs[1].truncated,
                 duration_ms=float(wall), limit_value=limit, observed=observed, detail=detail,
-                usage=usage_of(info, wall) if info is not None else ResourceUsage(wall_ms=wall))
+                usage=usage)
 
         readers = [PipeReader(out_r, sink(0)), PipeReader(err_r, sink(1))]
         try:
