@@ -234,19 +234,24 @@ def _jsonable(value: Any, caps: dict[str, int], depth: int = 0) -> Any:
 
 def _facts(g: dict[str, Any], caps: dict[str, int]) -> tuple[dict[str, Any], bool]:
     out: dict[str, Any] = {}
-    size = 2
+    size, cut = 2, False
     for name, value in list(g.items()):
         if name.startswith("_") or isinstance(value, types.ModuleType):
             continue
         if isinstance(value, type | types.FunctionType | types.BuiltinFunctionType) and not \
                 str(getattr(value, "__module__", "")).startswith(("__main__", PKG)):
             continue  # imported, not defined by the snippet
+        if len(out) >= caps["facts_names"]:
+            return out, True
         item = _jsonable(value, caps)
         cost = len(json.dumps(item, ensure_ascii=False, default=repr)) + len(name) + 4
-        if len(out) >= caps["facts_names"] or size + cost > caps["facts_bytes"]:
-            return out, True
+        if size + cost > caps["facts_bytes"]:  # too big for what is left: its name stays
+            item, cut = MARK, True
+            cost = len(json.dumps(item, ensure_ascii=False)) + len(name) + 4
+            if size + cost > caps["facts_bytes"]:
+                return out, True
         out[name], size = item, size + cost
-    return out, False
+    return out, cut
 
 
 def _error(exc: BaseException, paths: set[str], caps: dict[str, int]) -> dict[str, Any]:
@@ -266,6 +271,19 @@ def _error(exc: BaseException, paths: set[str], caps: dict[str, int]) -> dict[st
     text = text if len(text) <= limit else MARK + text[-(limit - len(MARK)):]
     return {"type": type(exc).__name__, "message": _cut(str(exc), caps["message_chars"])[0],
             "line": line, "path": where, "traceback": text}
+
+
+#: address space kept above a run's RLIMIT_AS for reporting its MemoryError
+_MEMORY_RESERVE = 16 * 1024 * 1024
+
+
+def _use_memory_reserve() -> None:
+    """Raise the soft RLIMIT_AS to the hard one (the reserve), once the run hit it."""
+    try:
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+    except (OSError, ValueError):
+        pass
 
 
 def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict[str, Any]:
@@ -324,6 +342,12 @@ def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict
         errors.append({"type": "TimeoutError", "message": f"the snippet ran past its "
                        f"{options['timeout_ms']} ms timeout", "line": None, "path": None,
                        "traceback": ""})
+    except MemoryError as exc:  # the address-space cap: say so, keep what was captured
+        _use_memory_reserve()
+        err = _error(exc, set(files), caps)
+        err["message"] = (f"the snippet ran out of memory (its limit is "
+                          f"{options.get('mem_mb')} MiB)")
+        errors.append(err)
     except BaseException as exc:  # the snippet's own failure, SystemExit included
         errors.append(_error(exc, set(files), caps))
     finally:
@@ -543,7 +567,10 @@ def _child(files: dict[str, str], options: dict[str, Any], fd: int, *,
         with open("/proc/self/statm", "rb") as fh:
             vm = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         cap = vm + int(options["mem_mb"]) * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        # the hard limit keeps a reserve above the soft one: the run's MemoryError
+        # handler raises the soft limit to it, so the transcript (facts, traceback,
+        # records) can still be written (the sandbox's cgroup bounds it all anyway)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap + _MEMORY_RESERVE))
     out = _Out(fd, {**CAPS, **options.get("caps", {})})
     out.send(_records.Go())  # the worker is set up: from here on, what happens is the run's
     out.send(_records.End(run_child(files, options, out)))
