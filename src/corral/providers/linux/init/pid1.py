@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from corral.providers.linux import _sys_unsafe as su, fdpass as _fdpass
-from corral.providers.linux.init import agent, contain
+from corral.providers.linux.init import contain
 from corral.wire import jsonline as _jsonline
 
 __all__ = ["main"]
@@ -73,6 +73,9 @@ def main(ctl_fd: int, prog: su.Seccomp) -> None:
             os.write(agent_fd, _jsonline.dumps({"error": f"sandbox setup failed: {e}"}) + b"\n")
         finally:
             os._exit(71)
+    # imported here, not at the top: the fork server has it loaded already, and the CLI's
+    # one-shot path (``oneshot.py``) reuses this module's view builder without an agent
+    from corral.providers.linux.init import agent
     agent.main(agent_fd, plan, prog)
 
 

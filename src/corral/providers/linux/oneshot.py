@@ -1,0 +1,620 @@
+"""One strict run set up from the calling process itself: ``corral run``'s fast path.
+
+The library path (``run_strict``) starts a fork server, an asyncio loop and an
+agent that serves requests; for a CLI that runs one command and exits, that
+costs most of the run. This module builds the *same* sandbox straight from the
+caller, synchronously:
+
+- the same plan (:func:`~corral.providers.linux.policy.plan.build_plan` with
+  the provider's default options and ``mounts.detect_host_layout``), seccomp
+  filter (``policy.seccomp.build_filter``), cgroup with the plan's limits
+  (``host.cgroups.CgroupManager``), per-sandbox outside uid as root
+  (``host.uidpool.SandboxUids``) and detached read-only bind trees
+  (``mounts.detach_sources``);
+- the caller clones pid 1 (C2) into the same namespaces as the fork server's
+  template does (``_sys_unsafe.clone_pidfd``, as the sandbox's uid when root),
+  writes its id maps, and C2 runs the fork server's in-sandbox code: it forks
+  the view builder (``pid1._build_view``: mounts, pivot_root, quotas, hostname,
+  loopback), joins its cgroup (``contain.join_cgroup``), then
+  ``contain.contain`` (cgroup namespace, rlimits, stray descriptors, no_new_privs,
+  every capability dropped, not dumpable, the seccomp filter);
+- C2 then starts the one command as the agent would (posix_spawn in a new
+  session, the caller's pipes on 0/1/2, default signal dispositions, the plan's
+  env base, the per-command RLIMIT_CPU), reaps everything, reports the
+  command's exit and rusage and exits: the kernel kills whatever is left in
+  the pid namespace.
+
+The caller relays the output as it arrives (capped like the library's
+defaults), enforces the timeout, cpu_ms (polling the cgroup, like
+``host.cpuwatch``) and SIGINT/SIGTERM by SIGKILLing pid 1 through its pidfd,
+and removes the cgroup and the uid block on every path.
+
+:func:`run` returns ``None`` when it could not set the sandbox up before
+anything of the command ran (the host lacks a primitive, say): the caller then
+takes the library path, which reports the cause. Whatever it reports, the
+boundary is never weaker: every step above either happens or the run does not
+start.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = ["DEFAULT_TIMEOUT_MS", "OneShot", "Report", "parse_argv", "run"]
+
+#: ``corral run --timeout`` when not given (the CLI's; a test holds them equal)
+DEFAULT_TIMEOUT_MS: Final = 60_000
+#: the library's default output caps (``core.result``; a test holds them equal)
+MAX_STDOUT: Final = 8 * 1024 * 1024
+MAX_STDERR: Final = 1024 * 1024
+#: what a command starts with reset to default (the agent's ``_RESET_SIGNALS``)
+_RESET_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT,
+                         signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP)
+_CPU_POLL_S: Final = 0.02
+#: the CLI's flags this path takes (each with one integer value); anything else -> the
+#: full CLI
+_INT_FLAGS: Final = {"--timeout": "timeout_ms", "--mem-mb": "mem_mb", "--cpu-ms": "cpu_ms"}
+_TRACE_VAR: Final = "CORRAL_CLI_TRACE"
+
+
+@dataclass(frozen=True, slots=True)
+class OneShot:
+    """What ``corral run --level strict [--timeout MS] [--mem-mb N] [--cpu-ms MS] -- CMD``
+    asked for."""
+
+    argv: tuple[str, ...]
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
+    mem_mb: int | None = None
+    cpu_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """How the run ended, in the terms ``RunResult`` takes."""
+
+    outcome: str                 # an Outcome value: exit, timeout, memory-limit ...
+    exit_code: int | None        # raw: negative = killed by that signal
+    cpu_ms: int = 0
+    maxrss_kb: int = 0
+    wall_ms: int = 0
+    limit: int | None = None
+    observed: int | None = None
+    detail: str = ""
+
+
+def trace(msg: str) -> None:
+    """With ``CORRAL_CLI_TRACE=1``: say on stderr which path ran (for tests)."""
+    if os.environ.get(_TRACE_VAR) == "1":
+        os.write(2, f"corral: trace: {msg}\n".encode())
+
+
+def parse_argv(argv: Sequence[str]) -> OneShot | None:
+    """The request, if ``argv`` (without the program name) is in the subset this path
+    takes; else None (the full CLI parses it)."""
+    if len(argv) < 5 or argv[0] != "run":
+        return None
+    vals: dict[str, Any] = {}
+    level = False
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            cmd = tuple(argv[i + 1:])
+            if not level or not cmd or not os.path.isabs(cmd[0]):
+                return None
+            return OneShot(argv=cmd, **vals)
+        name, eq, value = a.partition("=")
+        if not eq:
+            if i + 1 >= len(argv):
+                return None
+            value = argv[i + 1]
+            i += 1
+        i += 1
+        if name == "--level":
+            if value != "strict":
+                return None
+            level = True
+        elif name in _INT_FLAGS and value.isdigit() and value[0] != "0":
+            vals[_INT_FLAGS[name]] = int(value)
+        else:
+            return None
+    return None
+
+
+# -- the sandbox's side (C2, pid 1; C3, the view builder) ----------------------------------
+def _send(sock: socket.socket, text: str) -> None:
+    try:
+        sock.send(text.encode(errors="replace")[:4000])
+    except OSError:
+        pass
+
+
+def _pid1(sock: socket.socket, plan: Mapping[str, Any], prog: Any, procs: list[int],
+          trees: list[int], keep: set[int]) -> None:
+    """C2: wait for the id maps, build the view (C3) while joining the cgroup, contain
+    itself, start the command, report its exit. Never returns."""
+    from corral.providers.linux import _sys_unsafe as su
+    from corral.providers.linux.init import contain, pid1
+    su.set_signal(signal.SIGCHLD, signal.SIG_DFL)
+    su.set_sigmask(signal.SIG_SETMASK, ())
+    try:
+        os.setsid()
+        mine = {sock.fileno(), *procs, *trees}
+        for fd in keep - mine:  # the caller's ends: the caller's alone
+            os.close(fd)
+        if sock.recv(16) != b"go":  # the maps are written (or the caller gave up)
+            os._exit(72)
+    except BaseException:
+        os._exit(72)
+    try:
+        view_r, view_w = os.pipe2(os.O_CLOEXEC)
+        c3 = su.fork_bare()
+        if c3 == 0:
+            try:
+                for fd in (view_r, sock.fileno(), *procs):
+                    os.close(fd)
+                pid1._build_view(plan, view_w, trees)
+            finally:
+                os._exit(1)
+        os.close(view_w)
+        for fd in trees:
+            os.close(fd)
+        contain.join_cgroup(procs)  # meanwhile C3 builds the view
+        why = b""
+        while chunk := os.read(view_r, 512):
+            why += chunk
+        os.close(view_r)
+        _, status = os.waitpid(c3, 0)
+        if status != 0:
+            raise OSError(1, why.decode(errors="replace") or "the file system builder died")
+        contain.contain(plan, keep_fd=sock.fileno(), seccomp_prog=prog)
+    except BaseException as e:
+        _send(sock, f"E sandbox setup failed: {e}")
+        os._exit(71)
+    try:
+        _serve_one(sock, plan)
+    except BaseException as e:
+        _send(sock, f"E {e}")
+    os._exit(0)
+
+
+def _serve_one(sock: socket.socket, plan: Mapping[str, Any]) -> None:
+    """C2, contained: take the command and its three pipe ends, start it as the agent's
+    ``spawn`` does, reap until it exits (pid 1 reaps every orphan), report."""
+    msg, anc, _f, _a = sock.recvmsg(1 << 16, socket.CMSG_SPACE(3 * 4))
+    fds: list[int] = []
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += [int.from_bytes(data[i:i + 4], sys.byteorder)
+                    for i in range(0, len(data) - len(data) % 4, 4)]
+    if len(fds) != 3 or not msg:
+        raise OSError(errno.EBADF, "the command needs three descriptors")
+    argv = msg.decode("utf-8", "surrogateescape").split("\0")
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    env = dict(plan["env_base"])
+    try:
+        pid = os.posix_spawn(
+            argv[0], argv, env,
+            file_actions=[(os.POSIX_SPAWN_DUP2, fds[0], 0), (os.POSIX_SPAWN_DUP2, fds[1], 1),
+                          (os.POSIX_SPAWN_DUP2, fds[2], 2)],
+            setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
+    except OSError as e:
+        _send(sock, f"S {e.errno or 0} {argv[0]}: {e.strerror}")
+        return
+    finally:
+        for fd in fds:
+            os.close(fd)
+    cpu_s = plan.get("cpu_rlimit_s")
+    if cpu_s:
+        import resource
+        try:
+            resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+        except OSError:
+            pass  # already gone
+    while True:
+        try:
+            got, status, ru = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if got == pid:
+            free = -1
+            try:
+                st = os.statvfs(plan["work_dir"])
+                free = st.f_bavail * st.f_frsize
+            except OSError:
+                pass
+            cpu_ms = int((ru.ru_utime + ru.ru_stime) * 1000)
+            _send(sock, f"X {os.waitstatus_to_exitcode(status)} {cpu_ms} {ru.ru_maxrss} {free}")
+            return
+        if got:
+            continue
+        try:
+            ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 4096)
+            except BlockingIOError:
+                pass
+        if sock.fileno() in ready and not sock.recv(16):
+            os._exit(0)  # the caller is gone: the pid namespace dies with us
+
+
+# -- the caller's side ------------------------------------------------------------------
+class _Setup:
+    """What the caller made for one run, undone by :meth:`close` on every path."""
+
+    def __init__(self) -> None:
+        self.cg: Any = None
+        self.uids: Any = None
+        self.fds: list[int] = []
+        self.pidfd = -1
+        self.pid = 0
+
+    def kill(self) -> None:
+        if self.pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self.pid:
+            self.kill()
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+            self.pid = 0
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+        if self.cg is not None:
+            cg, self.cg = self.cg, None
+            cg.remove()
+        if self.uids is not None:
+            self.uids.close()
+            self.uids = None
+
+
+def _write_proc(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _cpu_of(cg: Any) -> int:
+    try:
+        return int(cg.cpu_ms())
+    except (OSError, ValueError):
+        return 0
+
+
+def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
+    """Run ``req`` in a fresh strict sandbox made by this process; the command's
+    output goes to ``out_fd``/``err_fd`` as it arrives. None: the sandbox could not be
+    set up (nothing of the command ran); take the library path."""
+    from corral.core.errors import CorralError
+    from corral.core.spec import Level, SandboxLimits, SandboxSpec
+    from corral.providers.linux import _sys_unsafe as su
+    from corral.providers.linux.host.cgroups import CgroupManager
+    from corral.providers.linux.host.uidpool import SandboxUids
+    from corral.providers.linux.init import contain, mounts, pid1  # noqa: F401  # C2 runs them
+    from corral.providers.linux.policy import seccomp
+    from corral.providers.linux.policy.plan import NAMESPACES, LinuxOptions, build_plan
+
+    started = time.monotonic()
+    s = _Setup()
+    try:
+        try:
+            host = mounts.detect_host_layout()
+            spec = SandboxSpec(tenant_id="corral-run", run_id=os.urandom(8).hex(),
+                               level=Level.STRICT,
+                               limits=SandboxLimits(mem_mb=req.mem_mb, cpu_ms=req.cpu_ms))
+            plan = build_plan(spec, options=LinuxOptions(), host=host)
+            cgroups = CgroupManager()
+            cgroups.require(plan.limits)
+            prog = su.Seccomp(seccomp.build_filter(su.machine_arch()))
+            su.preresolve()
+            if cgroups.support.version != "none":
+                s.cg = cgroups.create(os.urandom(6).hex(), plan.limits)
+            procs = [os.open(p, os.O_WRONLY | os.O_CLOEXEC)
+                     for p in (s.cg.procs_files if s.cg is not None else ())]
+            s.fds += procs
+            s.uids = SandboxUids()
+            uid, gid, _pooled = s.uids.pick(plan.uid_map[1], plan.gid_map[1])
+            wire = plan.to_wire()
+            trees = mounts.detach_sources(wire["mounts"]) if s.uids.root else []
+            s.fds += trees
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.fds += [mine.fileno(), theirs.fileno()]
+            in_r, in_w = os.pipe2(os.O_CLOEXEC)
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            s.fds += [in_r, in_w, out_r, out_w, err_r, err_w]
+            keep = set(s.fds)
+            flags = NAMESPACES & ~su.CLONE_NEWCGROUP  # C2 unshares the cgroup one itself
+            switch = s.uids.root and (uid, gid) != (0, 0)
+            if switch:  # the new user namespace is owned by the sandbox's own uid
+                su.keep_caps_on_setuid()
+                os.setresgid(-1, gid, -1)
+                os.setresuid(-1, uid, -1)
+            try:
+                pid, pidfd = su.clone_pidfd(flags)
+                if pid == 0:
+                    try:
+                        _pid1(theirs, wire, prog, procs, trees, keep)
+                    finally:
+                        os._exit(70)
+            finally:
+                if switch:
+                    os.setresuid(-1, 0, -1)
+                    os.setresgid(-1, 0, -1)
+            s.pid, s.pidfd = pid, pidfd
+            for fd in (*procs, *trees, theirs.detach()):
+                os.close(fd)
+                s.fds.remove(fd)
+            _write_proc(f"/proc/{pid}/setgroups", b"deny")
+            _write_proc(f"/proc/{pid}/uid_map", b"0 %d 1\n" % uid)
+            _write_proc(f"/proc/{pid}/gid_map", b"0 %d 1\n" % gid)
+            mine.send(b"go")
+            mine.sendmsg([b"\0".join(os.fsencode(a) for a in req.argv)],
+                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                           b"".join(fd.to_bytes(4, sys.byteorder)
+                                    for fd in (in_r, out_w, err_w)))])
+            for fd in (in_r, in_w, out_w, err_w):  # stdin: closed, as the library's default
+                os.close(fd)
+                s.fds.remove(fd)
+        except (CorralError, OSError) as e:
+            trace(f"one-shot set-up failed ({e}); library path")
+            return None
+        trace("one-shot path")
+        try:
+            return _relay(req, s, mine, out_r, err_r, plan.limits, started,
+                          out_fd=out_fd, err_fd=err_fd)
+        except _SetupFailed as e:
+            trace(f"one-shot sandbox set-up failed ({e}); library path")
+            return None
+    finally:
+        s.close()
+
+
+class _SetupFailed(Exception):
+    """pid 1 said the sandbox could not be built (nothing of the command ran)."""
+
+
+_CPU_KILLED: Final = ("the sandbox used up its CPU time (cpu_ms) and was killed with every "
+                      "process in it")
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    """Write ``data`` to ``fd``; False once the reader is gone (the rest is dropped)."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except BrokenPipeError:
+        return False
+    return True
+
+
+def _relay(req: OneShot, s: _Setup, sock: socket.socket, out_r: int, err_r: int,
+           limits: Any, started: float, *, out_fd: int, err_fd: int) -> Report | None:
+    """Stream the output, wait for the exit report; timeout, cpu_ms, output caps and
+    SIGINT/SIGTERM kill the whole sandbox."""
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    s.fds += [wake_r, wake_w]
+    old_wake = signal.set_wakeup_fd(wake_w)
+    stop: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.append(signum)
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _loop(req, s, sock, out_r, err_r, limits, started, wake_r, stop,
+                     out_fd=out_fd, err_fd=err_fd)
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        signal.set_wakeup_fd(old_wake)
+
+
+def _loop(req: OneShot, s: _Setup, sock: socket.socket, out_r: int, err_r: int,
+          limits: Any, started: float, wake_r: int, stop: list[int], *,
+          out_fd: int, err_fd: int) -> Report | None:
+    deadline = started + req.timeout_ms / 1000
+    streams = {out_r: [out_fd, MAX_STDOUT, 0, True], err_r: [err_fd, MAX_STDERR, 0, True]}
+    live = [out_r, err_r]
+    report: str | None = None
+    killed = ""          # why we killed the sandbox: timeout, cpu, output, cancelled
+    over = 0             # the pipe that passed its cap first
+    cpu_over = 0
+    sock_open = True
+    eof_deadline: float | None = None
+    while live or (sock_open and report is None):
+        now = time.monotonic()
+        if report is not None or not sock_open:  # the end is near: a short grace for EOF
+            eof_deadline = eof_deadline or now + 0.5
+            if now >= eof_deadline:
+                break
+        if not killed:
+            if stop:
+                killed = "cancelled"
+                s.kill()
+            elif now >= deadline:
+                killed = "timeout"
+                s.kill()
+            elif req.cpu_ms is not None and s.cg is not None:
+                used = _cpu_of(s.cg)
+                if used >= req.cpu_ms:
+                    killed, cpu_over = "cpu", max(used, req.cpu_ms, 1)
+                    s.kill()
+        wait = 0.5 if killed else max(0.0, deadline - now)
+        if req.cpu_ms is not None and not killed:
+            wait = min(wait, _CPU_POLL_S)
+        if eof_deadline is not None:
+            wait = min(wait, max(0.0, eof_deadline - now))
+        watch = [*live, wake_r] + ([sock.fileno()] if sock_open and report is None else [])
+        try:
+            ready, _, _ = select.select(watch, [], [], wait)
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 256)
+            except BlockingIOError:
+                pass
+        for fd in ready:
+            if fd in streams:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    live.remove(fd)
+                    continue
+                st = streams[fd]
+                room = st[1] - st[2]
+                st[2] += len(chunk)
+                if st[3] and room > 0:
+                    st[3] = _write_all(st[0], chunk[:room])
+                if st[2] > st[1] and not over:
+                    over = 1 if fd == out_r else 2
+                    if not killed:
+                        killed = "output"
+                        s.kill()
+            elif fd == sock.fileno():
+                msg = sock.recv(8192)
+                if not msg:
+                    sock_open = False
+                elif msg.startswith(b"E "):
+                    if report is None and not killed:
+                        raise _SetupFailed(msg[2:].decode(errors="replace"))
+                else:
+                    report = msg.decode(errors="replace")
+    wall = int((time.monotonic() - started) * 1000)
+    if report is not None and report.startswith("S "):  # could not start: as a shell says
+        _no, _, reason = report[2:].partition(" ")
+        _write_all(err_fd, reason.encode() + b"\n")
+        status = 127 if "not found" in reason or "No such file" in reason else 126
+        return Report("exit", status, wall_ms=wall, detail=reason)
+    code: int | None = None
+    cpu = rss = 0
+    free = -1
+    if report is not None and report.startswith("X "):
+        c, cpu, rss, free = (int(x) for x in report[2:].split())
+        code = c
+    if killed == "cancelled":
+        return Report("cancelled", code, cpu, rss, wall)
+    if killed == "timeout":
+        return Report("timeout", code, cpu, rss, wall, limit=req.timeout_ms)
+    if over:
+        cap = streams[out_r if over == 1 else err_r]
+        return Report("overflow-stdout" if over == 1 else "overflow-stderr", code, cpu, rss,
+                      wall, limit=cap[1], observed=cap[2],
+                      detail="the command wrote more than the output cap; it was killed")
+    if killed == "cpu":
+        return Report("cpu-limit", -signal.SIGKILL, cpu, rss, wall, limit=req.cpu_ms,
+                      observed=cpu_over, detail=_CPU_KILLED)
+    if code is None:  # pid 1 died without a report
+        if limits.mem_mb is not None and s.cg is not None and _oom_kills(s.cg):
+            return Report("memory-limit", -signal.SIGKILL, wall_ms=wall, limit=limits.mem_mb,
+                          observed=_peak_mb(s.cg),
+                          detail="the sandbox was killed by the out-of-memory killer")
+        return Report("provider-error", None, wall_ms=wall,
+                      detail="the sandbox's pid 1 died before the command's exit was "
+                      "reported")
+    hit = _limit_hit(limits, s.cg, code, cpu, free)
+    if hit is not None:
+        outcome, limit, observed, detail = hit
+        return Report(outcome, code, cpu, rss, wall, limit=limit, observed=observed,
+                      detail=detail)
+    return Report("exit", code, cpu, rss, wall)
+
+
+def _oom_kills(cg: Any) -> int:
+    try:
+        return int(cg.oom_kills())
+    except (OSError, ValueError):
+        return 0
+
+
+def _peak_mb(cg: Any) -> int | None:
+    try:
+        return int(cg.usage().peak_mem_mb) or None
+    except (OSError, ValueError):
+        return None
+
+
+def _pids_max_events(cg: Any) -> int:
+    d = cg.dirs.get("unified") or cg.dirs.get("pids")
+    try:
+        with open(os.path.join(d, "pids.events")) as f:
+            for line in f:
+                k, _, v = line.partition(" ")
+                if k == "max":
+                    return int(v)
+    except (OSError, TypeError, ValueError):
+        pass
+    return 0
+
+
+def _limit_hit(lim: Any, cg: Any, code: int, cpu_ms: int, disk_free: int
+               ) -> tuple[str, int, int | None, str] | None:
+    """Which limit ended the command, if one did (``LinuxSandbox._limit_hit``'s rules)."""
+    if lim.cpu_ms is not None and code == -signal.SIGXCPU:
+        return ("cpu-limit", lim.cpu_ms, max(cpu_ms, _cpu_of(cg) if cg is not None else 0),
+                "a command used up its CPU time (RLIMIT_CPU)")
+    if lim.mem_mb is not None and code == -signal.SIGKILL and cg is not None and _oom_kills(cg):
+        return ("memory-limit", lim.mem_mb, _peak_mb(cg),
+                "the command was killed by the out-of-memory killer")
+    if lim.max_processes is not None and code != 0 and cg is not None and _pids_max_events(cg):
+        return ("processes-limit", lim.max_processes, None,
+                "a fork failed at the sandbox's process limit")
+    disk = lim.disk_mb or 0
+    if code == -signal.SIGXFSZ or (code != 0 and 0 <= disk_free < min(
+            1 << 20, disk * 1024 * 1024 // 50)):
+        return ("disk-limit", disk, disk, "the sandbox's writable area (/work and /tmp) is full")
+    return None
+
+
+def finish(report: Report) -> int:
+    """Say how a run that did not simply exit ended (as ``corral run`` does) and return
+    the exit status from the one table."""
+    if report.outcome == "exit":
+        rc = report.exit_code or 0
+        return 128 - rc if rc < 0 else rc
+    if report.outcome == "provider-error":
+        from corral.core.errors import ProviderError
+        err = ProviderError(report.detail)
+        os.write(2, f"corral: {err.code}: {err.message}\n".encode())
+        return err.exit_status
+    from corral.core.result import Outcome, RunResult, exit_status_of
+    from corral.core.spec import ResourceUsage
+    result = RunResult(outcome=Outcome(report.outcome), exit_code=report.exit_code,
+                       duration_ms=float(report.wall_ms), limit_value=report.limit,
+                       observed=report.observed, detail=report.detail, cwd="/work",
+                       usage=ResourceUsage(cpu_ms=report.cpu_ms, wall_ms=report.wall_ms,
+                                           peak_mem_mb=-(-report.maxrss_kb // 1024)))
+    error = result.error()
+    os.write(2, f"corral: {result.outcome}: {error.message if error else ''}\n".encode())
+    return exit_status_of(result)

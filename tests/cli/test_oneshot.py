@@ -1,0 +1,258 @@
+"""``corral run --level strict``'s one-shot path (``_corral_cli`` + ``providers/linux/oneshot``).
+
+Every run goes through the real entry point in a child process, as the console
+script does, with ``CORRAL_CLI_TRACE=1`` so the entry says which path ran. The
+boundary checks are the probe suite's (``tests/linux/probes``), fed to the
+sandbox with ``python -c`` since this path has no copy-in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.providers.linux import oneshot
+from strict_tier import unavailable
+
+pytestmark = pytest.mark.linux
+
+PY = os.path.realpath(sys.executable)  # the real interpreter: its prefix is bound in
+PROBES = Path(__file__).resolve().parents[1] / "linux" / "probes"
+ENTRY = ("import sys, _corral_cli; code = _corral_cli.main(); "
+         "sys.stderr.write('corral-test: asyncio %s\\n' % ('asyncio' in sys.modules)); "
+         "sys.exit(code)")
+TAKEN = b"corral: trace: one-shot path\n"
+
+
+def cli(*args: str, timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[bytes]:
+    """``corral ARGS`` through the entry point; skips when the host cannot sandbox."""
+    env = {**os.environ, "CORRAL_CLI_TRACE": "1"}
+    r = subprocess.run([sys.executable, "-c", ENTRY, *args], capture_output=True,
+                       stdin=subprocess.DEVNULL, env=env, timeout=timeout, check=False, **kw)
+    if TAKEN not in r.stderr and b"one-shot set-up failed" in r.stderr:
+        unavailable(r.stderr.decode(errors="replace")[-500:])
+    return r
+
+
+def strict(*cmd: str, opts: tuple[str, ...] = (), **kw: Any) -> subprocess.CompletedProcess[bytes]:
+    r = cli("run", "--level", "strict", *opts, "--", *cmd, **kw)
+    assert TAKEN in r.stderr, r.stderr[-2000:]
+    assert b"corral-test: asyncio False" in r.stderr, "the library path (asyncio) was loaded"
+    return r
+
+
+def probe(script: str, params: dict[str, Any], *, opts: tuple[str, ...] = ()
+          ) -> dict[str, dict[str, Any]]:
+    src = (PROBES / script).read_text()
+    r = strict(PY, "-I", "-S", "-c", src, json.dumps({"mode": "sandbox", **params}), opts=opts)
+    lines = [json.loads(x) for x in r.stdout.decode().splitlines() if x.startswith("{")]
+    assert lines, r.stderr[-2000:]
+    return {line["probe"]: line for line in lines}
+
+
+def own_cgroups(pid: int) -> list[str]:
+    """Every sandbox cgroup dir left behind by the CLI process ``pid``."""
+    found: list[str] = []
+    for root, dirs, _files in os.walk("/sys/fs/cgroup"):
+        for d in dirs:
+            if re.fullmatch(rf"corral-{pid}-\d+-\w+", d):
+                found.append(os.path.join(root, d))
+        if root.count("/") > 8:
+            dirs[:] = []
+    return found
+
+
+def procs_with(marker: str) -> list[int]:
+    out: list[int] = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{p}/cmdline").read_bytes():
+                    out.append(int(p))
+            except OSError:
+                pass
+    return out
+
+
+# -- which path -----------------------------------------------------------------------
+@pytest.mark.parametrize(("argv", "taken"), [
+    (["run", "--level", "strict", "--", "/bin/true"], True),
+    (["run", "--level=strict", "--timeout=500", "--mem-mb", "64", "--cpu-ms", "9", "--",
+      "/bin/echo", "--json"], True),
+    (["run", "--", "/bin/true"], False),                          # not strict
+    (["run", "--level", "strict", "--json", "--", "/bin/true"], False),
+    (["run", "--level", "strict", "--timeout", "5s", "--", "/bin/true"], False),
+    (["run", "--level", "strict", "--", "true"], False),           # PATH lookup: the CLI's
+    (["run", "--level", "strict", "--mem-mb", "0", "--", "/bin/true"], False),
+    (["python", "--level", "strict", "--", "/bin/true"], False),
+    (["run", "--level", "strict", "/bin/true"], False),
+])
+def test_only_the_simple_subset_takes_the_path(argv: list[str], taken: bool) -> None:
+    assert (oneshot.parse_argv(argv) is not None) is taken
+
+
+def test_defaults_match_the_library() -> None:
+    from corral.core.result import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES
+    assert (oneshot.MAX_STDOUT, oneshot.MAX_STDERR) == (DEFAULT_MAX_STDOUT_BYTES,
+                                                        DEFAULT_MAX_STDERR_BYTES)
+    from corral.cli.run import DEFAULT_TIMEOUT_MS
+    assert oneshot.DEFAULT_TIMEOUT_MS == DEFAULT_TIMEOUT_MS
+
+
+# -- what a command sees and what the caller gets ---------------------------------------
+def test_exit_code_and_output_pass_through() -> None:
+    r = strict("/bin/sh", "-c", "echo out; echo err >&2; exit 7")
+    assert r.returncode == 7
+    assert r.stdout == b"out\n"
+    assert b"err\n" in r.stderr
+
+
+def test_signal_death_is_128_plus_n() -> None:
+    assert strict("/bin/sh", "-c", "kill -TERM $$").returncode == 128 + signal.SIGTERM
+
+
+def test_output_is_streamed_while_the_command_runs() -> None:
+    env = {**os.environ, "CORRAL_CLI_TRACE": "1"}
+    with subprocess.Popen([sys.executable, "-c", ENTRY, "run", "--level", "strict", "--",
+                           "/bin/sh", "-c", "echo first; sleep 30"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env) as p:
+        _streamed(p)
+
+
+def _streamed(p: subprocess.Popen[bytes]) -> None:
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        if line != b"first\n":
+            p.wait(30)
+            unavailable(p.stderr.read().decode(errors="replace")[-500:] if p.stderr else "")
+        assert p.poll() is None  # the command still runs: the line came as it was written
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 130
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_no_network_read_only_root_and_identity() -> None:
+    code = ("import os, socket\n"
+            "print(sorted(os.listdir('/sys/class/net')) if os.path.isdir('/sys/class/net')"
+            " else 'no-sys')\n"
+            "for path in ('/usr/corral-x', '/corral-x', '/etc/corral-x'):\n"
+            "    try:\n"
+            "        open(path, 'w'); print('wrote', path)\n"
+            "    except OSError as e: print('ro', e.errno)\n"
+            "open('/work/ok', 'w').write('x'); print('work ok')\n"
+            "try:\n"
+            "    socket.create_connection(('192.0.2.1', 80), timeout=2); print('net!')\n"
+            "except OSError as e: print('no net', e.errno)\n"
+            "print(os.getuid(), os.getcwd())\n")
+    r = strict(PY, "-I", "-S", "-c", code)
+    out = r.stdout.decode()
+    assert r.returncode == 0, r.stderr
+    assert "wrote" not in out and out.count("ro ") == 3
+    assert "work ok" in out and "no net" in out and "net!" not in out
+    assert "0 /work\n" in out
+    env = strict("/usr/bin/env").stdout.decode().splitlines()
+    assert sorted(v.split("=")[0] for v in env) == ["HOME", "PATH", "TMPDIR"]
+
+
+RAW_SOCKETS = {"raw_icmp", "raw_inet6", "packet", "packet_dgram", "vsock", "alg",
+               "netlink_netfilter", "inet_sock_packet", "inet_sock_packet_nonblock", "sctp",
+               "sctp_seqpacket", "dccp", "l2tp_ip", "udplite"}  # as tests/linux/test_probes.py
+
+
+def test_raw_sockets_refused_by_seccomp() -> None:
+    lines = probe("raw_sockets.py", {})
+    for name in RAW_SOCKETS:
+        assert lines[name]["ok"] is False, lines[name]
+        assert "Operation not permitted" in lines[name]["detail"], lines[name]
+    assert lines["tcp_explicit"]["ok"] is True  # ordinary sockets still work (loopback)
+
+
+def test_seccomp_and_kernel_surface() -> None:
+    lines = probe("kernel_surface.py", {})
+    for name in ("ptrace_traceme", "unshare_user", "mount_tmpfs", "keyctl", "bpf_map_create",
+                 "userfaultfd", "io_uring_setup", "perf_event_open"):
+        assert lines[name]["ok"] is False, lines[name]
+        assert lines[name]["detail"].startswith("EPERM"), lines[name]
+
+
+def test_capabilities_and_no_new_privs() -> None:
+    r = strict("/bin/sh", "-c", "grep -E '^(CapEff|CapBnd|CapPrm|NoNewPrivs|Seccomp):' "
+               "/proc/self/status")
+    status = dict(line.split(":\t") for line in r.stdout.decode().splitlines())
+    assert int(status["CapEff"], 16) == int(status["CapBnd"], 16) == 0
+    assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
+
+
+# -- limits and how runs end, with cleanup --------------------------------------------------
+def _after(r: subprocess.CompletedProcess[bytes] | subprocess.Popen[bytes], marker: str) -> None:
+    assert own_cgroups(r.pid if isinstance(r, subprocess.Popen) else -1) == []
+    assert procs_with(marker) == []
+    assert "corral-root" not in Path("/proc/self/mountinfo").read_text()
+
+
+def test_memory_limit() -> None:
+    r = strict(PY, "-I", "-S", "-c", "x = bytearray(200 << 20); print('allocated')",
+               opts=("--mem-mb", "64"))
+    assert r.returncode == 137, r.stderr[-2000:]
+    assert b"allocated" not in r.stdout
+    assert b"corral: memory-limit:" in r.stderr and b"64" in r.stderr
+
+
+def test_cpu_limit() -> None:
+    r = strict(PY, "-I", "-S", "-c", "while True: pass", opts=("--cpu-ms", "300"))
+    assert r.returncode == 137, r.stderr[-2000:]
+    assert b"corral: cpu-limit:" in r.stderr
+
+
+def test_output_cap() -> None:
+    r = strict(PY, "-I", "-S", "-c", "import sys\nwhile True: sys.stdout.write('x' * 65536)")
+    assert r.returncode == 137, r.stderr[-2000:]
+    assert len(r.stdout) == oneshot.MAX_STDOUT
+    assert b"corral: overflow-stdout:" in r.stderr
+
+
+@pytest.mark.parametrize("how", ["success", "timeout", "sigint"])
+def test_cleanup(how: str) -> None:
+    marker = f"corral-oneshot-{os.getpid()}-{how}"
+    # a command that leaves a double-forked daemon behind, then ends as asked
+    tail = {"success": "exit 0", "timeout": "sleep 30", "sigint": "sleep 30"}[how]
+    script = (f"(setsid sh -c 'exec -a {marker} sleep 60' &) ; echo started; {tail}")
+    env = {**os.environ, "CORRAL_CLI_TRACE": "1"}
+    opts = ["--timeout", "1000"] if how == "timeout" else []
+    with subprocess.Popen([sys.executable, "-c", ENTRY, "run", "--level", "strict", *opts,
+                           "--", "/bin/sh", "-c", script], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env) as p:
+        code, err = _ended(p, how)
+    assert TAKEN in err
+    assert code == {"success": 0, "timeout": 124, "sigint": 130}[how], err
+    if how != "success":
+        assert {"timeout": b"corral: timeout:", "sigint": b"corral: cancelled:"}[how] in err
+    _after(p, marker)
+
+
+def _ended(p: subprocess.Popen[bytes], how: str) -> tuple[int, bytes]:
+    try:
+        assert p.stdout is not None and p.stderr is not None
+        if p.stdout.readline() != b"started\n":
+            p.wait(30)
+            unavailable(p.stderr.read().decode(errors="replace")[-500:])
+        if how == "sigint":
+            p.send_signal(signal.SIGINT)
+        code = p.wait(30)
+        return code, p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
