@@ -10,7 +10,6 @@ This module is pure: no I/O imports.
 from __future__ import annotations
 
 import enum
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -296,7 +295,7 @@ class SandboxSpec:
     """
 
     tenant_id: str = DEFAULT_TENANT
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    run_id: str = field(default_factory=lambda: __import__("uuid").uuid4().hex)
     node_id: str | None = None
     image: str | None = None
     limits: SandboxLimits = field(default_factory=SandboxLimits)

@@ -333,6 +333,11 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
                                level=Level.STRICT,
                                limits=SandboxLimits(mem_mb=req.mem_mb, cpu_ms=req.cpu_ms))
             plan = build_plan(spec, options=LinuxOptions(), host=host)
+            if getattr(plan, "command_rlimits", ()) or getattr(plan, "limits_by",
+                                                                "cgroup") != "cgroup":
+                # limits set per command: the agent's spawn applies them, this path not
+                trace("the plan sets rlimits per command; library path")
+                return None
             cgroups = CgroupManager()
             cgroups.require(plan.limits)
             prog = su.Seccomp(seccomp.build_filter(su.machine_arch()))

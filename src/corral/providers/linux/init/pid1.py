@@ -21,7 +21,6 @@ from typing import Any
 
 from corral.providers.linux import _sys_unsafe as su, fdpass as _fdpass
 from corral.providers.linux.init import contain
-from corral.wire import jsonline as _jsonline
 
 __all__ = ["main"]
 
@@ -35,6 +34,7 @@ def main(ctl_fd: int, prog: su.Seccomp) -> None:
     become the agent. Never returns."""
     su.set_signal(signal.SIGCHLD, signal.SIG_DFL)  # T's SIG_IGN would reap C3 for us
     su.set_sigmask(signal.SIG_SETMASK, ())
+    from corral.wire import jsonline as _jsonline  # loaded by the fork server already
     try:
         os.setsid()
         ctl = socket.socket(fileno=ctl_fd)
