@@ -1,10 +1,17 @@
-"""``corral python CODE`` or ``corral python FILE.py``: run a snippet, show its transcript.
+"""``corral python FILE.py | - | -c CODE``: run a snippet, show its transcript.
 
 For a person: the log lines (stderr and logging lines tagged), then the
 result (``=> repr``), the facts, the errors with their sanitized tracebacks
 and what was truncated. ``--json`` prints the transcript as one JSON object.
 Exit status: 0 when the snippet ran without an error, 1 when it raised or
-the validator refused it, 124 when it timed out.
+the validator refused it, 124 when it timed out; otherwise the table of
+``docs/cli.md`` (64 for a bad option or a file that does not exist, 69 when
+the level is not available here, 70 for an internal error).
+
+The code comes from ``-c CODE``, a file, or ``-`` (stdin). A bare argument
+that is not an existing file is still taken as code (``corral python
+'1+1'``), except one that can only be a file name (one word ending in
+``.py``): that one is an error (exit 64), never run as code.
 """
 
 from __future__ import annotations
@@ -12,9 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
+from corral.cli._common import duration_ms
 from corral.core.errors import ConfigInvalidError
 
 if TYPE_CHECKING:
@@ -22,6 +31,10 @@ if TYPE_CHECKING:
 
 #: --timeout when not given (the snippet runner's own default; a test keeps them equal)
 DEFAULT_TIMEOUT_MS = 5000
+#: the snippet runner's range for timeout_ms (corral.snippets.host.runner clamps to it;
+#: a test keeps them equal): outside it, the CLI says it clamped
+MIN_TIMEOUT_MS = 100
+MAX_TIMEOUT_MS = 10_000
 
 __all__ = ["add_parser", "render", "run"]
 
@@ -37,15 +50,20 @@ def add_parser(subparsers: Any) -> None:
         description="Validate a Python snippet (allow-listed stdlib imports only) and run it "
                     "in a strict sandbox; print its logs, result, facts and errors. Exit 0 if "
                     "it ran cleanly, 1 if it raised or was rejected, 124 on timeout.")
-    p.add_argument("code", metavar="CODE|FILE.py",
-                   help="the snippet's source, a .py file (main.py), or - for stdin")
+    p.add_argument("code", metavar="FILE.py|-|CODE", nargs="?", default=None,
+                   help="a .py file (run as main.py), - for stdin, or the source itself "
+                        "(a missing FILE.py is an error, not code)")
+    p.add_argument("-c", dest="source", default=None, metavar="CODE",
+                   help="the snippet's source, given inline")
     p.add_argument("--module", action="append", default=[], metavar="FILE.py",
                    help="another payload file, importable by its file name (repeatable)")
     p.add_argument("--json", action="store_true", help="print the transcript as JSON")
     p.add_argument("--level", choices=("strict", "context-isolated"), default="strict",
                    help="isolation level (default strict)")
-    p.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_MS, metavar="MS",
-                   help="wall-clock timeout in ms, clamped to [100, 10000] (default 5000)")
+    p.add_argument("--timeout", type=duration_ms, default=DEFAULT_TIMEOUT_MS, metavar="TIME",
+                   help="wall-clock timeout: 500ms, 5s (a plain number is ms); the runner "
+                        "allows [100 ms, 10 s]: a value outside is clamped, and said on "
+                        "stderr (default 5s)")
     p.add_argument("--tenant", default="cli", help="tenant id (default cli)")
     p.set_defaults(handler=run)
 
@@ -58,12 +76,24 @@ def _read(path: str, field: str) -> str:
         raise ConfigInvalidError(field, f"cannot read {path!r}: {exc}") from None
 
 
+#: one word ending in .py: a file name, never code
+_FILE_NAME = re.compile(r"[^\s()\[\]{}'\";=+*]+\.py", re.IGNORECASE)
+
+
 def _payload(args: argparse.Namespace) -> dict[str, str]:
-    code: str = args.code
-    if code == "-":
+    code: str | None = args.code
+    if args.source is not None:
+        if code is not None:
+            raise ConfigInvalidError("-c", "give the code with -c or as FILE, not both")
+        main = args.source
+    elif code is None:
+        raise ConfigInvalidError("code", "no code given: corral python FILE.py | - | -c CODE")
+    elif code == "-":
         main = sys.stdin.read()
-    elif code.endswith(".py") and "\n" not in code and os.path.isfile(code):
+    elif os.path.isfile(code):
         main = _read(code, "code")
+    elif _FILE_NAME.fullmatch(code.strip()):
+        raise ConfigInvalidError("code", f"no such file: {code!r} (for inline code use -c)")
     else:
         main = code
     files = {"main.py": main}
@@ -113,13 +143,22 @@ def run(args: argparse.Namespace) -> int:
     from corral.snippets.host.runner import run_snippet_sync, shutdown_snippet_pool
 
     files = _payload(args)
+    used = min(max(args.timeout, MIN_TIMEOUT_MS), MAX_TIMEOUT_MS)
+    notes: list[str] = []
+    if used != args.timeout:
+        notes.append(f"--timeout {args.timeout} ms is outside the snippet runner's range "
+                     f"[{MIN_TIMEOUT_MS}, {MAX_TIMEOUT_MS}] ms: clamped to {used} ms")
+        print(f"corral: note: {notes[-1]}", file=sys.stderr)
     try:
-        transcript = run_snippet_sync(files=files, level=args.level, timeout_ms=args.timeout,
+        transcript = run_snippet_sync(files=files, level=args.level, timeout_ms=used,
                                       tenant_id=args.tenant)
     finally:
         shutdown_snippet_pool()
     if args.json:
-        print(json.dumps(transcript.to_dict(), ensure_ascii=False, indent=2))
+        doc = transcript.to_dict()
+        doc["timeout_ms"] = {"asked": args.timeout, "used": used}
+        doc["notes"] = notes
+        print(json.dumps(doc, ensure_ascii=False, indent=2))
     else:
         print(render(transcript))
     if transcript.timed_out:

@@ -1,13 +1,20 @@
 """``corral run [options] -- CMD ARGS...``: one bounded run from the shell.
 
-Thin over :func:`corral.run.bounded.run_bounded`. The child's output is streamed
-to ours as it arrives, or with ``--json`` the whole result is printed as one
-JSON object on stdout. The exit status is the child's own (128 + N if signal
-N killed it), or the outcome's status from the one table,
-:data:`corral.run.bounded.OUTCOME_EXIT_STATUS` (timeout 124, cancelled 130,
-overflow / memory / cpu 137, spawn error 127); an invalid option exits with
-``ConfigInvalidError.exit_status`` (64). SIGINT and SIGTERM cancel the run
-(shutdown signal, grace, SIGKILL; outcome ``cancelled``).
+Thin over :func:`corral.run.bounded.run_bounded` (and
+:func:`corral.run.strict.run_strict` with ``--level strict``). The child's
+output is streamed to ours as it arrives, or with ``--json`` the whole result
+is printed as one JSON object on stdout. The exit status is the child's own
+(128 + N if signal N killed it), or one from the table in
+:mod:`corral.cli._common` (``docs/cli.md``): 64 bad option, 69 unavailable,
+70 internal, 124 timeout, 126 cannot execute, 127 not found, 130 cancelled,
+137 limit or output cap. SIGINT and SIGTERM cancel the run (shutdown signal,
+grace, SIGKILL; outcome ``cancelled``).
+
+Files: ``--copy FILE[:DEST]`` puts a file into the run's working directory
+before the command starts (at strict through the sandbox's ``write_file``),
+``--output PATH[:DEST]`` brings one back after it ends (``read_file``), and
+``--cwd`` is created when missing. ``--here`` runs in the current directory
+(not at strict). ``--bind`` shows a host path read-only at strict.
 
 Streamed output that goes to a terminal is sanitized (``_terminal``): escape
 sequences and other control characters from the command are shown as text,
@@ -18,19 +25,23 @@ them to a terminal too.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import errno
 import json
 import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, BinaryIO
 
+from corral.cli._common import EXIT_CANNOT_EXECUTE, duration_ms
 from corral.cli._terminal import TerminalSanitizer
 from corral.core.cancel import CancelToken
-from corral.core.errors import ConfigInvalidError
+from corral.core.errors import ConfigInvalidError, LevelNotSupportedError
 from corral.run.bounded import (
     DEFAULT_MAX_STDERR_BYTES,
     DEFAULT_MAX_STDOUT_BYTES,
@@ -45,6 +56,8 @@ __all__ = ["DEFAULT_TIMEOUT_MS", "add_parser", "run"]
 #: --timeout when not given
 DEFAULT_TIMEOUT_MS = 60_000
 _LEVELS = ("none", "context-isolated", "strict")
+#: a spawn error with one of these: the command was found but cannot be executed
+_CANNOT_EXECUTE = frozenset({errno.EACCES, errno.ENOEXEC, errno.EISDIR, errno.EPERM})
 
 
 def add_parser(subparsers: Any) -> None:
@@ -53,17 +66,21 @@ def add_parser(subparsers: Any) -> None:
         "run", help="run one command, bounded (timeout, output caps, env allowlist, limits)",
         description="Run CMD once under a wall-clock timeout, output caps and an environment "
                     "allowlist; its whole process tree is killed when it ends. Exit status: "
-                    "the child's, or 124 timeout, 130 cancelled, 137 overflow/memory/cpu, "
-                    "127 cannot run.",
+                    "the child's own (128+N if signal N killed it), or 64 bad option, "
+                    "69 level or limit unavailable here, 70 internal error, 124 timeout, "
+                    "126 cannot execute, 127 command not found, 130 cancelled, "
+                    "137 limit or output cap (docs/cli.md). Times take a unit: 500ms, 5s, "
+                    "2m (a plain number is ms).",
         usage="corral run [options] -- CMD [ARGS...]")
-    p.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_MS, metavar="MS",
-                   help=f"wall-clock timeout in ms (default {DEFAULT_TIMEOUT_MS})")
-    p.add_argument("--grace-ms", type=int, default=None, metavar="MS",
-                   help="wait after SIGTERM before SIGKILL (default 2000, < timeout)")
+    p.add_argument("--timeout", type=duration_ms, default=DEFAULT_TIMEOUT_MS, metavar="TIME",
+                   help=f"wall-clock timeout (default {DEFAULT_TIMEOUT_MS // 1000}s)")
+    p.add_argument("--grace-ms", "--grace", type=duration_ms, default=None, metavar="TIME",
+                   help="wait after SIGTERM before SIGKILL (default 2s, < timeout)")
     p.add_argument("--mem-mb", type=int, default=None, metavar="MIB",
                    help="RLIMIT_AS of each process, MiB")
-    p.add_argument("--cpu-ms", type=int, default=None, metavar="MS",
-                   help="RLIMIT_CPU of each process, ms (rounded up to whole seconds)")
+    p.add_argument("--cpu-ms", "--cpu", type=duration_ms, default=None, metavar="TIME",
+                   help="CPU time limit (context-isolated: RLIMIT_CPU of each process, "
+                        "rounded up to whole seconds)")
     p.add_argument("--max-stdout", type=int, default=DEFAULT_MAX_STDOUT_BYTES, metavar="BYTES",
                    help="stdout cap (default 8 MiB)")
     p.add_argument("--max-stderr", type=int, default=DEFAULT_MAX_STDERR_BYTES, metavar="BYTES",
@@ -73,14 +90,30 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--pass-env", action="append", default=[], metavar="KEY",
                    help="copy a variable from this environment (repeatable)")
     p.add_argument("--cwd", default=None, metavar="DIR",
-                   help="working directory (default: a fresh temp dir, removed afterwards; "
-                        "with --level strict: a dir inside the sandbox's /work)")
+                   help="working directory, created when missing (said on stderr). Default: "
+                        "a fresh temp dir, removed afterwards; with --level strict: a dir "
+                        "inside the sandbox's /work (default /work itself)")
+    p.add_argument("--here", action="store_true",
+                   help="run in the current directory (not with --level strict, whose "
+                        "sandbox sees no host dir but what --bind shows)")
+    p.add_argument("--copy", action="append", default=[], metavar="FILE[:DEST]",
+                   help="copy FILE in before the command starts, to DEST relative to the "
+                        "run's working directory (default: its base name); repeatable")
+    p.add_argument("--output", action="append", default=[], metavar="PATH[:DEST]",
+                   help="after the run, copy PATH (relative to the run's working directory) "
+                        "back to DEST (default: its base name in the current directory); "
+                        "repeatable. One not produced is said on stderr")
     p.add_argument("--stdin", default=None, metavar="FILE",
                    help="feed FILE (or - for our stdin) to the child; default: closed")
     p.add_argument("--max-processes", type=int, default=None, metavar="N",
                    help="processes alive at once in the sandbox (--level strict only)")
+    p.add_argument("--bind", action="append", default=[], metavar="SRC[:DST][:ro|rw]",
+                   help="show a host path inside, read-only at the same path (--level strict "
+                        "only; repeatable). A different DST or :rw is refused (exit 69): the "
+                        "linux provider has read-only same-path binds only; use --copy and "
+                        "--output to move files")
     p.add_argument("--ro-bind", action="append", default=[], metavar="PATH",
-                   help="show a host path read-only inside (--level strict only; repeatable)")
+                   help="the same as --bind PATH")
     p.add_argument("--disk-mb", type=int, default=None, metavar="MIB",
                    help="size of the sandbox's /work and /tmp (--level strict only)")
     p.add_argument("--level", choices=_LEVELS, default="context-isolated",
@@ -111,18 +144,89 @@ def _env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def _command(argv: list[str]) -> tuple[str, list[str]]:
+def _command(argv: list[str], *, strict: bool) -> tuple[str, list[str]] | RunResult:
+    """The command's absolute path and its arguments; or, for a command not found on
+    PATH, the ``spawn-error`` result the run would have given (exit 127)."""
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         raise ConfigInvalidError("CMD", "no command given (corral run [options] -- CMD ARGS)")
     cmd = argv[0]
+    if strict and "/" in cmd and not os.path.isabs(cmd):
+        return cmd, argv[1:]  # a path inside the sandbox: resolved against its cwd
     if not os.path.isabs(cmd):
         found = shutil.which(cmd) if "/" not in cmd else os.path.abspath(cmd)
         if found is None:
-            raise ConfigInvalidError("CMD", f"command not found on PATH: {cmd!r}")
+            return RunResult(outcome=Outcome.SPAWN_ERROR, spawn_errno=errno.ENOENT,
+                             detail=f"command not found on PATH: {cmd!r}")
         cmd = os.path.abspath(found)
     return cmd, argv[1:]
+
+
+def _split_pair(spec: str, option: str) -> tuple[str, str | None]:
+    """``A[:B]`` -> (A, B or None); a whole spec that names an existing file is A."""
+    if not spec:
+        raise ConfigInvalidError(option, "empty value")
+    if ":" not in spec or os.path.exists(spec):
+        return spec, None
+    a, _, b = spec.partition(":")
+    if not a or not b:
+        raise ConfigInvalidError(option, f"expected PATH[:DEST], got {spec!r}")
+    return a, b
+
+
+def _relative_dest(dest: str, option: str) -> str:
+    """A destination inside the run's working directory: relative, no '..'."""
+    parts = [x for x in dest.split("/") if x not in ("", ".")]
+    if os.path.isabs(dest) or not parts or ".." in parts:
+        raise ConfigInvalidError(option, f"destination must be a relative path inside the "
+                                         f"run's working directory, without '..': {dest!r}")
+    return "/".join(parts)
+
+
+def _copies(args: argparse.Namespace) -> dict[str, bytes]:
+    """``--copy``: destination (relative to the run's cwd) -> content."""
+    files: dict[str, bytes] = {}
+    for spec in args.copy:
+        src, dest = _split_pair(spec, "--copy")
+        dest = _relative_dest(dest or os.path.basename(src.rstrip("/")), "--copy")
+        try:
+            with open(src, "rb") as f:
+                files[dest] = f.read()
+        except OSError as e:
+            raise ConfigInvalidError("--copy", f"cannot read {src!r}: {e.strerror}") from None
+    return files
+
+
+def _outputs_wanted(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``--output``: (path relative to the run's cwd, host destination)."""
+    wanted: list[tuple[str, str]] = []
+    for spec in args.output:
+        src, _, dest = spec.partition(":")
+        src = _relative_dest(src, "--output")
+        wanted.append((src, os.path.abspath(dest or os.path.basename(src))))
+    return wanted
+
+
+def _binds(args: argparse.Namespace) -> list[str]:
+    """``--bind`` / ``--ro-bind``: host paths bound read-only at the same path."""
+    paths = [os.path.abspath(p) for p in args.ro_bind]
+    for spec in args.bind:
+        parts = spec.split(":")
+        mode = parts.pop() if len(parts) > 1 and parts[-1] in ("ro", "rw") else "ro"
+        if not parts or len(parts) > 2 or not parts[0]:
+            raise ConfigInvalidError("--bind", f"expected SRC[:DST][:ro|rw], got {spec!r}")
+        src = os.path.abspath(parts[0])
+        dst = parts[1] if len(parts) == 2 else src
+        if mode == "rw" or os.path.normpath(dst) != src:
+            what = "read-write binds" if mode == "rw" else "binds at another path"
+            raise LevelNotSupportedError(
+                "strict", ("strict",), "use --copy FILE and --output PATH to move files in "
+                "and out", field="--bind",
+                missing=f"{what} (the linux provider's mount plan has read-only binds at "
+                        "the same path only: LinuxOptions.extra_ro_binds)")
+        paths.append(src)
+    return paths
 
 
 def _stdin(spec: str | None) -> bytes | None:
@@ -141,6 +245,10 @@ class _Output:
     """Where one of the command's streams goes: ``write`` each chunk as it arrives,
     ``close`` at the end. On a terminal (unless ``raw``) through a sanitizer."""
 
+    #: whether the last byte written to either stream ended a line (both may be one
+    #: terminal): corral's own message then needs no newline of its own first
+    at_line_start = True
+
     def __init__(self, stream: Any, *, raw: bool) -> None:
         self.stream = stream
         self.buffer: BinaryIO | None = getattr(stream, "buffer", None)
@@ -158,6 +266,7 @@ class _Output:
     def _put(self, data: bytes) -> None:
         if not data:
             return
+        _Output.at_line_start = data.endswith(b"\n")
         if self.buffer is not None:
             self.buffer.write(data)
             self.buffer.flush()
@@ -177,6 +286,7 @@ def _outputs(args: argparse.Namespace) -> tuple[_Output, _Output] | None:
     """stdout and stderr for streaming, or None with --json."""
     if args.json:
         return None
+    _Output.at_line_start = True
     return (_Output(sys.stdout, raw=args.raw_output), _Output(sys.stderr, raw=args.raw_output))
 
 
@@ -198,55 +308,154 @@ def _with_signals_cancelling(token: CancelToken, fn: Callable[[], RunResult]) ->
 
 def run(args: argparse.Namespace) -> int:
     """Run the command; return the exit status (see the module docstring)."""
-    cmd, cmd_args = _command(list(args.argv))
+    strict = args.level == "strict"
+    command = _command(list(args.argv), strict=strict)
+    if isinstance(command, RunResult):
+        return _finish(args, command, None, [])
+    cmd, cmd_args = command
+    if args.here and args.cwd is not None:
+        raise ConfigInvalidError("--here", "give --here or --cwd, not both")
+    copies = _copies(args)
+    wanted = _outputs_wanted(args)
     token = CancelToken()
     out = _outputs(args)
-    if args.level == "strict":
+    if strict:
+        if args.here:
+            raise ConfigInvalidError(
+                "--here", "the strict sandbox sees no host directory but what --bind shows "
+                "(read-only); use --copy FILE and --output PATH, or --level context-isolated")
+        saved: list[dict[str, Any]] = []
         result = _with_signals_cancelling(
-            token, lambda: _run_strict(args, cmd, cmd_args, token, out))
-        return _finish(args, result, out)
-    if args.max_processes is not None or args.disk_mb is not None or args.ro_bind:
-        raise ConfigInvalidError("--max-processes/--disk-mb/--ro-bind",
+            token, lambda: _run_strict(args, cmd, cmd_args, token, out, copies, wanted, saved))
+        return _finish(args, result, out, saved)
+    if args.max_processes is not None or args.disk_mb is not None or args.ro_bind or args.bind:
+        raise ConfigInvalidError("--max-processes/--disk-mb/--bind",
                                  "need --level strict (a cgroup, a private disk, a root)")
-    if args.cwd is not None and not os.path.isabs(args.cwd):
-        args.cwd = os.path.abspath(args.cwd)  # the CLI's convenience; the library refuses
-    result = _with_signals_cancelling(token, lambda: run_bounded(
-        cmd, cmd_args, timeout_ms=args.timeout, cwd=args.cwd, env=_env(args),
-        grace_period_ms=args.grace_ms, stdin=_stdin(args.stdin),
-        max_stdout_bytes=args.max_stdout, max_stderr_bytes=args.max_stderr,
-        mem_mb=args.mem_mb, cpu_ms=args.cpu_ms, cancel=token,
-        on_stdout=out[0].write if out else None,
-        on_stderr=out[1].write if out else None))
-    return _finish(args, result, out)
+    own_dir: str | None = None
+    cwd: str | None = os.getcwd() if args.here else args.cwd
+    if cwd is not None:
+        cwd = os.path.abspath(cwd)  # the CLI's convenience; the library refuses relative
+        if not os.path.isdir(cwd):
+            try:
+                os.makedirs(cwd)
+            except OSError as e:
+                raise ConfigInvalidError("--cwd", f"cannot create {cwd!r}: {e.strerror}"
+                                         ) from None
+            _note(f"created --cwd {cwd} (it is left in place)")
+    elif copies or wanted:  # the run's own temp dir, made here so files can go in and out
+        own_dir = cwd = tempfile.mkdtemp(prefix="corral-run-")
+    try:
+        for dest, data in copies.items():
+            _put_host_file(os.path.join(cwd or "", dest), data)
+        result = _with_signals_cancelling(token, lambda: run_bounded(
+            cmd, cmd_args, timeout_ms=args.timeout, cwd=cwd, env=_env(args),
+            grace_period_ms=args.grace_ms, stdin=_stdin(args.stdin),
+            max_stdout_bytes=args.max_stdout, max_stderr_bytes=args.max_stderr,
+            mem_mb=args.mem_mb, cpu_ms=args.cpu_ms, cancel=token,
+            on_stdout=out[0].write if out else None,
+            on_stderr=out[1].write if out else None))
+        saved = []
+        for src, dest in wanted:
+            try:
+                with open(os.path.join(result.cwd or cwd or "", src), "rb") as f:
+                    data_out: bytes | None = f.read()
+            except OSError:
+                data_out = None
+            saved.append(_save(src, dest, data_out))
+    finally:
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+    if own_dir is not None:
+        result = dataclasses.replace(result, cwd_owned=True)
+    return _finish(args, result, out, saved)
+
+
+def _note(text: str) -> None:
+    print(f"corral: note: {text}", file=sys.stderr)
+
+
+def _put_host_file(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _save(src: str, dest: str, data: bytes | None) -> dict[str, Any]:
+    """Write one ``--output`` file back; the fact for ``--json``."""
+    if data is None:
+        _note(f"--output {src}: the run left no such file")
+        return {"path": src, "saved_to": None}
+    _put_host_file(dest, data)
+    return {"path": src, "saved_to": dest, "bytes": len(data)}
 
 
 def _run_strict(args: argparse.Namespace, cmd: str, cmd_args: list[str],
-                token: CancelToken, out: tuple[_Output, _Output] | None) -> RunResult:
+                token: CancelToken, out: tuple[_Output, _Output] | None,
+                copies: dict[str, bytes], wanted: list[tuple[str, str]],
+                saved: list[dict[str, Any]]) -> RunResult:
     from corral.core.spec import SandboxLimits
     from corral.run.strict import run_strict
 
     limits = SandboxLimits(mem_mb=args.mem_mb, cpu_ms=args.cpu_ms,
                            max_processes=args.max_processes, disk_mb=args.disk_mb)
+    base = args.cwd.strip("/") if args.cwd and not args.cwd.startswith("/") else None
+    if args.cwd and args.cwd.startswith("/"):
+        base = args.cwd[len("/work"):].strip("/") if (
+            args.cwd == "/work" or args.cwd.startswith("/work/")) else None
+        if base is None and (copies or wanted):
+            raise ConfigInvalidError("--cwd", "with --copy or --output, the strict cwd must be "
+                                              f"inside /work: {args.cwd!r}")
+
+    def inside(rel: str) -> str:
+        return f"{base}/{rel}" if base else rel
+
+    dests = iter(wanted)  # run_strict hands the files back in the order asked
+
+    def on_file_out(path: str, data: bytes | None) -> None:
+        src, dest = next(dests)
+        saved.append(_save(src, dest, data))
+
     # the sandbox sees the host's /usr and the interpreter's prefix: resolve symlinks
     # (a venv's bin/python) to the real file, which is bound in
+    command = os.path.realpath(cmd) if cmd.startswith("/") else (
+        f"/work/{inside(cmd)}" if not args.cwd or not args.cwd.startswith("/")
+        else os.path.join(args.cwd, cmd))
     return run_strict(
-        os.path.realpath(cmd), cmd_args, timeout_ms=args.timeout, env=_env(args),
+        command, cmd_args, timeout_ms=args.timeout, env=_env(args),
         cwd=args.cwd, stdin=_stdin(args.stdin), max_stdout_bytes=args.max_stdout,
         max_stderr_bytes=args.max_stderr, limits=limits, cancel=token,
-        ro_binds=[os.path.abspath(p) for p in args.ro_bind],
+        ro_binds=_binds(args), make_cwd=args.cwd is not None,
+        files_in={inside(d): data for d, data in copies.items()},
+        files_out=[inside(src) for src, _ in wanted], on_file_out=on_file_out,
         on_stdout=out[0].write if out else None,
         on_stderr=out[1].write if out else None)
 
 
 def _finish(args: argparse.Namespace, result: RunResult,
-            out: tuple[_Output, _Output] | None) -> int:
+            out: tuple[_Output, _Output] | None, saved: list[dict[str, Any]]) -> int:
     if out is not None:
         for o in out:
             o.close()
+    status = _status(result)
     if args.json:
-        print(json.dumps(result.to_dict()))
+        doc = result.to_dict()
+        doc["exit_status"] = status
+        if saved:
+            doc["files_out"] = saved
+        print(json.dumps(doc))
     elif result.outcome is not Outcome.EXIT:
         err = result.error()
         detail = err.message if err is not None else ""
-        print(f"corral: {result.outcome}: {detail}", file=sys.stderr)
+        # the streamed output may have stopped mid-line (a cap cuts it anywhere): the
+        # message starts on a line of its own
+        nl = "\n" if out is not None and not _Output.at_line_start else ""
+        print(f"{nl}corral: {result.outcome}: {detail}", file=sys.stderr)
+    return status
+
+
+def _status(result: RunResult) -> int:
+    """The exit status: :func:`exit_status_of`'s table, with a command that could not
+    be started split as a shell does (126 found but not executable, 127 not found)."""
+    if result.outcome is Outcome.SPAWN_ERROR and result.spawn_errno in _CANNOT_EXECUTE:
+        return EXIT_CANNOT_EXECUTE
     return exit_status_of(result)

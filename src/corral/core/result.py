@@ -217,10 +217,20 @@ class RunResult:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict (the ``--json`` output of ``corral run``)."""
-        return {
-            "outcome": str(self.outcome), "exit_code": self.exit_code, "signal": self.signal,
-            "stdout": self.stdout_text, "stderr": self.stderr_text,
+        """A JSON-safe dict (the ``--json`` output of ``corral run``).
+
+        Each stream is given losslessly with its encoding: ``"stdout"`` is the
+        text and ``"stdout_encoding"`` is ``"utf-8"`` when the bytes are valid
+        UTF-8; otherwise ``"stdout"`` is ``None``, ``"stdout_b64"`` holds the
+        bytes in base64 and ``"stdout_encoding"`` is ``"base64"`` (likewise for
+        stderr). A cap can cut a character in two, so truncated output may be
+        base64 too.
+        """
+        doc: dict[str, Any] = {"outcome": str(self.outcome), "exit_code": self.exit_code,
+                               "signal": self.signal}
+        for name, data in (("stdout", self.stdout), ("stderr", self.stderr)):
+            doc.update(_stream_fields(name, data))
+        doc.update({
             "stdout_truncated": self.stdout_truncated,
             "stderr_truncated": self.stderr_truncated,
             "duration_ms": self.duration_ms,
@@ -230,7 +240,18 @@ class RunResult:
             "cwd": self.cwd, "cwd_owned": self.cwd_owned,
             "node_heap_mb_applied": self.node_heap_mb_applied,
             "strays_killed": self.strays_killed,
-        }
+        })
+        return doc
+
+
+def _stream_fields(name: str, data: bytes) -> dict[str, Any]:
+    """One stream for :meth:`RunResult.to_dict`: UTF-8 text, or base64 when it is not."""
+    try:
+        return {name: data.decode("utf-8"), f"{name}_encoding": "utf-8"}
+    except UnicodeDecodeError:
+        import base64  # only for output that is not UTF-8
+        return {name: None, f"{name}_b64": base64.b64encode(data).decode("ascii"),
+                f"{name}_encoding": "base64"}
 
 
 #: seed 01's name for what ``Sandbox.exec`` returns: a :class:`RunResult` (outcome ``exit``)

@@ -27,10 +27,10 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from corral.core.cancel import CancelToken, call_on_cancel
-from corral.core.contract import SandboxProvider, SupportsStreamingExec
+from corral.core.contract import Sandbox, SandboxProvider, SupportsStreamingExec
 from corral.core.errors import (
     ConfigInvalidError,
     CorralError,
@@ -67,6 +67,10 @@ async def run_strict_async(
     provider: SandboxProvider | None = None,
     ro_binds: Sequence[str] = (),
     tenant_id: str = "corral-run",
+    files_in: Mapping[str, bytes] | None = None,
+    files_out: Sequence[str] = (),
+    on_file_out: Callable[[str, bytes | None], object] | None = None,
+    make_cwd: bool = False,
 ) -> RunResult:
     """Run ``command args`` once in a fresh strict sandbox; return how it ended.
 
@@ -87,6 +91,16 @@ async def run_strict_async(
             linux provider, closed when the run ends.
         ro_binds: more host paths the private provider shows read-only (another
             interpreter's prefix, a toolchain); with ``provider``, set them there.
+        files_in: sandbox path (relative to ``/work``, or absolute under it) ->
+            content, written through the contract's ``write_file`` before the
+            command starts (parents are created).
+        files_out: sandbox paths read back through ``read_file`` once the command
+            has ended (on every outcome that started it, before the sandbox is
+            destroyed); each is passed to ``on_file_out(path, data)``, with
+            ``data`` ``None`` when there is no such regular file.
+        make_cwd: create ``cwd`` (``mkdir -p`` in the sandbox, relative to
+            ``/work``) before the command starts, so a fresh sandbox's empty
+            ``/work`` does not refuse it.
 
     Raises:
         LevelNotSupportedError: ``provider`` does not offer the strict level, or
@@ -97,6 +111,8 @@ async def run_strict_async(
         raise ConfigInvalidError("timeout_ms", "must be a positive integer")
     if not command.startswith("/"):
         raise ConfigInvalidError("command", f"must be an absolute path: {command!r}")
+    if files_out and on_file_out is None:
+        raise ConfigInvalidError("on_file_out", "files_out needs a callback to hand them to")
     for name, cap in (("max_stdout_bytes", max_stdout_bytes),
                       ("max_stderr_bytes", max_stderr_bytes)):
         if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
@@ -136,6 +152,10 @@ async def run_strict_async(
             return RunResult(outcome=Outcome.CANCELLED, cwd="/work",
                              duration_ms=(time.monotonic() - started) * 1000)
         try:
+            if make_cwd and cwd:
+                await _make_dir(sandbox, cwd, timeout_ms)
+            for path, content in (files_in or {}).items():
+                await sandbox.write_file(path, content)
             argv = [command, *args]
             opts = ExecOpts(timeout_ms=timeout_ms, env=env, cwd=cwd, stdin=data,
                             max_stdout_bytes=max_stdout_bytes, max_stderr_bytes=max_stderr_bytes)
@@ -162,6 +182,13 @@ async def run_strict_async(
                                        stderr=b"".join(seen[2]))
             finally:
                 remove()
+            for path in files_out:
+                try:
+                    got: bytes | None = await sandbox.read_file(path)
+                except (FileNotFoundError, ConfigInvalidError):
+                    got = None
+                assert on_file_out is not None
+                on_file_out(path, got)
         finally:
             await sandbox.destroy()
     finally:
@@ -173,6 +200,16 @@ async def run_strict_async(
                 on_output(fd, data_)
     return dataclasses.replace(result, duration_ms=(time.monotonic() - started) * 1000,
                                cwd=result.cwd or "/work")
+
+
+async def _make_dir(sandbox: Sandbox, cwd: str, timeout_ms: int) -> None:
+    """``mkdir -p cwd`` inside the sandbox (the contract has no mkdir; its
+    ``write_file`` creates parents only for a file)."""
+    res = await sandbox.exec(["/bin/mkdir", "-p", "--", cwd],
+                             ExecOpts(timeout_ms=min(timeout_ms, 10_000)))
+    if res.exit_code != 0:
+        raise ConfigInvalidError("cwd", f"cannot create {cwd!r} in the sandbox: "
+                                        f"{res.stderr_text.strip()}")
 
 
 #: the synchronous twin (same parameters): its own short-lived event loop, or a helper

@@ -218,7 +218,8 @@ def _check_level_and_network(spec: SandboxSpec) -> None:
     if spec.network.kind != "none":
         raise LevelNotSupportedError(
             str(spec.level), ("strict",),
-            "only network 'none' (loopback only) is implemented", field="network",
+            f"network policy {spec.network.kind!r} is not offered by the linux provider "
+            "yet: it implements only 'none' (loopback only)", field="network",
             missing=f"network policy {spec.network.kind!r}")
     if spec.image is not None and spec.mode not in _IMAGE_MODES:
         raise ConfigInvalidError(
