@@ -63,6 +63,9 @@ def test_strict_cwd_is_created_and_copies_land_in_it(workdir: Path,
     assert status == 0, err
     assert out == "/work/a/b\nHELLO\n"
     assert (workdir / "r.txt").read_text() == "done"
+    assert main(["run", "--level", "strict", "--json", "--cwd", "c", "--", "/bin/pwd"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["stdout"], doc["cwd"]) == ("/work/c\n", "/work/c")
 
 
 @needs_strict("")

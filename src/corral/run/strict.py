@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import posixpath
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -199,7 +200,8 @@ async def run_strict_async(
             if data_:
                 on_output(fd, data_)
     return dataclasses.replace(result, duration_ms=(time.monotonic() - started) * 1000,
-                               cwd=result.cwd or "/work")
+                               cwd=result.cwd or posixpath.normpath(
+                                   posixpath.join("/work", cwd or "")))
 
 
 async def _make_dir(sandbox: Sandbox, cwd: str, timeout_ms: int) -> None:
