@@ -18,7 +18,17 @@ Tables:
    create + exec with destroy off the clock), under bwrap and nsjail in
    MEASUREMENTS.md §4's configurations, under plain unshare with the same
    namespaces (a floor: no file system set-up), and as a whole
-   ``corral run --level strict`` CLI process (with ``--ro-bind`` for another interpreter).
+   ``corral run --level strict`` CLI process: the console script's entry
+   (``_corral_cli:main``, which takes the one-shot path of
+   ``corral.providers.linux.oneshot`` for this command line) and, for comparison,
+   the library path it replaces (``corral.cli:main``, run_strict with its fork
+   server; with ``--ro-bind`` for another interpreter). Goal for the CLI: at most
+   3x bare and a peak below 10 MiB. Peak memory: the largest resident set of any
+   process of the command's tree (GNU time's ``%M``, ``ru_maxrss`` from ``wait4``,
+   which covers the waited-for descendants), max of 3 runs after the timed ones,
+   for every row that is a process.
+   corral's sources are byte-compiled first (as an install does), so no run
+   pays for compiling them under ``PYTHONDONTWRITEBYTECODE``.
 2. exec into one live sandbox vs the same command run bare.
 3. private memory (Private_Clean + Private_Dirty of smaps_rollup) per idle
    sandbox, for K sandboxes alive at once: the agent (pid 1) alone and all
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import compileall
 import datetime
 import json
 import os
@@ -171,6 +182,26 @@ def _proc(argv: list[str], env: dict[str, str] | None = None) -> Run:
     return run
 
 
+def peak_mib(argv: list[str], env: dict[str, str] | None, runs: int = 3) -> float | None:
+    """The largest resident set of any process of ``argv``'s tree (MiB, max of
+    ``runs``), as GNU time reports it (``%M``: ``ru_maxrss`` from wait4, which covers
+    the waited-for descendants; time itself is small, so the maxrss a child inherits
+    at fork is not ours). None without /usr/bin/time."""
+    if not os.access("/usr/bin/time", os.X_OK):
+        return None
+    best = 0
+    for _ in range(runs):
+        r = subprocess.run(["/usr/bin/time", "-f", "corral-peak %M", *argv],
+                           capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=60,
+                           check=False)
+        lines = [x for x in r.stderr.decode(errors="replace").splitlines()
+                 if x.startswith("corral-peak ")]
+        if r.returncode != 0 or not lines:
+            return None
+        best = max(best, int(lines[-1].split()[1]))
+    return best / 1024
+
+
 def _probe(argv: list[str]) -> str:
     """'' if the command works, else why not (for a skipped row)."""
     try:
@@ -258,16 +289,18 @@ async def cold_table(provider: LinuxProvider, cold: LinuxProvider | None, rounds
         variants["strict2"] = _strict_twice(provider, cmd)
         variants["strict0"] = _strict_cold(cold, cmd)
     skipped: list[Row] = []
+    argvs: dict[str, list[str]] = {"bare": cmd}
     bwrap = shutil.which("bwrap")
     nsjail = find_nsjail()
-    corral = Path(sys.prefix) / "bin" / "corral"
+    binds = [f"--ro-bind={p}" for p in cli_binds]
     peers: list[tuple[str, str | None, Callable[[str], list[str]]]] = [
         ("bwrap", bwrap, lambda b: bwrap_argv(b, cmd, py.binds)),
         ("nsjail", nsjail, lambda b: nsjail_argv(b, cmd, py.binds)),
         ("unshare", shutil.which("unshare"), lambda _b: unshare_argv(cmd)),
-        ("cli", str(corral) if corral.exists() else None,
-         lambda b: [b, "run", "--level", "strict",
-                    *(f"--ro-bind={p}" for p in cli_binds), "--", *cmd]),
+        ("cli", cli_entry(), lambda b: [*b.split("\0"), "run", "--level", "strict", *binds,
+                                        "--", *cmd]),
+        ("clilib", "\0".join(_script_argv("corral.cli")),
+         lambda b: [*b.split("\0"), "run", "--level", "strict", *binds, "--", *cmd]),
     ]
     for key, binary, build in peers:
         if binary is None:
@@ -284,8 +317,18 @@ async def cold_table(provider: LinuxProvider, cold: LinuxProvider | None, rounds
             skipped.append(Row(LABELS[key], key, skipped=why))
             continue
         variants[key] = _proc(argv, BARE_ENV if key == "unshare" else None)
+        argvs[key] = argv
     times = await measure(variants, rounds)
+    PEAK_MIB.clear()
+    for key, argv in argvs.items():
+        peak = peak_mib(argv, BARE_ENV if key in ("bare", "unshare") else None)
+        if peak is not None:
+            PEAK_MIB[key] = peak
     return _rows(times, LABELS) + skipped
+
+
+#: variant key -> peak MiB of its process tree (peak_mib), for the last cold table
+PEAK_MIB: dict[str, float] = {}
 
 
 LABELS = {
@@ -303,7 +346,36 @@ LABELS = {
     "nsjail": "nsjail (MEASUREMENTS §4)",
     "unshare": "unshare, same 7 namespaces (floor)",
     "cli": "corral run --level strict (whole CLI)",
+    "clilib": "corral run, library path (corral.cli:main)",
 }
+
+
+def _script_argv(module: str) -> list[str]:
+    """What a console script ``module:main`` runs (pip's wrapper, in this interpreter)."""
+    return [sys.executable, "-c", f"import sys; from {module} import main; sys.exit(main())"]
+
+
+def cli_entry() -> str:
+    """The ``corral`` console script when it runs the one-shot entry, else the same entry
+    run as the script would (an editable install made before the entry existed); the
+    argv joined with NULs."""
+    script = Path(sys.prefix) / "bin" / "corral"
+    try:
+        if "_corral_cli" in script.read_text():
+            return str(script)
+    except OSError:
+        pass
+    return "\0".join(_script_argv("_corral_cli"))
+
+
+def compile_sources() -> None:
+    """Byte-compile corral (and the entry module) as an install does."""
+    import corral
+    root = Path(corral.__file__).resolve().parent
+    compileall.compile_dir(str(root), quiet=1)
+    entry = root.parent / "_corral_cli.py"
+    if entry.exists():
+        compileall.compile_file(str(entry), quiet=1)
 
 
 async def exec_table(provider: LinuxProvider, rounds: int, py: Interp) -> list[Row]:
@@ -394,14 +466,20 @@ def _judge_cold(rows: list[Row], full_goal: bool) -> None:
             info = " [burst]"
         r.goal = f"{tag}{info} ({'; '.join(parts)})"
     for r in rows:
+        if r.key == "cli" and not r.skipped:
+            peak = PEAK_MIB.get("cli", float("nan"))
+            ok = r.ratio() <= 3.0 and peak < 10.0
+            r.goal = (f"{'MET' if ok else 'NOT MET'} (<=3x bare: {r.ratio():.2f}x; "
+                      f"peak < 10 MiB: {peak:.1f} MiB)")
         if not r.goal and not r.skipped:
             r.goal = ("baseline" if r.key == "bare" else
                       "part of the row above" if r.label.startswith("  ") else
-                      "info: whole process, incl. interpreter and provider start"
-                      if r.key == "cli" else "peer")
+                      "info: the CLI before the one-shot path" if r.key == "clilib"
+                      else "peer")
 
 
 async def run(rounds: int, k: int, python: str) -> None:
+    compile_sources()
     load0 = os.getloadavg()[0]
     py = probe_interp(python)
     provider = LinuxProvider()
@@ -440,6 +518,8 @@ async def run(rounds: int, k: int, python: str) -> None:
             print(head)
             for r in rows:
                 print(_fmt_row(r))
+            print("  peak RSS of the largest process of each tree (GNU time %M, max of 3 runs): "
+                  + ", ".join(f"{k} {v:.1f} MiB" for k, v in PEAK_MIB.items()))
             print()
         rows = await exec_table(provider, rounds, py)
         for bare, ex in zip(rows[::2], rows[1::2], strict=True):

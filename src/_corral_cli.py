@@ -59,6 +59,8 @@ def _one_shot(args: list[str]) -> int | None:
     bare = "corral" not in sys.modules
     if bare:
         _bare_packages()
+        import gc
+        gc.disable()  # a short-lived process: no collections while the modules load
     done = False
     try:
         from corral.providers.linux import oneshot
@@ -79,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     if _one_shot_wanted(args):
         code = _one_shot(args)
         if code is not None:
+            if argv is None:  # the process is ours: skip the interpreter's teardown
+                os._exit(code)
             return code
     from corral.cli import main as full_main
     return full_main(args)

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.linux
 
 PY = os.path.realpath(sys.executable)  # the real interpreter: its prefix is bound in
 PROBES = Path(__file__).resolve().parents[1] / "linux" / "probes"
-ENTRY = ("import sys, _corral_cli; code = _corral_cli.main(); "
+#: the console script's code, but with argv passed, so main() returns (it leaves the
+#: process by os._exit otherwise) and the modules it loaded can be listed
+ENTRY = ("import sys, _corral_cli; code = _corral_cli.main(sys.argv[1:]); "
          "sys.stderr.write('corral-test: asyncio %s\\n' % ('asyncio' in sys.modules)); "
          "sys.exit(code)")
 TAKEN = b"corral: trace: one-shot path\n"
@@ -113,6 +115,18 @@ def test_exit_code_and_output_pass_through() -> None:
     assert r.returncode == 7
     assert r.stdout == b"out\n"
     assert b"err\n" in r.stderr
+
+
+def test_as_the_console_script_runs_it() -> None:
+    """``from _corral_cli import main; sys.exit(main())``: main leaves by os._exit."""
+    r = subprocess.run([sys.executable, "-c", "import sys; from _corral_cli import main; "
+                        "sys.exit(main())", "run", "--level", "strict", "--", "/bin/sh", "-c",
+                        "echo out; echo err >&2; exit 3"], capture_output=True,
+                       stdin=subprocess.DEVNULL, env={**os.environ, "CORRAL_CLI_TRACE": "1"},
+                       timeout=60, check=False)
+    if TAKEN not in r.stderr:
+        unavailable(r.stderr.decode(errors="replace")[-500:])
+    assert (r.returncode, r.stdout) == (3, b"out\n") and b"err\n" in r.stderr
 
 
 def test_signal_death_is_128_plus_n() -> None:

@@ -92,9 +92,22 @@ class Report:
 
 
 def trace(msg: str) -> None:
-    """With ``CORRAL_CLI_TRACE=1``: say on stderr which path ran (for tests)."""
-    if os.environ.get(_TRACE_VAR) == "1":
+    """With ``CORRAL_CLI_TRACE=1``: say on stderr which path ran (for tests) and, with
+    ``CORRAL_CLI_TRACE=2``, when (ms since the process started, from its start time)."""
+    level = os.environ.get(_TRACE_VAR)
+    if level == "1":
         os.write(2, f"corral: trace: {msg}\n".encode())
+    elif level == "2":
+        os.write(2, f"corral: trace: {msg} (at {_since_start():.1f} ms)\n".encode())
+
+
+def _since_start() -> float:
+    """ms since this process started (its start time in /proc/self/stat, clock ticks)."""
+    with open("/proc/self/stat", "rb") as f:
+        start = int(f.read().rpartition(b")")[2].split()[19])
+    with open("/proc/uptime", "rb") as f:
+        up = float(f.read().split()[0])
+    return (up - start / os.sysconf("SC_CLK_TCK")) * 1000
 
 
 def parse_argv(argv: Sequence[str]) -> OneShot | None:
@@ -325,6 +338,7 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
     from corral.providers.linux.policy.plan import NAMESPACES, LinuxOptions, build_plan
 
     started = time.monotonic()
+    trace("one-shot imported")
     s = _Setup()
     try:
         try:
@@ -395,12 +409,18 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
             trace(f"one-shot set-up failed ({e}); library path")
             return None
         trace("one-shot path")
+        set_up = time.monotonic()
         try:
             return _relay(req, s, mine, out_r, err_r, plan.limits, started,
                           out_fd=out_fd, err_fd=err_fd)
         except _SetupFailed as e:
             trace(f"one-shot sandbox set-up failed ({e}); library path")
             return None
+        finally:
+            ran = time.monotonic()
+            s.close()
+            trace(f"one-shot ms: set-up {(set_up - started) * 1000:.1f}, run "
+                  f"{(ran - set_up) * 1000:.1f}, clean-up {(time.monotonic() - ran) * 1000:.1f}")
     finally:
         s.close()
 
