@@ -22,6 +22,7 @@ from corral import CancelToken
 from corral.core.contract import SandboxProvider
 from corral.core.errors import ConfigInvalidError, LevelNotSupportedError, SandboxCancelledError
 from corral.core.spec import Level
+from corral.core.sync import close_sync
 from corral.snippets.host import runner
 from corral.snippets.host.pool import SnippetPool
 from corral.snippets.host.runner import run_snippet, run_snippet_sync, shutdown_snippet_pool
@@ -55,7 +56,7 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 def _close_after_sync_runs(provider: SandboxProvider) -> None:
     """Close a provider the sync twin used: on the loop the twin runs on (the process-wide
     pool's), where the provider's background work lives."""
-    runner._DEFAULT.run(provider.aclose()).result(60)
+    close_sync(provider)
 
 
 def _same_run(t: Transcript) -> tuple[Any, ...]:

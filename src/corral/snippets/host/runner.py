@@ -14,15 +14,15 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import functools
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar
 
 from corral.core.cancel import CancelScope, CancelToken
 from corral.core.contract import SandboxProvider
 from corral.core.errors import ConfigInvalidError, LevelNotSupportedError, SandboxCancelledError
 from corral.core.spec import Level
+from corral.core.sync import background_loop, sync_twin
 from corral.snippets.host.pool import GRACE_MS, PoolStatistics, SnippetPool
 from corral.snippets.host.transcript import (
     CAPS,
@@ -239,50 +239,22 @@ async def _with_token(cancel: CancelToken | None, make: Callable[[], Awaitable[T
     raise SandboxCancelledError(f"snippet cancelled: {cancel.reason}")
 
 
-def _snippet_loop_twin(fn: Callable[P, Coroutine[Any, Any, T]], *, name: str
-                       ) -> Callable[P, T]:
-    """The synchronous twin of ``fn`` (same parameters), run on the process-wide pool's
-    event loop rather than a fresh loop per call (:func:`corral.core.sync.sync_twin`):
-    providers and pools keep state bound to the loop they first ran on (a linux
-    provider's fork server channel), so every sync call that passes the same
-    ``provider=`` or ``pool=`` must run on one loop. Must not be called from that loop's
-    thread; cancel with the ``cancel`` token."""
-
-    def twin(*args: P.args, **kwargs: P.kwargs) -> T:
-        fut = _DEFAULT.run(fn(*args, **kwargs))
-        try:
-            return fut.result()
-        except BaseException:
-            fut.cancel()
-            raise
-
-    functools.update_wrapper(twin, fn)
-    twin.__name__ = twin.__qualname__ = name
-    twin.__doc__ = (f"Synchronous twin of :func:`{fn.__module__}.{fn.__name__}` (same "
-                    "arguments, same result), run on the process-wide snippet pool's "
-                    "event loop.\n\n" + (fn.__doc__ or ""))
-    return twin
-
-
 class _DefaultPool:
     """The process-wide pool on its own event loop thread, started on first use."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._pool: SnippetPool | None = None
         self._max: int | None = None
 
     def _ensure(self) -> asyncio.AbstractEventLoop:
+        """The pool lives on the loop every sync call shares (:mod:`corral.core.sync`)."""
+        loop = background_loop()
         with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name="corral-snippets",
-                                          daemon=True)
-                thread.start()
-                self._loop, self._thread = loop, thread
-            return self._loop
+            if self._loop is not loop:  # first use, or a forked child's new loop
+                self._loop, self._pool = loop, None
+            return loop
 
     def _get(self) -> SnippetPool:
         if self._pool is None:
@@ -297,10 +269,6 @@ class _DefaultPool:
             return await make(self._get())
 
         return asyncio.run_coroutine_threadsafe(call(), loop)
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Run ``coro`` on the pool's loop (the loop every sync run shares)."""
-        return asyncio.run_coroutine_threadsafe(coro, self._ensure())
 
     def set_max(self, n: int) -> None:
         SnippetPool(max_workers=n, spares=0)  # validates n
@@ -321,20 +289,15 @@ class _DefaultPool:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         with self._lock:
-            loop, thread, pool = self._loop, self._thread, self._pool
-            self._loop = self._thread = self._pool = None
-        if loop is None or thread is None:
+            loop, pool = self._loop, self._pool
+            self._loop = self._pool = None
+        if loop is None or pool is None or loop.is_closed():
             return
-        if pool is not None:
-            fut = asyncio.run_coroutine_threadsafe(pool.aclose(), loop)
-            try:
-                fut.result(timeout)
-            except Exception:
-                pass
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout)
-        if not thread.is_alive():
-            loop.close()
+        fut = asyncio.run_coroutine_threadsafe(pool.aclose(), loop)
+        try:
+            fut.result(timeout)
+        except Exception:
+            pass
 
 
 _DEFAULT: Final = _DefaultPool()
@@ -343,7 +306,7 @@ atexit.register(_DEFAULT.shutdown)
 #: the synchronous twin of :func:`run_snippet` (same parameters), on the process-wide
 #: pool's event loop: a ``provider=`` or ``pool=`` passed from sync code is always used
 #: on that one loop. Cancel with the ``cancel`` token.
-run_snippet_sync = _snippet_loop_twin(run_snippet, name="run_snippet_sync")
+run_snippet_sync = sync_twin(run_snippet, name="run_snippet_sync")
 
 
 def set_max_concurrent_workers(n: int) -> None:

@@ -35,7 +35,7 @@ import re
 import signal
 import time
 from collections.abc import Callable, Mapping
-from typing import final
+from typing import Final, final
 
 from corral.core.errors import ConfigInvalidError, LevelNotSupportedError, ProviderError
 from corral.core.spec import SandboxLimits
@@ -106,15 +106,21 @@ class CgroupManager:
             need.append(("cpu", "cgroup cpu accounting", "limits.cpu_ms"))
         if pause:
             need.append(("freezer", "cgroup freezer", "pause"))
-        missing, fields = [], []
-        for ctrl, what, field in need:
+        ctrls: list[str] = []
+        whys: list[str] = []
+        fields: list[str] = []
+        for ctrl, _what, field in need:
             if ctrl not in s.available:
                 why = s.missing.get(ctrl, "not available")
-                missing.append(f"{what}{')' if '(' in what else ''} [{why}]")
+                ctrls += [] if ctrl in ctrls else [ctrl]
+                whys += [] if why in whys or why.startswith("needs the") else [why]
                 fields += [] if field in fields else [field]
-        if missing:
-            raise LevelNotSupportedError("strict", ("strict",), s.describe(),
-                                         missing="; ".join(missing), field=", ".join(fields))
+        if ctrls:
+            raise LevelNotSupportedError(
+                "strict", ("strict",), CGROUP_FIX if "pause" not in fields else
+                "run as root, or delegate a cgroup with the freezer and pass cgroup_root",
+                missing=f"cgroup {', '.join(ctrls)} ({'; '.join(whys) or 'not available'})",
+                field=", ".join(fields))
 
     def create(self, name: str, limits: SandboxLimits, *,
                owner_pid: int | None = None) -> SandboxCgroup:
@@ -397,6 +403,15 @@ class SandboxCgroup:
     def pids_max_hit(self) -> bool:
         """Whether a fork or clone failed here because of ``pids.max``."""
         return read_keyed(self._file("pids", "pids.events")).get("max", 0) > 0
+
+
+#: how to get cgroup limits, or do without them: the fix a refusal names
+CGROUP_FIX: Final = (
+    "fix: run as root; or run in a delegated cgroup (systemd-run --user --scope "
+    "-p Delegate=yes ..., docker run --cgroupns=private ...) and pass its path as "
+    "cgroup_root; or enforce the limits per process by rlimits "
+    "(LinuxProvider(limits_by='rlimit'), corral run --limits rlimit); `corral doctor` "
+    "shows what this host has")
 
 
 def _wait(pred: Callable[[], bool], timeout: float) -> bool:

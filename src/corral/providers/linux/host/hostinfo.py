@@ -355,4 +355,11 @@ def _linux_rows(info: HostInfo) -> tuple[tuple[Row, ...], bool, str]:
     lacking = [r.what for r in rows if not r.enforced]
     summary = (f"boundary complete; refused when asked: {', '.join(lacking)}" if lacking
                else "every boundary and limit enforced")
+    # the default spec (no limits asked): the provider's defaults fit the host
+    dropped = [what for ctrls, what in ((("memory", "memsw"), "memory (512 MiB)"),
+                                        (("pids",), "processes (256)"))
+               if any(x not in cg.available for x in ctrls)]
+    if dropped:
+        summary += (f"; the default spec runs without its default {' and '.join(dropped)} "
+                    "limit (no cgroup for it; --limits rlimit enforces them per process)")
     return rows, True, summary

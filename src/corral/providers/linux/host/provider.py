@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any, final
@@ -48,8 +49,18 @@ class LinuxProvider(SandboxProvider):
     pid namespace whose pid 1 is an agent that spawns commands on request.
 
     Args:
-        default_limits: applied where a spec leaves a limit unset; by default
-            mem_mb=512, max_processes=256, disk_mb=256 (cpu_ms unset: not capped).
+        default_limits: applied where a spec leaves a limit unset. ``None``
+            (default): mem_mb=512, max_processes=256, disk_mb=256 (cpu_ms unset:
+            not capped), less what this host's cgroups cannot enforce (a non-root
+            user without a delegated cgroup): those are left out, listed with the
+            reason in ``unenforced_defaults`` and by ``corral doctor``, so the
+            default spec runs; a limit the spec itself asks for is still refused.
+        limits_by: ``"cgroup"`` (default): mem_mb, max_processes and cpu_ms
+            for the whole sandbox, by its cgroup. ``"rlimit"``, chosen
+            explicitly where there is no cgroup: mem_mb is each command's
+            RLIMIT_AS (per process), max_processes the sandbox's RLIMIT_NPROC,
+            cpu_ms each command's RLIMIT_CPU (per process); see
+            ``LinuxOptions.limits_by``.
         outside_uid / outside_gid: host ids that uid/gid 0 inside map to (and that
             own the sandbox's user namespace); default: a host uid of each
             sandbox's own when running as root (see ``_uidpool.py``), the
@@ -87,7 +98,8 @@ class LinuxProvider(SandboxProvider):
     name = "linux"
     levels: frozenset[Level] = frozenset({Level.STRICT})
 
-    def __init__(self, *, default_limits: SandboxLimits = DEFAULT_LIMITS,
+    def __init__(self, *, default_limits: SandboxLimits | None = None,
+                 limits_by: str = "cgroup",
                  outside_uid: int | None = None, outside_gid: int | None = None,
                  cgroup_root: str | None = None, hostname: str = "sandbox",
                  stdout_cap: int = DEFAULT_MAX_STDOUT_BYTES,
@@ -97,16 +109,22 @@ class LinuxProvider(SandboxProvider):
         if isinstance(spares, bool) or not isinstance(spares, int) or not 0 <= spares <= 8:
             raise ConfigInvalidError("spares", f"must be an integer 0..8, got {spares!r}")
         self.spares = spares
+        self._cgroups = CgroupManager(root=cgroup_root)
+        #: the provider's default limits this host cannot enforce, left out of the
+        #: defaults (``default_limits=None`` only): {field: why}; doctor and the CLI say so
+        self.unenforced_defaults: dict[str, str] = {}
+        if default_limits is None:
+            default_limits = self._fit_defaults(limits_by)
         self.options = LinuxOptions(outside_uid=outside_uid, outside_gid=outside_gid,
                                     default_limits=default_limits, hostname=hostname,
-                                    extra_ro_binds=_checked_ro_binds(ro_binds))
+                                    extra_ro_binds=_checked_ro_binds(ro_binds),
+                                    limits_by=limits_by)
         self.stdout_cap, self.stderr_cap = stdout_cap, stderr_cap
         self._image_cache_dir = image_cache_dir
         self.images: ImageCache | None = None  # made on the first image
         self._host = mounts.detect_host_layout()
         if self.options.extra_ro_binds:  # refuse what would hide a sandbox dir now
             _extra_binds(self._host, self.options, with_package=False)
-        self._cgroups = CgroupManager(root=cgroup_root)
         self.reaped_orphans: tuple[str, ...] = tuple(self._cgroups.reap_orphans())
         self.snapshots = SnapshotStore()
         caps = {"strict", "streaming", "streaming-exec", "warm-fork", "process-count",
@@ -131,6 +149,28 @@ class LinuxProvider(SandboxProvider):
         self._plock: asyncio.Lock | None = None
 
     # -- helpers -----------------------------------------------------------------
+    def _fit_defaults(self, limits_by: str) -> SandboxLimits:
+        """DEFAULT_LIMITS, less what this host's cgroups cannot enforce (with
+        ``limits_by="rlimit"`` every default applies, as rlimits)."""
+        if limits_by != "cgroup":
+            return DEFAULT_LIMITS
+        s = self._cgroups.support
+        keep = {}
+        for name, ctrls in (("mem_mb", ("memory", "memsw")), ("max_processes", ("pids",))):
+            missing = [c for c in ctrls if c not in s.available]
+            if missing:
+                self.unenforced_defaults[name] = s.missing.get(missing[0], "not available")
+            else:
+                keep[name] = getattr(DEFAULT_LIMITS, name)
+        return SandboxLimits(disk_mb=DEFAULT_LIMITS.disk_mb, **keep)
+
+    def _cgroup_limits(self, limits: SandboxLimits) -> SandboxLimits:
+        """What the sandbox's cgroup enforces of ``limits`` (none of the three that
+        rlimits enforce under ``limits_by="rlimit"``)."""
+        if self.options.limits_by == "cgroup":
+            return limits
+        return dataclasses.replace(limits, mem_mb=None, max_processes=None, cpu_ms=None)
+
     def _seccomp(self) -> bytes:
         if self._prog is None:
             from corral.providers.linux.policy import seccomp
@@ -168,7 +208,7 @@ class LinuxProvider(SandboxProvider):
         plan = build_plan(spec, options=self.options, host=self._host,
                           rootfs=None if image is None else image.rootfs,
                           image_env=None if image is None else _env_of(image.config.env))
-        self._cgroups.require(plan.limits)
+        self._cgroups.require(self._cgroup_limits(plan.limits))
         return plan
 
     def _unpack(self, image: str) -> UnpackedImage:
@@ -224,7 +264,8 @@ class LinuxProvider(SandboxProvider):
         if item is None:
             if self._closed:  # aclose ran while this create waited for a spare
                 raise ProviderError("the provider is closed")
-            item = await self._launch(plan, prog, cancel, limits=plan.limits)
+            item = await self._launch(plan, prog, cancel,
+                                      limits=self._cgroup_limits(plan.limits))
         try:
             if cancel is not None and cancel.cancelled:
                 raise CreateCancelledError(f"create cancelled: {cancel.reason}")
@@ -291,7 +332,8 @@ class LinuxProvider(SandboxProvider):
                 continue
             try:
                 if item.cg is not None:
-                    item.cg.apply(plan.limits)   # before anything of the caller runs
+                    # before anything of the caller runs
+                    item.cg.apply(self._cgroup_limits(plan.limits))
             except Exception:
                 await kill_launched(item, self._reaper)
                 return None  # the cold path reports what is wrong

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 __all__ = ["LinuxSandbox"]
 
 _EOF_GRACE_S = 0.2
+#: how a process dies of a failed allocation under RLIMIT_AS (the runner's reading too)
+_MEMORY_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT})
 _CPU_KILLED = ("the sandbox used up its CPU time (cpu_ms) and was killed with every process "
                "in it")
 #: exit events kept for pids whose spawn reply is still on its way, at most
@@ -366,6 +368,11 @@ class LinuxSandbox(Sandbox):
                     info.cpu_ms, self._cg.cpu_ms() if self._cg is not None else 0),
                     "a command used up its CPU time (RLIMIT_CPU)")
             return (Outcome.CPU_LIMIT, lim.cpu_ms or 0, self._cpu_over, _CPU_KILLED)
+        if (self.plan.limits_by == "rlimit" and lim.mem_mb is not None
+                and -info.code in _MEMORY_SIGNALS):
+            return (Outcome.MEMORY_LIMIT, lim.mem_mb, None,
+                    "a command died of a failed allocation under its address-space limit "
+                    "(RLIMIT_AS, per process)")
         if lim.mem_mb is not None and info.code == -signal.SIGKILL and (
                 self._oom_kills() > oom_before):
             return (Outcome.MEMORY_LIMIT, lim.mem_mb, self._peak_mem_mb(),

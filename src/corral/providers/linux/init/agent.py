@@ -116,6 +116,9 @@ class _Agent:
         self.sock = sock
         self.work = str(plan["work_dir"])
         self.cpu_s: int | None = plan.get("cpu_rlimit_s")
+        #: rlimits each command gets in its own process before it runs (limits_by "rlimit")
+        self.command_rlimits = [(getattr(resource, str(n)), int(a), int(b))
+                                for n, a, b in plan.get("command_rlimits", ())]
         self.decoder = _frames.Decoder.trusted()
         self.fds: list[int] = []
         self.children: set[int] = set()
@@ -215,12 +218,15 @@ class _Agent:
                 return {"errno": errno.ENOENT, "reason": f"command not found: {argv[0]}"}
             os.chdir(cwd)
             try:
-                pid = os.posix_spawn(
-                    prog, argv, env,
-                    file_actions=[(os.POSIX_SPAWN_DUP2, fds[0], 0),
-                                  (os.POSIX_SPAWN_DUP2, fds[1], 1),
-                                  (os.POSIX_SPAWN_DUP2, fds[2], 2)],
-                    setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
+                if self.command_rlimits:  # set in the child before it runs: no window
+                    pid = self._fork_exec(prog, argv, env, fds)
+                else:
+                    pid = os.posix_spawn(
+                        prog, argv, env,
+                        file_actions=[(os.POSIX_SPAWN_DUP2, fds[0], 0),
+                                      (os.POSIX_SPAWN_DUP2, fds[1], 1),
+                                      (os.POSIX_SPAWN_DUP2, fds[2], 2)],
+                        setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
             except OSError as e:
                 return {"errno": e.errno or 0, "reason": f"{argv[0]}: {e.strerror}"}
             finally:
@@ -231,6 +237,33 @@ class _Agent:
         finally:
             for fd in fds:
                 os.close(fd)
+
+    def _fork_exec(self, prog: str, argv: list[str], env: dict[str, str],
+                   fds: list[int]) -> int:
+        """posix_spawn's work, by hand, with the command rlimits set in the child before
+        the exec (posix_spawn cannot set rlimits; a prlimit after it would leave a
+        window in which the command runs unlimited). An exec that fails exits 127
+        with the reason on stderr."""
+        pid = os.fork()
+        if pid:
+            return pid
+        try:
+            os.setsid()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0] + 1)
+            for sig in _RESET_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            for which, soft, hard in self.command_rlimits:
+                resource.setrlimit(which, (soft, hard))
+            os.execve(prog, argv, env)
+        except BaseException as e:
+            try:
+                os.write(2, f"{argv[0]}: {e}\n".encode(errors="replace"))
+            finally:
+                os._exit(127)
+        raise AssertionError("unreachable")
 
     def _cwd(self, h: Mapping[str, Any]) -> str:
         if h.get("cwd"):
@@ -283,6 +316,8 @@ class _Agent:
             signal.pthread_sigmask(signal.SIG_SETMASK, ())
             if cpu_s:
                 resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+            for which, soft, hard in self.command_rlimits:
+                resource.setrlimit(which, (soft, hard))
             os.chdir(cwd)
             os.environ.clear()
             os.environ.update(env)

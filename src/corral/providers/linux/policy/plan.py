@@ -43,6 +43,8 @@ ENV_BASE: Final[Mapping[str, str]] = {
 }
 #: what the provider applies when a spec leaves a limit unset (documented on LinuxProvider)
 DEFAULT_LIMITS: Final = SandboxLimits(mem_mb=512, max_processes=256, disk_mb=256)
+#: how limits are enforced (LinuxOptions.limits_by)
+LIMITS_BY: Final = ("cgroup", "rlimit")
 #: the agent (a forked Python) must fit too
 MIN_MEM_MB: Final = 16
 #: the agent plus one command
@@ -145,6 +147,15 @@ class LinuxOptions:
         default_limits: applied where a spec leaves a limit unset.
         hostname: the sandbox's hostname.
         extra_ro_binds: more host paths bound read-only at the same path.
+        limits_by: how ``mem_mb``, ``max_processes`` and ``cpu_ms`` are enforced.
+            ``"cgroup"``: for the whole sandbox, by its cgroup (refused where the
+            host has no usable controller). ``"rlimit"``, chosen explicitly where
+            there is no cgroup (a non-root user without a delegated one):
+            ``mem_mb`` is each command's RLIMIT_AS (address space, per process,
+            set before it runs), ``max_processes`` the sandbox's RLIMIT_NPROC
+            (the kernel counts every process of the sandbox's user namespace,
+            the agent included), ``cpu_ms`` each command's RLIMIT_CPU (per
+            process). Weaker than a cgroup, and said so by the provider and doctor.
     """
 
     outside_uid: int | None = None
@@ -152,6 +163,7 @@ class LinuxOptions:
     default_limits: SandboxLimits = DEFAULT_LIMITS
     hostname: str = "sandbox"
     extra_ro_binds: tuple[str, ...] = ()
+    limits_by: str = "cgroup"
 
     def __post_init__(self) -> None:
         for name in ("outside_uid", "outside_gid"):
@@ -164,6 +176,9 @@ class LinuxOptions:
                 or not all(c.isalnum() or c in "-." for c in self.hostname)):
             raise ConfigInvalidError("hostname", f"not a usable hostname: {self.hostname!r}")
         object.__setattr__(self, "extra_ro_binds", tuple(self.extra_ro_binds))
+        if self.limits_by not in LIMITS_BY:
+            raise ConfigInvalidError("limits_by", f"must be one of {', '.join(LIMITS_BY)}, "
+                                     f"got {self.limits_by!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,6 +195,10 @@ class SandboxPlan:
     rlimits: tuple[tuple[str, int, int], ...]   # (RLIMIT_* name, soft, hard), for every command
     cpu_rlimit_s: int | None        # RLIMIT_CPU per command (second line behind the cgroup poll)
     env_base: Mapping[str, str] = field(default_factory=lambda: dict(ENV_BASE))
+    #: rlimits set in each command's own process before it runs (limits_by "rlimit")
+    command_rlimits: tuple[tuple[str, int, int], ...] = ()
+    #: "cgroup" or "rlimit": how the plan's limits are enforced (LinuxOptions.limits_by)
+    limits_by: str = "cgroup"
     network: str = "none"
     #: (name under /proc/sys/user, value) for the sandbox's user namespace
     user_sysctls: tuple[tuple[str, int], ...] = USER_SYSCTLS
@@ -200,6 +219,7 @@ class SandboxPlan:
             "work_dir": self.work_dir,
             "rlimits": [list(r) for r in self.rlimits],
             "cpu_rlimit_s": self.cpu_rlimit_s,
+            "command_rlimits": [list(r) for r in self.command_rlimits],
             "env_base": dict(self.env_base),
             "user_sysctls": [list(x) for x in self.user_sysctls],
         }
@@ -360,14 +380,27 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
     for p in after:
         steps.append(MountStep(kind="bind", target=p, source=p))
 
-    rlimits = (("RLIMIT_CORE", 0, 0), ("RLIMIT_NOFILE", _NOFILE, _NOFILE),
-               ("RLIMIT_FSIZE", disk_bytes, disk_bytes),
-               ("RLIMIT_SIGPENDING", _SIGPENDING, _SIGPENDING),
-               ("RLIMIT_MSGQUEUE", _MSGQUEUE, _MSGQUEUE))
+    rlimits: tuple[tuple[str, int, int], ...] = (
+        ("RLIMIT_CORE", 0, 0), ("RLIMIT_NOFILE", _NOFILE, _NOFILE),
+        ("RLIMIT_FSIZE", disk_bytes, disk_bytes),
+        ("RLIMIT_SIGPENDING", _SIGPENDING, _SIGPENDING),
+        ("RLIMIT_MSGQUEUE", _MSGQUEUE, _MSGQUEUE))
+    command_rlimits: tuple[tuple[str, int, int], ...] = ()
     cpu_s = None if limits.cpu_ms is None else -(-limits.cpu_ms // 1000) + 1
+    if options.limits_by == "rlimit":
+        if limits.max_processes is not None:
+            n = limits.max_processes
+            rlimits += (("RLIMIT_NPROC", n, n),)
+        if limits.mem_mb is not None:
+            mem = limits.mem_mb * 1024 * 1024
+            command_rlimits += (("RLIMIT_AS", mem, mem),)
+        if limits.cpu_ms is not None:  # the first line here: no cgroup to watch
+            cpu_s = -(-limits.cpu_ms // 1000)
+            command_rlimits += (("RLIMIT_CPU", cpu_s, cpu_s + 1),)
     return SandboxPlan(
         namespaces=NAMESPACES, uid_map=uid_map, gid_map=gid_map, hostname=options.hostname,
         mounts=tuple(steps), work_dir=WORK_DIR, limits=limits, rlimits=rlimits,
         cpu_rlimit_s=cpu_s, env_base={**ENV_BASE, **(image_env or {})},
-        network=spec.network.kind,
+        network=spec.network.kind, command_rlimits=command_rlimits,
+        limits_by=options.limits_by,
     )
