@@ -152,18 +152,25 @@ def _send(sock: socket.socket, text: str) -> None:
 
 
 def _pid1(sock: socket.socket, plan: Mapping[str, Any], prog: Any, procs: list[int],
-          trees: list[int], keep: set[int]) -> None:
+          trees: list[int]) -> None:
     """C2: wait for the id maps, build the view (C3) while joining the cgroup, contain
     itself, start the command, report its exit. Never returns."""
     from corral.providers.linux import _sys_unsafe as su
     from corral.providers.linux.init import contain, pid1
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the caller's handlers are the caller's
+        su.set_signal(sig, signal.SIG_DFL)
     su.set_signal(signal.SIGCHLD, signal.SIG_DFL)
     su.set_sigmask(signal.SIG_SETMASK, ())
     try:
+        signal.set_wakeup_fd(-1)
         os.setsid()
-        mine = {sock.fileno(), *procs, *trees}
-        for fd in keep - mine:  # the caller's ends: the caller's alone
-            os.close(fd)
+        # only what C2 and C3 use stays open (not the caller's ends, not whatever else the
+        # caller had open); contain() later leaves C2 the socket and /dev/null on 0/1/2
+        low = 3
+        for fd in sorted({sock.fileno(), *procs, *trees}):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1 << 20)
         if sock.recv(16) != b"go":  # the maps are written (or the caller gave up)
             os._exit(72)
     except BaseException:
@@ -196,7 +203,7 @@ def _pid1(sock: socket.socket, plan: Mapping[str, Any], prog: Any, procs: list[i
     try:
         _serve_one(sock, plan)
     except BaseException as e:
-        _send(sock, f"E {e}")
+        _send(sock, f"F {e}")  # after the set-up: the command may have run
     os._exit(0)
 
 
@@ -340,6 +347,12 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
     started = time.monotonic()
     trace("one-shot imported")
     s = _Setup()
+    stop: list[int] = []  # SIGINT/SIGTERM received: cancel (the relay kills the sandbox)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.append(signum)
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
             host = mounts.detect_host_layout()
@@ -372,7 +385,6 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             s.fds += [in_r, in_w, out_r, out_w, err_r, err_w]
-            keep = set(s.fds)
             flags = NAMESPACES & ~su.CLONE_NEWCGROUP  # C2 unshares the cgroup one itself
             switch = s.uids.root and (uid, gid) != (0, 0)
             if switch:  # the new user namespace is owned by the sandbox's own uid
@@ -383,7 +395,7 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
                 pid, pidfd = su.clone_pidfd(flags)
                 if pid == 0:
                     try:
-                        _pid1(theirs, wire, prog, procs, trees, keep)
+                        _pid1(theirs, wire, prog, procs, trees)
                     finally:
                         os._exit(70)
             finally:
@@ -411,7 +423,7 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
         trace("one-shot path")
         set_up = time.monotonic()
         try:
-            return _relay(req, s, mine, out_r, err_r, plan.limits, started,
+            return _relay(req, s, mine, out_r, err_r, plan.limits, started, stop,
                           out_fd=out_fd, err_fd=err_fd)
         except _SetupFailed as e:
             trace(f"one-shot sandbox set-up failed ({e}); library path")
@@ -423,6 +435,8 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
                   f"{(ran - set_up) * 1000:.1f}, clean-up {(time.monotonic() - ran) * 1000:.1f}")
     finally:
         s.close()
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 class _SetupFailed(Exception):
@@ -445,24 +459,17 @@ def _write_all(fd: int, data: bytes) -> bool:
 
 
 def _relay(req: OneShot, s: _Setup, sock: socket.socket, out_r: int, err_r: int,
-           limits: Any, started: float, *, out_fd: int, err_fd: int) -> Report | None:
+           limits: Any, started: float, stop: list[int], *, out_fd: int, err_fd: int
+           ) -> Report | None:
     """Stream the output, wait for the exit report; timeout, cpu_ms, output caps and
-    SIGINT/SIGTERM kill the whole sandbox."""
+    SIGINT/SIGTERM (``stop``, filled by the caller's handlers) kill the whole sandbox."""
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     s.fds += [wake_r, wake_w]
     old_wake = signal.set_wakeup_fd(wake_w)
-    stop: list[int] = []
-
-    def on_signal(signum: int, _frame: object) -> None:
-        stop.append(signum)
-
-    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _loop(req, s, sock, out_r, err_r, limits, started, wake_r, stop,
                      out_fd=out_fd, err_fd=err_fd)
     finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
         signal.set_wakeup_fd(old_wake)
 
 
@@ -477,6 +484,7 @@ def _loop(req: OneShot, s: _Setup, sock: socket.socket, out_r: int, err_r: int,
     over = 0             # the pipe that passed its cap first
     cpu_over = 0
     sock_open = True
+    failure = ""         # pid 1 failed after its set-up
     eof_deadline: float | None = None
     while live or (sock_open and report is None):
         now = time.monotonic()
@@ -531,9 +539,11 @@ def _loop(req: OneShot, s: _Setup, sock: socket.socket, out_r: int, err_r: int,
                 msg = sock.recv(8192)
                 if not msg:
                     sock_open = False
-                elif msg.startswith(b"E "):
+                elif msg.startswith(b"E "):  # set-up failed: nothing of the command ran
                     if report is None and not killed:
                         raise _SetupFailed(msg[2:].decode(errors="replace"))
+                elif msg.startswith(b"F "):
+                    failure = msg[2:].decode(errors="replace")
                 else:
                     report = msg.decode(errors="replace")
     wall = int((time.monotonic() - started) * 1000)
@@ -566,8 +576,8 @@ def _loop(req: OneShot, s: _Setup, sock: socket.socket, out_r: int, err_r: int,
                           observed=_peak_mb(s.cg),
                           detail="the sandbox was killed by the out-of-memory killer")
         return Report("provider-error", None, wall_ms=wall,
-                      detail="the sandbox's pid 1 died before the command's exit was "
-                      "reported")
+                      detail=f"the sandbox's pid 1 failed: {failure}" if failure else
+                      "the sandbox's pid 1 died before the command's exit was reported")
     hit = _limit_hit(limits, s.cg, code, cpu, free)
     if hit is not None:
         outcome, limit, observed, detail = hit
