@@ -4,7 +4,10 @@ Usage: .venv/bin/python benchmarks/bench_runner.py [N]
 
 For each command the variants run interleaved (A B C A B C ...), N times each,
 so machine noise hits them alike; the table gives the median and p90 wall
-time per run and the ratio of medians against subprocess.run.
+time per run and the ratio of medians against subprocess.run. The
+"no supervisor" row is run_bounded with the command started directly
+(``spawner=popen_process``, process-group kill only): the difference to the
+"(sync)" row is what the supervisor that holds the tree costs.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from corral.run.bounded import run_bounded, run_bounded_async
+from corral.run.tree import popen_process
 
 __all__ = ["main"]
 
@@ -67,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
             variants = {
                 "subprocess.run": _sub(cmd),
                 "run_bounded (sync)": _rb(cmd),
+                "run_bounded, no supervisor": _rb(cmd, spawner=popen_process),
                 "run_bounded_async (warm loop)": once_async,
                 "run_bounded + mem_mb (trampoline)": _rb(cmd, mem_mb=4096),
             }

@@ -16,13 +16,13 @@ import pytest
 
 from corral import ConfigInvalidError
 from corral.run.bounded import (
-    TOKEN_VAR,
     Outcome,
     RunResult,
     run_bounded,
     run_bounded_async,
     spawn_process,
 )
+from corral.run.tree import Supervised, popen_process
 
 Py = Callable[[str], tuple[str, list[str]]]
 DUMP_ENV = "import json,os; print(json.dumps(dict(os.environ)))"
@@ -77,7 +77,7 @@ def test_env_is_an_allowlist(monkeypatch: pytest.MonkeyPatch) -> None:
     r = run_bounded("/usr/bin/env", timeout_ms=5000, env={"MINE": "1"})
     env = _env_of(r)
     assert "CORRAL_TEST_SECRET" not in env and "s3cret" not in r.stdout_text
-    assert set(env) <= {"MINE", "PATH", "HOME", "TMPDIR", TOKEN_VAR}
+    assert set(env) <= {"MINE", "PATH", "HOME", "TMPDIR"}
     assert env["MINE"] == "1"
     assert env["HOME"] == env["TMPDIR"] == r.cwd  # the owned cwd
     if "PATH" in os.environ:
@@ -229,14 +229,25 @@ def test_spawner_seam_receives_the_run(py: Py) -> None:
     seen: list[tuple[Sequence[str], str, Mapping[str, str]]] = []
 
     def spy(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
-            stdin: int, stdout: int, stderr: int) -> int:
+            stdin: int, stdout: int, stderr: int) -> Supervised | int:
         seen.append((argv, cwd, dict(env)))
         return spawn_process(argv, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr)
 
     r = run_bounded(*py("print(1)"), timeout_ms=5000, spawner=spy)
     assert r.stdout_text == "1\n" and len(seen) == 1
     argv, cwd, env = seen[0]
-    assert list(argv[1:]) == py("print(1)")[1] and cwd == r.cwd and TOKEN_VAR in env
+    assert list(argv[1:]) == py("print(1)")[1] and cwd == r.cwd and "CORRAL_RUN_TOKEN" not in env
+
+
+def test_a_spawner_returning_a_bare_pid_is_reaped_directly(py: Py) -> None:
+    # no supervisor: the runner reaps the pid itself and kills its process group only
+    r = run_bounded(*py("import os; print(os.getppid())"), timeout_ms=5000,
+                    spawner=popen_process)
+    assert r.outcome is Outcome.EXIT and r.exit_code == 0 and r.strays_killed == 0
+    assert int(r.stdout_text) == os.getpid()
+    r = run_bounded(*py("import time; time.sleep(30)"), timeout_ms=300, grace_period_ms=50,
+                    spawner=popen_process)
+    assert r.outcome is Outcome.TIMEOUT and r.exit_code == -signal.SIGTERM
 
 
 def test_async_twin(py: Py) -> None:

@@ -28,6 +28,7 @@ from corral.run.bounded import (
     run_bounded_async,
     spawn_process,
 )
+from corral.run.tree import Supervised
 
 Py = Callable[[str], tuple[str, list[str]]]
 
@@ -99,7 +100,7 @@ def test_cancel_token_already_cancelled_spawns_nothing() -> None:
     tok.cancel()
     calls: list[Sequence[str]] = []
 
-    def spawner(argv: Sequence[str], **kw: object) -> int:
+    def spawner(argv: Sequence[str], **kw: object) -> Supervised | int:
         calls.append(argv)
         return spawn_process(argv, **kw)  # type: ignore[arg-type]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -12,7 +13,7 @@ from corral.run.bounded import Outcome, run_bounded
 Py = Callable[[str], tuple[str, list[str]]]
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="stray detection reads /proc")
+                                reason="the supervisor needs prctl (Linux)")
 
 
 def _daemon_code(token: str, then: str) -> str:
@@ -68,12 +69,14 @@ def test_a_stray_holding_the_pipe_does_not_hang_the_run(
     assert wait_gone(argv_token) == []
 
 
-def test_strays_found_without_ns_last_pid(
+def test_strays_found_without_the_proc_children_file(
         py: Py, argv_token: str, wait_gone: Callable[[str], list[int]],
         monkeypatch: pytest.MonkeyPatch) -> None:
     import corral.run.tree as tree
 
-    monkeypatch.setattr(tree, "_LAST_PID", "/nonexistent/ns_last_pid")  # listing fallback
+    # kernels without CONFIG_PROC_CHILDREN: the supervisor (a fork of this
+    # process, so it sees the patch) finds its children by scanning /proc
+    monkeypatch.setattr(tree, "_children", lambda: tree._children_by_scan(os.getpid()))
     r = run_bounded(*py(_daemon_code(argv_token, "")), timeout_ms=5000)
     assert r.outcome is Outcome.EXIT and r.strays_killed == 1
     assert wait_gone(argv_token) == []

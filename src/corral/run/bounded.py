@@ -36,7 +36,7 @@ from corral.run.options import (
     OutputCallback,
     make_options,
 )
-from corral.run.tree import TOKEN_VAR, Spawner, spawn_process
+from corral.run.tree import Spawner, spawn_process
 
 if TYPE_CHECKING:
     import os
@@ -47,7 +47,6 @@ __all__ = [
     "DEFAULT_MAX_STDERR_BYTES",
     "DEFAULT_MAX_STDOUT_BYTES",
     "OUTCOME_EXIT_STATUS",
-    "TOKEN_VAR",
     "Outcome",
     "RunResult",
     "Spawner",

@@ -4,7 +4,8 @@ All I/O is callbacks on the running asyncio loop (``add_reader`` on the pipes
 and on a pidfd of the child); the only coroutine is :meth:`BoundedRun.wait`.
 Every path (exit, timeout, cancel, overflow, asyncio cancellation, an error
 in a callback) ends in :meth:`BoundedRun._finish`, which is synchronous and
-idempotent: kill the tree, reap, drain, close every fd, cancel every timer,
+idempotent: kill the tree (the supervisor kills and reaps it, see
+:mod:`corral.run.tree`), reap, drain, close every fd, cancel every timer,
 remove the cancel callback, join the watcher thread (no-pidfd hosts only),
 remove the owned cwd, then build the :class:`RunResult`.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
-import secrets
 import signal
 import subprocess
 import tempfile
@@ -27,7 +27,7 @@ from corral.core.cancel import call_on_cancel
 from corral.core.result import Outcome, OutputBuffer, RunResult
 from corral.core.spec import ResourceUsage
 from corral.run.options import RunOptions, build_env
-from corral.run.tree import PidWindow, kill_group, kill_tree, limited_argv, reap, remove_tree
+from corral.run.tree import Supervised, kill_group, limited_argv, reap, remove_tree
 
 __all__ = ["CWD_PREFIX", "BoundedRun"]
 
@@ -61,14 +61,15 @@ class BoundedRun:
         self._exited = asyncio.Event()
         self._done = asyncio.Event()
         self._stdin_ready: asyncio.Future[None] | None = None
-        self._pid = 0
+        self._pid = 0  # the command
+        self._reap_pid = 0  # our direct child: the supervisor, or the command itself
+        self._sup: Supervised | None = None
+        self._closing = False
         self._fds: dict[str, int] = {}
         self._stdin_view: memoryview | None = None
         self._timers: list[asyncio.TimerHandle] = []
         self._unhook: Callable[[], None] | None = None
         self._watcher: threading.Thread | None = None
-        self._token = secrets.token_hex(12)
-        self._window: PidWindow | None = None
         self._host_peak_kib = 0
         self._cwd = opts.cwd or ""
         self._cwd_owned = False
@@ -112,8 +113,7 @@ class BoundedRun:
         if not self._cwd:
             self._cwd = tempfile.mkdtemp(prefix=CWD_PREFIX)
             self._cwd_owned = True
-        env, self._heap_applied = build_env(o, cwd=self._cwd, cwd_owned=self._cwd_owned,
-                                            token=self._token)
+        env, self._heap_applied = build_env(o, cwd=self._cwd, cwd_owned=self._cwd_owned)
         argv = [o.command, *o.args]
         if o.mem_mb is not None or o.cpu_ms is not None:
             if not os.access(o.command, os.X_OK) or os.path.isdir(o.command):
@@ -130,15 +130,19 @@ class BoundedRun:
                 else:
                     self._fds[name] = r
                     child.append(w)
-            self._window = PidWindow()
             self._host_peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             self._t_spawn = time.monotonic()
             try:
-                self._pid = o.spawner(argv, cwd=self._cwd, env=env, stdin=child[0],
-                                      stdout=child[1], stderr=child[2])
+                started = o.spawner(argv, cwd=self._cwd, env=env, stdin=child[0],
+                                    stdout=child[1], stderr=child[2])
             except (OSError, subprocess.SubprocessError) as e:
                 self._spawn_error = e
                 return
+            if isinstance(started, Supervised):
+                self._sup = started
+                self._pid, self._reap_pid = started.command_pid, started.pid
+            else:
+                self._pid = self._reap_pid = started
         finally:
             for fd in child:
                 os.close(fd)
@@ -153,7 +157,7 @@ class BoundedRun:
         elif not self._stdin_pipe:
             self._close_fd("in")
         if _USE_PIDFD:
-            self._fds["pid"] = os.pidfd_open(self._pid)
+            self._fds["pid"] = os.pidfd_open(self._reap_pid)
             loop.add_reader(self._fds["pid"], self._on_exit)
         else:
             self._watcher = threading.Thread(target=self._watch, name="corral-run-watch",
@@ -164,7 +168,7 @@ class BoundedRun:
 
     def _watch(self) -> None:  # no-pidfd hosts: wait for exit without reaping
         try:
-            os.waitid(os.P_PID, self._pid, os.WEXITED | os.WNOWAIT)
+            os.waitid(os.P_PID, self._reap_pid, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:
             pass
         try:
@@ -227,17 +231,25 @@ class BoundedRun:
             return
         self._outcome = outcome
         if self._o.shutdown_signal == signal.SIGKILL or self._o.grace_period_ms == 0:
-            kill_group(self._pid)
+            self._signal(signal.SIGKILL)
             return
-        kill_group(self._pid, self._o.shutdown_signal)
+        self._signal(self._o.shutdown_signal)
         self._timers.append(self._loop.call_later(
-            self._o.grace_period_ms / 1000, kill_group, self._pid))
+            self._o.grace_period_ms / 1000, self._signal, signal.SIGKILL))
 
     def _hard_kill(self, outcome: Outcome) -> None:
         if self._outcome is None and not self._exited.is_set():
             self._outcome = outcome
-        if self._pid and self._result is None:
-            kill_group(self._pid)
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        """``sig`` to the command's group; SIGKILL: the whole tree (through the supervisor)."""
+        if not self._pid or self._closing:
+            return
+        if self._sup is not None:
+            self._sup.send(sig)
+        else:
+            kill_group(self._pid, sig)
 
     def kill(self) -> None:
         """SIGKILL the tree now (outcome ``cancelled`` unless already decided)."""
@@ -325,14 +337,17 @@ class BoundedRun:
     def _finish(self) -> None:
         if self._result is not None:
             return
+        self._closing = True
         rc: int | None = None
         cpu_s, maxrss_kib, strays = 0.0, 0, 0
         try:
-            if self._pid:
-                if not self._exited.is_set():
-                    kill_group(self._pid)
-                assert self._window is not None
-                strays = kill_tree(self._pid, self._token, self._window)
+            if self._sup is not None:  # it kills what is left, reaps it, reports
+                report = self._sup.finish()
+                rc, cpu_s, maxrss_kib = report.returncode, report.cpu_s, report.maxrss_kib
+                strays = report.strays
+                self._drain()
+            elif self._pid:  # a spawner's bare pid: its process group only
+                kill_group(self._pid)
                 rc, cpu_s, maxrss_kib = reap(self._pid)
                 self._drain()
         finally:

@@ -15,7 +15,7 @@ from typing import Final
 from corral.core.cancel import CancelToken
 from corral.core.errors import ConfigInvalidError
 from corral.core.result import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES, OutputCallback
-from corral.run.tree import TOKEN_VAR, Spawner
+from corral.run.tree import Spawner
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD_MS",
@@ -155,15 +155,14 @@ def make_options(
         spawner=spawner)  # type: ignore[arg-type]
 
 
-def build_env(opts: RunOptions, *, cwd: str, cwd_owned: bool,
-              token: str) -> tuple[dict[str, str], bool]:
+def build_env(opts: RunOptions, *, cwd: str, cwd_owned: bool) -> tuple[dict[str, str], bool]:
     """The child's whole environment, and whether the Node heap cap went in.
 
     Bootstrap: PATH copied from the host when present; HOME and TMPDIR set to
     the run's own cwd when the runner made it (a private, empty dir), else
     copied from the host when present. The caller's ``env`` overrides all of
-    them. The host environment is never merged otherwise. ``CORRAL_RUN_TOKEN``
-    is always added (the runner uses it to find escaped descendants).
+    them. The host environment is never merged otherwise, and the runner adds
+    nothing of its own (it holds the tree with a supervisor, not a marker).
     """
     out: dict[str, str] = {}
     for name in BOOTSTRAP_VARS:
@@ -178,5 +177,4 @@ def build_env(opts: RunOptions, *, cwd: str, cwd_owned: bool,
         prior = out.get("NODE_OPTIONS", "")
         out["NODE_OPTIONS"] = f"{flag} {prior}".strip()
         applied = True
-    out[TOKEN_VAR] = token
     return out, applied

@@ -1,74 +1,465 @@
-"""Process trees for the bounded runner: spawn, mark, kill, reap.
+"""Process trees for the bounded runner: spawn under a supervisor, kill, reap.
 
-How a run's whole tree is found and killed (see ``docs/runner.md``):
+How a run's whole tree is held and killed (see ``docs/runner.md``): on Linux
+the runner forks a **supervisor** (a fork of the runner, no exec) that
+starts the command and holds its tree with kernel primitives, no marker in
+the command's environment:
 
-1. The child starts in a new session, so it leads its own process group;
-   ``killpg`` reaches every descendant that stayed in that group.
-2. Every child gets one extra environment variable, ``CORRAL_RUN_TOKEN``,
-   holding a random per-run token. Descendants inherit it across ``fork`` and
-   ``exec`` and keep it after ``setsid``/``setpgid`` and after being
-   re-parented to init (the double-fork daemon trick). At the end of the run
-   the runner lists the pids that appeared in ``/proc`` since the spawn, reads
-   their ``environ`` and kills those that carry the token, repeating until a
-   pass finds no new one (a stray that forks while being killed is caught on
-   the next pass). Linux only; elsewhere step 1 alone applies.
+1. The supervisor is a *child subreaper* (``PR_SET_CHILD_SUBREAPER``): every
+   descendant of the command that is orphaned (``setsid`` + double fork, the
+   daemon trick, any scrubbed environment) is re-parented to it, not to init.
+   "Everything below the supervisor" is then exactly the run's tree: to kill
+   it, the supervisor SIGKILLs its children, reaps them, and repeats on the
+   orphans they leave, until it has no child.
+2. The command leads its own session and process group; the shutdown signal
+   goes to that group (``killpg``), while the command is still unreaped.
+3. The supervisor dies with the runner: ``PR_SET_PDEATHSIG`` (checked against
+   ``getppid`` after setting it, for the race with a runner that already
+   died) delivers SIGUSR2, on which it kills the tree and exits. So a SIGKILL
+   of the calling process still ends the run's tree.
+4. When the command exits, the supervisor kills what it left, reaps it, and
+   reports the command's wait status and rusage and the number of strays
+   (processes outside the command's group) it killed to the runner, then exits.
 
-What escapes: a descendant that leaves the process group AND execs with an
-environment without the token (``env -i``), or whose pid was already in use
-when the run began (pid reuse during the run). The strict provider (pid
-namespace + cgroup) has no such gap.
+The supervisor runs only simple code (no imports, no threads, gc off, all
+signals blocked and taken with ``sigwaitinfo``) and ends with ``os._exit``.
+It costs one ``fork`` of the runner (about 1 ms) on top of the command's spawn.
+
+What escapes: a descendant that SIGKILLs the supervisor itself (same user),
+whose orphans then go to init; a setuid descendant the user cannot signal.
+Elsewhere than Linux (no prctl) the command is started directly
+(:func:`popen_process`) and only its process group is killed. The strict
+provider (pid namespace + cgroup) has no such gap.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import functools
+import gc
 import os
+import resource
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Final, Protocol, final
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, NoReturn, Protocol, final
 
 __all__ = [
-    "TOKEN_VAR",
-    "PidWindow",
+    "Report",
     "Spawner",
+    "Supervised",
     "kill_group",
-    "kill_tree",
     "limited_argv",
-    "pid_snapshot",
+    "popen_process",
     "reap",
     "remove_tree",
     "spawn_process",
 ]
 
-TOKEN_VAR: Final = "CORRAL_RUN_TOKEN"
-_HAVE_PROC: Final = os.path.isdir("/proc/self")
-_MAX_PASSES: Final = 50
-_LAST_PID: Final = "/proc/sys/kernel/ns_last_pid"
-_PROBE_MAX: Final = 1024
+_PR_SET_PDEATHSIG: Final = 1
+_PR_SET_CHILD_SUBREAPER: Final = 36
+#: the supervisor's start record: (kind, value, where); kind 0 = started (value = pid),
+#: 1 = could not start (value = errno; where 0 = command, 1 = cwd, 2 = supervisor)
+_START: Final = struct.Struct("=iii")
+#: the final record: (wait status of the command or -1, utime s, stime s, maxrss, strays)
+_FINAL: Final = struct.Struct("=iddqi")
+_WATCH: Final = frozenset({signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2,
+                           signal.SIGTERM, signal.SIGHUP})
+_STOP: Final = frozenset({signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP})
+_MAX_PASSES: Final = 10_000
+_REAP_WAIT_S: Final = 5.0
 
 
 class Spawner(Protocol):
-    """Starts ``argv`` and returns its pid; the runner owns (and reaps) it.
+    """Starts ``argv``; the runner owns (and reaps) what it returns.
 
-    The child must be a direct child of this process, in a new session, with
+    Returns a :class:`Supervised` (the default, :func:`spawn_process`), or the
+    pid of a direct child of this process in a new session (then only its
+    process group is killed at the end). The child must have
     ``stdin``/``stdout``/``stderr`` as its fds 0, 1 and 2 and no other fds of
     ours. Raise ``OSError`` when it cannot be started: the run's outcome is
     then ``spawn-error``.
     """
 
     def __call__(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
-                 stdin: int, stdout: int, stderr: int) -> int: ...
+                 stdin: int, stdout: int, stderr: int) -> Supervised | int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What the supervisor reported when the run's tree was gone.
+
+    ``returncode`` is negative for a signal and ``None`` when the command's
+    status is unknown (the supervisor was killed). ``cpu_s`` and
+    ``maxrss_kib`` are the command's own rusage plus that of the descendants
+    it waited for (``wait4``); ``strays`` counts the processes outside the
+    command's process group that the supervisor killed.
+    """
+
+    returncode: int | None
+    cpu_s: float
+    maxrss_kib: int
+    strays: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Supervised:
+    """A command started under a supervisor (see the module docstring).
+
+    ``pid`` is the supervisor, the runner's direct child (watch it, reap it
+    with :meth:`finish`); ``command_pid`` the command, the supervisor's child
+    and leader of its own session. ``control`` and ``status`` are the
+    runner's ends of the two pipes to the supervisor.
+    """
+
+    pid: int
+    command_pid: int
+    control: int
+    status: int
+
+    def send(self, sig: int) -> None:
+        """Ask the supervisor to signal the command's group; SIGKILL: kill the whole tree.
+
+        Harmless once the supervisor is gone (it is unreaped until
+        :meth:`finish`, so the pid cannot be reused meanwhile).
+        """
+        try:
+            os.write(self.control, bytes([sig]))
+        except OSError:  # the supervisor is gone (EPIPE) or the pipe is full
+            pass
+        for s in (signal.SIGUSR1, signal.SIGCONT):
+            try:
+                os.kill(self.pid, s)
+            except ProcessLookupError:
+                pass
+
+    def finish(self) -> Report:
+        """Reap the supervisor (told to kill the tree if it still runs) and read its report.
+
+        Bounded: a supervisor that does not exit within 5 s of being told
+        (stopped by someone) is SIGKILLed, with the command's group.
+        """
+        try:
+            if os.waitpid(self.pid, os.WNOHANG)[0] == 0:
+                self.send(signal.SIGKILL)
+                if not _wait_bounded(self.pid):
+                    kill_group(self.command_pid)
+                    os.kill(self.pid, signal.SIGKILL)
+                    os.waitpid(self.pid, 0)
+            try:
+                data = os.read(self.status, _FINAL.size)
+            except BlockingIOError:
+                data = b""
+            if len(data) == _FINAL.size:
+                raw, utime, stime, maxrss, strays = _FINAL.unpack(data)
+                rc = os.waitstatus_to_exitcode(raw) if raw >= 0 else None
+                return Report(rc, utime + stime, maxrss, strays)
+            # no report: the supervisor was killed; its orphans went to init
+            kill_group(self.command_pid)
+            return Report(None, 0.0, 0, 0)
+        finally:
+            os.close(self.control)
+            os.close(self.status)
+
+
+def _wait_bounded(pid: int) -> bool:
+    """Reap ``pid`` if it exits within 5 s; whether it did."""
+    deadline = time.monotonic() + _REAP_WAIT_S
+    pause = 0.0002
+    while True:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+@functools.cache
+def _prctl() -> Callable[[int, int], int] | None:
+    """libc's ``prctl(option, arg2, 0, 0, 0)``, or None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                   ctypes.c_ulong]
+    fn.restype = ctypes.c_int
+
+    def call(option: int, arg: int) -> int:
+        return int(fn(option, arg, 0, 0, 0))
+
+    return call
+
+
+_ALL_SIGNALS: Final = frozenset(signal.valid_signals())
+_MAXFD: Final = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
 
 
 def spawn_process(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
+                  stdin: int, stdout: int, stderr: int) -> Supervised | int:
+    """The real spawner: the command under a forked supervisor (Linux), else :func:`popen_process`.
+
+    The command starts with ``posix_spawn`` from the supervisor: a new
+    session, fds 0-2 the given ones and no other, SIGPIPE/SIGXFSZ reset to
+    default, an empty signal mask. Start errors (missing command, bad cwd)
+    come back here as ``OSError``, after the supervisor was reaped.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return popen_process(argv, cwd=cwd, env=env, stdin=stdin, stdout=stdout,
+                             stderr=stderr)
+    argv = list(argv)
+    env = dict(env)
+    ctl_r, ctl_w = os.pipe()
+    st_r, st_w = os.pipe()
+    parent = os.getpid()
+    # all signals blocked across the fork: the supervisor starts with them
+    # blocked (it takes the ones it wants with sigwaitinfo; no Python handler
+    # of the caller's ever runs in it)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
+    try:
+        pid = _fork()
+        if pid == 0:  # the supervisor: never returns
+            _supervise(prctl, argv, cwd, env, (stdin, stdout, stderr, st_w, ctl_r), parent)
+    except BaseException:
+        for fd in (ctl_r, ctl_w, st_r, st_w):
+            os.close(fd)
+        raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    os.close(ctl_r)
+    os.close(st_w)
+    try:
+        data = _read_full(st_r, _START.size)
+    except BaseException:  # interrupted (KeyboardInterrupt): have the tree killed
+        os.close(ctl_w)
+        os.close(st_r)
+        os.kill(pid, signal.SIGUSR2)
+        if not _wait_bounded(pid):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        raise
+    if len(data) == _START.size:
+        kind, value, where = _START.unpack(data)
+        if kind == 0:
+            os.set_blocking(ctl_w, False)
+            os.set_blocking(st_r, False)
+            return Supervised(pid, value, ctl_w, st_r)
+    os.close(ctl_w)
+    os.close(st_r)
+    os.waitpid(pid, 0)
+    if len(data) != _START.size:
+        raise ChildProcessError(f"the run's supervisor died before starting {argv[0]!r}")
+    name = (argv[0], cwd, "supervisor")[where]
+    raise OSError(value, os.strerror(value), name)
+
+
+def _fork() -> int:
+    """``os.fork``; from 3.12 without its warning about threads.
+
+    The warning is about a child that runs Python code which may need a lock
+    another thread held at the fork; the supervisor only makes system calls
+    (``os``, ``signal``, ``struct``, one ``ctypes`` call) and ends in
+    ``os._exit`` (see :func:`_supervise`).
+    """
+    if sys.version_info < (3, 12):
+        return os.fork()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
+def _read_full(fd: int, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _supervise(prctl: Callable[[int, int], int], argv: list[str], cwd: str,
+               env: dict[str, str], fds: tuple[int, int, int, int, int],
+               parent: int) -> NoReturn:
+    """The supervisor, in the forked child. Every path ends in ``os._exit``."""
+    try:
+        gc.disable()  # no finalizers of the runner's objects run here
+        os.setsid()  # out of the caller's process group and terminal
+        # move our five fds out of the way, then to 0-2 (the command's) and 3-4
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in fds]
+        for i in range(3):
+            os.dup2(high[i], i, inheritable=True)
+        os.dup2(high[3], 3, inheritable=False)
+        os.dup2(high[4], 4, inheritable=False)
+        os.closerange(5, _MAXFD)
+        if prctl(_PR_SET_CHILD_SUBREAPER, 1) != 0 or \
+                prctl(_PR_SET_PDEATHSIG, signal.SIGUSR2) != 0:
+            _exit_start(1, errno.EINVAL, 2)
+        if os.getppid() != parent:  # the runner died before PDEATHSIG was set
+            os._exit(0)
+        try:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # never auto-reap
+        except (ValueError, OSError):
+            pass
+        try:
+            os.chdir(cwd)
+        except OSError as e:
+            _exit_start(1, e.errno or 0, 1)
+        try:
+            pid = os.posix_spawn(argv[0], argv, env, setsid=True, setsigmask=(),
+                                 setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+        except OSError as e:
+            _exit_start(1, e.errno or 0, 0)
+        os.write(3, _START.pack(0, pid, 0))
+        for fd in (0, 1, 2):
+            os.close(fd)
+        os.set_blocking(4, False)
+        _watch(pid)
+        raw, ru, strays = _kill_all(pid)
+        utime, stime, maxrss = (ru.ru_utime, ru.ru_stime, ru.ru_maxrss) if ru else (0., 0., 0)
+        os.write(3, _FINAL.pack(raw, utime, stime, maxrss, strays))
+    except BaseException:
+        os._exit(70)
+    os._exit(0)
+
+
+def _exit_start(kind: int, value: int, where: int) -> NoReturn:
+    os.write(3, _START.pack(kind, value, where))
+    os._exit(0)
+
+
+def _watch(pid: int) -> None:
+    """Wait until the command exits (unreaped) or the runner / our parent's death says stop."""
+    first = True
+    sig: int = signal.SIGCHLD
+    while True:
+        if sig == signal.SIGCHLD:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return
+            if not first:
+                _reap_orphans(pid)
+            first = False
+        sig = signal.sigwaitinfo(_WATCH).si_signo
+        if sig in _STOP:
+            return
+        if sig == signal.SIGUSR1:
+            try:
+                asked = os.read(4, 256)
+            except BlockingIOError:
+                asked = b""
+            if not asked:  # EOF: the runner closed the pipe (gone)
+                return
+            for s in asked:
+                if s == signal.SIGKILL:
+                    return
+                kill_group(pid, s)
+
+
+def _reap_orphans(pid: int) -> None:
+    """Reap adopted orphans that ended, never the command (it is reaped last)."""
+    for k in _children():
+        if k != pid:
+            try:
+                os.waitpid(k, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _children() -> list[int]:
+    me = os.getpid()
+    try:
+        fd = os.open(f"/proc/{me}/task/{me}/children", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return _children_by_scan(me)
+    try:
+        data = os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    return [int(x) for x in data.split()]
+
+
+def _children_by_scan(me: int) -> list[int]:  # kernels without CONFIG_PROC_CHILDREN
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _stat(int(name))
+            if st is not None and st[1] == me:
+                out.append(int(name))
+    return out
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, pgrp) of ``pid`` from /proc, or None if it is gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    f = data[data.rfind(b")") + 2:].split()
+    return f[0].decode(), int(f[1]), int(f[2])
+
+
+def _kill_all(pid: int) -> tuple[int, resource.struct_rusage | None, int]:
+    """SIGKILL the command's group and every process below us; reap all of it.
+
+    Returns the command's raw wait status (-1 if unknown), its rusage and the
+    number of strays: processes outside its group that were killed.
+    """
+    kill_group(pid)  # the command is unreaped here: its pgid is still ours to use
+    raw, ru = -1, None
+    strays: set[int] = set()
+    for _ in range(_MAX_PASSES):
+        acted = False
+        for k in _children():
+            st = _stat(k)
+            if st is None:
+                continue
+            if st[0] != "Z":
+                try:
+                    os.kill(k, signal.SIGKILL)
+                except PermissionError:  # not ours to kill (setuid): left running
+                    continue
+                if st[2] != pid:
+                    strays.add(k)
+            try:
+                got, status, usage = os.wait4(k, 0)
+            except ChildProcessError:
+                continue
+            acted = True
+            if got == pid:
+                raw, ru = status, usage
+        if not acted:
+            break
+    return raw, ru, len(strays)
+
+
+def popen_process(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
                   stdin: int, stdout: int, stderr: int) -> int:
-    """The real spawner: ``subprocess.Popen`` (vfork + exec, no shell, no preexec_fn).
+    """The command as a direct child, no supervisor: ``subprocess.Popen`` (vfork + exec).
 
     New session, every fd above 2 closed, SIGPIPE/SIGXFSZ reset to default.
-    Exec errors (missing command, bad cwd) come back as ``OSError``.
+    Exec errors (missing command, bad cwd) come back as ``OSError``. Only the
+    process group is killed at the end of such a run.
     """
     proc = subprocess.Popen(
         list(argv), executable=argv[0], stdin=stdin, stdout=stdout, stderr=stderr,
@@ -112,133 +503,12 @@ def limited_argv(argv: Sequence[str], *, mem_mb: int | None, cpu_ms: int | None)
     return [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, str(mem), str(cpu), *argv]
 
 
-def _read_int(path: str) -> int:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return -1
-    try:
-        return int(os.read(fd, 32))
-    except (OSError, ValueError):
-        return -1
-    finally:
-        os.close(fd)
-
-
-def pid_snapshot() -> frozenset[int]:
-    """The pids alive now (empty where there is no /proc)."""
-    if not _HAVE_PROC:
-        return frozenset()
-    return frozenset(int(n) for n in os.listdir("/proc") if n.isdigit())
-
-
-@final
-class PidWindow:
-    """The pids handed out since it was made: where a run's descendants are.
-
-    Linux hands out pids in order, cyclically, and ``ns_last_pid`` says the
-    last one, so a run's descendants lie between the value read just before
-    the spawn and the value read at the end. A small window is probed pid by
-    pid; a large or wrapped one is matched against a ``/proc`` listing.
-    Without ``ns_last_pid`` it falls back to a listing taken before the spawn.
-    """
-
-    __slots__ = ("_before", "_mark")
-
-    def __init__(self) -> None:
-        self._mark = _read_int(_LAST_PID) if _HAVE_PROC else -1
-        self._before = pid_snapshot() if self._mark < 0 else frozenset()
-
-    def candidates(self) -> list[int] | range:
-        if not _HAVE_PROC:
-            return []
-        if self._mark < 0:
-            return sorted(pid_snapshot() - self._before)
-        mark, now = self._mark, _read_int(_LAST_PID)
-        if now < 0:
-            return []
-        if mark <= now <= mark + _PROBE_MAX:
-            return range(mark + 1, now + 1)
-        live = [int(n) for n in os.listdir("/proc") if n.isdigit()]
-        if now > mark:
-            return [p for p in live if mark < p <= now]
-        return [p for p in live if p > mark or p <= now]
-
-
-def _carries(pid: int, marker: bytes) -> bool:
-    try:
-        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:  # gone, or not ours to read
-        return False
-    try:
-        chunks = []
-        while True:
-            b = os.read(fd, 65536)
-            if not b:
-                break
-            chunks.append(b)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    return data.startswith(marker) or (b"\0" + marker) in data
-
-
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
     """Send ``sig`` to process group ``pgid``; a group already gone is fine."""
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _tgid(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Tgid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return pid
-
-
-def kill_tree(pgid: int, token: str, window: PidWindow) -> int:
-    """SIGKILL the group ``pgid`` and every stray carrying ``token``.
-
-    ``window`` was made just before the spawn: only pids handed out since
-    are read. Returns how many strays (processes outside the group) were
-    killed. Call it while the group leader is still unreaped (a zombie keeps
-    its pgid from being reused).
-    """
-    kill_group(pgid)
-    if not _HAVE_PROC:
-        return 0
-    marker = f"{TOKEN_VAR}={token}\0".encode()
-    seen: set[int] = set()
-    victims: set[int] = set()
-    for _ in range(_MAX_PASSES):
-        fresh = False
-        for pid in window.candidates():
-            if pid in seen or pid == pgid or not _carries(pid, marker):
-                continue
-            seen.add(pid)
-            try:
-                if os.getpgid(pid) == pgid:  # in the group: killpg got it
-                    continue
-            except ProcessLookupError:
-                continue
-            tgid = _tgid(pid)
-            try:
-                os.kill(tgid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            victims.add(tgid)
-            fresh = True
-        if not fresh:
-            break
-    return len(victims)
 
 
 def reap(pid: int) -> tuple[int, float, int]:

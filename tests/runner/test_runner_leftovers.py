@@ -1,0 +1,219 @@
+"""Nothing of a run outlives it: the supervisor holds the tree with the kernel, no marker.
+
+The runner used to find escaped descendants by a ``CORRAL_RUN_TOKEN`` in
+their environment: a daemon that scrubbed its environment escaped, the token
+leaked into the child's environment, and a SIGKILL of the calling process
+left the child running with no timeout. Now a supervisor (a child subreaper
+that dies with the runner) holds the tree; see ``corral.run.tree``.
+
+Every process started here is bounded (sleeps of at most 30 s) and killed by
+pid in a ``finally`` (the ``argv_token`` fixture kills by argv as well).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from corral.run.bounded import Outcome, run_bounded
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the supervisor needs prctl (Linux)")
+
+PY = sys.executable
+
+
+def _scrubbed_daemon(pidfile: str, token: str, then: str = "") -> str:
+    """Python code: double-fork a setsid daemon that execs with an empty environment.
+
+    The daemon writes its pid to ``pidfile`` (and carries ``token`` in its
+    argv, so the fixture can find it); the code prints once it is running.
+    """
+    daemon = ("import os,time\n"
+              f"open({pidfile!r} + '.tmp','w').write(str(os.getpid()))\n"
+              f"os.rename({pidfile!r} + '.tmp', {pidfile!r})\n"
+              "time.sleep(30)\n")
+    return (
+        "import os,sys,time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        os.environ.clear()\n"
+        "        n = os.open('/dev/null', os.O_RDWR)\n"  # a daemon lets go of the pipes
+        "        for i in range(3): os.dup2(n, i)\n"
+        f"        os.execve({PY!r}, [{PY!r}, '-I', '-S', '-c', {daemon!r}, {token!r}], {{}})\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+        f"while not os.path.exists({pidfile!r}): time.sleep(0.01)\n"
+        "print('daemon started', flush=True)\n"
+        f"{then}\n"
+    )
+
+
+def _read_pid(path: Path) -> int:
+    return int(path.read_text())
+
+
+def _alive(pid: int) -> bool:
+    """Running (not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data[data.rfind(b")") + 2:].split()[0] != b"Z"
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _env_of(pid: int) -> bytes:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return f.read()
+
+
+def test_control_a_scrubbed_daemon_outlives_a_plain_subprocess(
+        tmp_path: Path, argv_token: str) -> None:
+    """Without the runner, the daemon lives on: what the runner tests below prevent."""
+    pidfile = tmp_path / "daemon.pid"
+    daemon = 0
+    try:
+        p = subprocess.run([PY, "-I", "-S", "-c", _scrubbed_daemon(str(pidfile), argv_token)],
+                           capture_output=True, timeout=20, check=False)
+        assert p.stdout == b"daemon started\n", p.stderr
+        daemon = _read_pid(pidfile)
+        time.sleep(0.2)
+        assert _alive(daemon)
+        assert _env_of(daemon) == b""  # it scrubbed everything: no marker could find it
+    finally:
+        if daemon:
+            _kill([daemon])
+
+
+@pytest.mark.parametrize(("then", "outcome"), [
+    ("", Outcome.EXIT),
+    ("time.sleep(30)", Outcome.TIMEOUT),
+])
+def test_scrubbed_setsid_daemon_dies_with_the_run(
+        tmp_path: Path, argv_token: str, wait_gone: Callable[[str], list[int]],
+        then: str, outcome: Outcome) -> None:
+    pidfile = tmp_path / "daemon.pid"
+    try:
+        r = run_bounded(PY, ["-I", "-S", "-c", _scrubbed_daemon(str(pidfile), argv_token, then)],
+                        timeout_ms=3000, grace_period_ms=100)
+        assert r.outcome is outcome, r.stderr_text
+        assert r.stdout_text == "daemon started\n"
+        assert r.strays_killed >= 1  # the daemon left the group: a stray, and counted
+        daemon = _read_pid(pidfile)
+        assert not _alive(daemon)  # killed and reaped before run_bounded returned
+        assert wait_gone(argv_token) == []
+    finally:
+        if pidfile.exists():
+            _kill([_read_pid(pidfile)])
+
+
+_CALLER = """
+import sys
+from corral.run.bounded import run_bounded
+code, timeout_ms = sys.argv[1], int(sys.argv[2])
+run_bounded(sys.executable, ["-I", "-S", "-c", code], timeout_ms=timeout_ms)
+"""
+
+
+@pytest.mark.parametrize("mem_mb", [None, 512])
+def test_sigkill_of_the_caller_kills_the_tree(
+        tmp_path: Path, argv_token: str, mem_mb: int | None) -> None:
+    """The process calling run_bounded is SIGKILLed: its child tree dies too.
+
+    The command writes its own pid, double-forks a scrubbed daemon (pid in a
+    file too), then sleeps; the run's timeout (25 s) is far beyond the wait
+    here (5 s), so only the caller's death can end them. ``mem_mb`` puts the
+    rlimit trampoline in the chain.
+    """
+    pidfile = tmp_path / "daemon.pid"
+    cmdfile = tmp_path / "command.pid"
+    code = (f"import os; open({str(cmdfile)!r},'w').write(str(os.getpid()))\n"
+            + _scrubbed_daemon(str(pidfile), argv_token, "time.sleep(30)"))
+    caller_code = _CALLER if mem_mb is None else _CALLER.replace(
+        "timeout_ms=timeout_ms)", f"timeout_ms=timeout_ms, mem_mb={mem_mb})")
+    caller = subprocess.Popen([PY, "-c", caller_code, code, "25000"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 20
+        while not (pidfile.exists() and cmdfile.exists() and cmdfile.read_text()):
+            assert caller.poll() is None, caller.stderr.read() if caller.stderr else b""
+            assert time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.02)
+        pids = [_read_pid(cmdfile), _read_pid(pidfile)]
+        assert all(_alive(p) for p in pids)
+        caller.kill()  # SIGKILL: no finally, no atexit, no cleanup in the caller
+        caller.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [p for p in pids if _alive(p)] == []
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait(timeout=10)
+        if caller.stderr is not None:
+            caller.stderr.close()
+        _kill(pids)
+
+
+def test_no_corral_variable_in_the_childs_environment() -> None:
+    r = run_bounded("/usr/bin/env", timeout_ms=5000, env={"MINE": "1"})
+    names = {line.split("=", 1)[0] for line in r.stdout_text.splitlines()}
+    assert names <= {"MINE", "PATH", "HOME", "TMPDIR"}, names
+    assert not any(n.startswith("CORRAL") for n in names)
+    assert "CORRAL_RUN_TOKEN" not in r.stdout_text
+
+
+def test_the_callers_process_is_not_made_a_subreaper(
+        tmp_path: Path, argv_token: str) -> None:
+    r = run_bounded("/bin/true", timeout_ms=5000)
+    assert r.outcome is Outcome.EXIT
+    libc = ctypes.CDLL(None, use_errno=True)
+    flag = ctypes.c_int(-1)
+    assert libc.prctl(37, ctypes.byref(flag), 0, 0, 0) == 0  # PR_GET_CHILD_SUBREAPER
+    assert flag.value == 0
+
+
+def test_the_supervisor_is_reaped_and_holds_no_fd_of_the_caller(tmp_path: Path) -> None:
+    """The command sees only fds 0-2 (the supervisor closed the caller's others)."""
+    keep = open(tmp_path / "held", "w")  # noqa: SIM115 - an fd of the caller, inheritable
+    os.set_inheritable(keep.fileno(), True)
+    try:
+        code = "import os; print(sorted(os.listdir('/proc/self/fd')))"
+        r = run_bounded(PY, ["-I", "-S", "-c", code], timeout_ms=5000)
+    finally:
+        keep.close()
+    assert r.outcome is Outcome.EXIT and r.exit_code == 0, r.stderr_text
+    # 0-2 plus the one listdir itself opens
+    assert len(eval(r.stdout_text)) == 4, r.stdout_text
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # no child of ours left unreaped
+
+
+def test_a_command_that_kills_its_supervisor_still_ends_the_run(
+        argv_token: str, wait_gone: Callable[[str], list[int]]) -> None:
+    """The documented gap, bounded: the runner sees the supervisor die without a
+    report, SIGKILLs the command's group, and returns a result with no exit code."""
+    code = "import os,time; os.kill(os.getppid(), 9); time.sleep(30)"
+    r = run_bounded(PY, ["-I", "-S", "-c", code, argv_token], timeout_ms=20_000)
+    assert r.outcome is Outcome.EXIT and r.exit_code is None and r.duration_ms < 10_000
+    assert wait_gone(argv_token) == []
