@@ -119,3 +119,16 @@ def test_strict_bind_shows_a_host_dir_read_only(workdir: Path,
     _strict_or_skip(status, err)
     assert (status, out) == (0, "hellorefused\n"), err
     assert not (workdir / "in" / "new").exists()
+
+
+@pytest.mark.parametrize("level", ["context-isolated", "strict"])
+def test_output_comes_back_after_a_timeout(level: str, workdir: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["run", "--level", level, "--json", "--timeout", "1s", "--grace-ms", "100",
+                   "--output", "partial.txt", "--", "/bin/sh", "-c",
+                   "echo so-far > partial.txt; exec sleep 30"])
+    out, err = capsys.readouterr()
+    _strict_or_skip(status, err)
+    assert status == 124, err
+    assert json.loads(out)["outcome"] == "timeout"
+    assert (workdir / "partial.txt").read_text() == "so-far\n"
