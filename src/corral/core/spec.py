@@ -282,6 +282,13 @@ class SandboxInvocationContext:
         raise SandboxSuspensionRequest(token_id)
 
 
+def _new_run_id() -> str:
+    """A random run id; uuid is loaded on first use (the CLI's one-shot path never needs
+    it, and importing it costs a few ms)."""
+    import uuid
+    return uuid.uuid4().hex
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SandboxSpec:
     """What a sandbox must provide.
@@ -295,7 +302,7 @@ class SandboxSpec:
     """
 
     tenant_id: str = DEFAULT_TENANT
-    run_id: str = field(default_factory=lambda: __import__("uuid").uuid4().hex)
+    run_id: str = field(default_factory=lambda: _new_run_id())
     node_id: str | None = None
     image: str | None = None
     limits: SandboxLimits = field(default_factory=SandboxLimits)
