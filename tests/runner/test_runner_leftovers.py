@@ -133,24 +133,30 @@ run_bounded(sys.executable, ["-I", "-S", "-c", code], timeout_ms=timeout_ms)
 """
 
 
-@pytest.mark.parametrize("mem_mb", [None, 512])
+_CLI = "import sys; from corral.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+@pytest.mark.parametrize("caller_kind", ["run_bounded", "run_bounded+mem_mb", "corral run"])
 def test_sigkill_of_the_caller_kills_the_tree(
-        tmp_path: Path, argv_token: str, mem_mb: int | None) -> None:
-    """The process calling run_bounded is SIGKILLed: its child tree dies too.
+        tmp_path: Path, argv_token: str, caller_kind: str) -> None:
+    """The process calling run_bounded (or ``corral run``) is SIGKILLed: its child tree dies too.
 
     The command writes its own pid, double-forks a scrubbed daemon (pid in a
-    file too), then sleeps; the run's timeout (25 s) is far beyond the wait
-    here (5 s), so only the caller's death can end them. ``mem_mb`` puts the
-    rlimit trampoline in the chain.
+    file too), then sleeps; the run's timeout (25 s; 60 s for the CLI's
+    default) is far beyond the wait here (5 s), so only the caller's death
+    can end them. ``mem_mb`` puts the rlimit trampoline in the chain.
     """
     pidfile = tmp_path / "daemon.pid"
     cmdfile = tmp_path / "command.pid"
     code = (f"import os; open({str(cmdfile)!r},'w').write(str(os.getpid()))\n"
             + _scrubbed_daemon(str(pidfile), argv_token, "time.sleep(30)"))
-    caller_code = _CALLER if mem_mb is None else _CALLER.replace(
-        "timeout_ms=timeout_ms)", f"timeout_ms=timeout_ms, mem_mb={mem_mb})")
-    caller = subprocess.Popen([PY, "-c", caller_code, code, "25000"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if caller_kind == "corral run":
+        argv = [PY, "-c", _CLI, "run", "--", PY, "-I", "-S", "-c", code]
+    else:
+        caller_code = _CALLER if caller_kind == "run_bounded" else _CALLER.replace(
+            "timeout_ms=timeout_ms)", "timeout_ms=timeout_ms, mem_mb=512)")
+        argv = [PY, "-c", caller_code, code, "25000"]
+    caller = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 20
@@ -213,7 +219,9 @@ def test_a_command_that_kills_its_supervisor_still_ends_the_run(
         argv_token: str, wait_gone: Callable[[str], list[int]]) -> None:
     """The documented gap, bounded: the runner sees the supervisor die without a
     report, SIGKILLs the command's group, and returns a result with no exit code."""
-    code = "import os,time; os.kill(os.getppid(), 9); time.sleep(30)"
+    # never the test process itself (without a supervisor the parent would be us)
+    code = (f"import os,time\nif os.getppid() != {os.getpid()}: os.kill(os.getppid(), 9)\n"
+            "time.sleep(30)")
     r = run_bounded(PY, ["-I", "-S", "-c", code, argv_token], timeout_ms=20_000)
     assert r.outcome is Outcome.EXIT and r.exit_code is None and r.duration_ms < 10_000
     assert wait_gone(argv_token) == []

@@ -247,7 +247,8 @@ class BoundedRun:
         if not self._pid or self._closing:
             return
         if self._sup is not None:
-            self._sup.send(sig)
+            if not self._exited.is_set():  # once it exited, its tree is gone
+                self._sup.send(sig)
         else:
             kill_group(self._pid, sig)
 

@@ -47,9 +47,9 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, NoReturn, Protocol, final
+from typing import Any, Final, NoReturn, Protocol, final
 
 __all__ = [
     "Report",
@@ -63,8 +63,6 @@ __all__ = [
     "spawn_process",
 ]
 
-_PR_SET_PDEATHSIG: Final = 1
-_PR_SET_CHILD_SUBREAPER: Final = 36
 #: the supervisor's start record: (kind, value, where); kind 0 = started (value = pid),
 #: 1 = could not start (value = errno; where 0 = command, 1 = cwd, 2 = supervisor)
 _START: Final = struct.Struct("=iii")
@@ -184,24 +182,20 @@ def _wait_bounded(pid: int) -> bool:
 
 
 @functools.cache
-def _prctl() -> Callable[[int, int], int] | None:
-    """libc's ``prctl(option, arg2, 0, 0, 0)``, or None where there is none."""
+def _kernel() -> Any:
+    """The module with the ``prctl`` calls (libc resolved now, before any fork), or None.
+
+    ``ctypes`` lives in ``corral.providers.linux._sys_unsafe`` only; it is
+    imported on the first spawn, not with this module.
+    """
     if not sys.platform.startswith("linux"):
         return None
     try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.prctl
+        from corral.providers.linux import _sys_unsafe
+        _sys_unsafe.preresolve()
     except (ImportError, OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                   ctypes.c_ulong]
-    fn.restype = ctypes.c_int
-
-    def call(option: int, arg: int) -> int:
-        return int(fn(option, arg, 0, 0, 0))
-
-    return call
+    return _sys_unsafe
 
 
 _ALL_SIGNALS: Final = frozenset(signal.valid_signals())
@@ -217,8 +211,8 @@ def spawn_process(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
     default, an empty signal mask. Start errors (missing command, bad cwd)
     come back here as ``OSError``, after the supervisor was reaped.
     """
-    prctl = _prctl()
-    if prctl is None:
+    kernel = _kernel()
+    if kernel is None:
         return popen_process(argv, cwd=cwd, env=env, stdin=stdin, stdout=stdout,
                              stderr=stderr)
     argv = list(argv)
@@ -233,7 +227,7 @@ def spawn_process(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
     try:
         pid = _fork()
         if pid == 0:  # the supervisor: never returns
-            _supervise(prctl, argv, cwd, env, (stdin, stdout, stderr, st_w, ctl_r), parent)
+            _supervise(kernel, argv, cwd, env, (stdin, stdout, stderr, st_w, ctl_r), parent)
     except BaseException:
         for fd in (ctl_r, ctl_w, st_r, st_w):
             os.close(fd)
@@ -272,7 +266,7 @@ def _fork() -> int:
 
     The warning is about a child that runs Python code which may need a lock
     another thread held at the fork; the supervisor only makes system calls
-    (``os``, ``signal``, ``struct``, one ``ctypes`` call) and ends in
+    (``os``, ``signal``, ``struct``, two ``prctl`` through ``ctypes``) and ends in
     ``os._exit`` (see :func:`_supervise`).
     """
     if sys.version_info < (3, 12):
@@ -293,7 +287,7 @@ def _read_full(fd: int, n: int) -> bytes:
     return data
 
 
-def _supervise(prctl: Callable[[int, int], int], argv: list[str], cwd: str,
+def _supervise(kernel: Any, argv: list[str], cwd: str,
                env: dict[str, str], fds: tuple[int, int, int, int, int],
                parent: int) -> NoReturn:
     """The supervisor, in the forked child. Every path ends in ``os._exit``."""
@@ -307,9 +301,11 @@ def _supervise(prctl: Callable[[int, int], int], argv: list[str], cwd: str,
         os.dup2(high[3], 3, inheritable=False)
         os.dup2(high[4], 4, inheritable=False)
         os.closerange(5, _MAXFD)
-        if prctl(_PR_SET_CHILD_SUBREAPER, 1) != 0 or \
-                prctl(_PR_SET_PDEATHSIG, signal.SIGUSR2) != 0:
-            _exit_start(1, errno.EINVAL, 2)
+        try:
+            kernel.set_child_subreaper()
+            kernel.set_pdeathsig(signal.SIGUSR2)
+        except OSError as e:
+            _exit_start(1, e.errno or errno.EINVAL, 2)
         if os.getppid() != parent:  # the runner died before PDEATHSIG was set
             os._exit(0)
         try:
