@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,7 +93,9 @@ def procs_with(marker: str) -> list[int]:
     (["run", "--", "/bin/true"], False),                          # not strict
     (["run", "--level", "strict", "--json", "--", "/bin/true"], False),
     (["run", "--level", "strict", "--timeout", "5s", "--", "/bin/true"], False),
-    (["run", "--level", "strict", "--", "true"], False),           # PATH lookup: the CLI's
+    (["run", "--level", "strict", "--", "true"], True),            # looked up on PATH
+    (["run", "--level", "strict", "--", "corral-no-such-command"], False),  # the CLI says so
+    (["run", "--level", "strict", "--", "sub/cmd"], False),        # a path inside the sandbox
     (["run", "--level", "strict", "--mem-mb", "0", "--", "/bin/true"], False),
     (["python", "--level", "strict", "--", "/bin/true"], False),
     (["run", "--level", "strict", "/bin/true"], False),
@@ -127,6 +130,14 @@ def test_as_the_console_script_runs_it() -> None:
     if TAKEN not in r.stderr:
         unavailable(r.stderr.decode(errors="replace")[-500:])
     assert (r.returncode, r.stdout) == (3, b"out\n") and b"err\n" in r.stderr
+
+
+def test_bare_name_resolved_on_path_to_the_real_file() -> None:
+    req = oneshot.parse_argv(["run", "--level", "strict", "--", "sh", "-c", "x"])
+    assert req is not None and req.argv[1:] == ("-c", "x")
+    assert req.argv[0] == os.path.realpath(shutil.which("sh") or "")
+    r = strict("sh", "-c", "echo via-path")
+    assert (r.returncode, r.stdout) == (0, b"via-path\n")
 
 
 def test_signal_death_is_128_plus_n() -> None:

@@ -121,10 +121,11 @@ def parse_argv(argv: Sequence[str]) -> OneShot | None:
     while i < len(argv):
         a = argv[i]
         if a == "--":
-            cmd = tuple(argv[i + 1:])
-            if not level or not cmd or not os.path.isabs(cmd[0]):
+            cmd = argv[i + 1:]
+            path = _resolve(cmd[0]) if level and cmd else None
+            if path is None:
                 return None
-            return OneShot(argv=cmd, **vals)
+            return OneShot(argv=(path, *cmd[1:]), **vals)
         name, eq, value = a.partition("=")
         if not eq:
             if i + 1 >= len(argv):
@@ -141,6 +142,18 @@ def parse_argv(argv: Sequence[str]) -> OneShot | None:
         else:
             return None
     return None
+
+
+def _resolve(cmd: str) -> str | None:
+    """The command as ``corral run --level strict`` runs it: a bare name looked up on
+    this PATH, then the real file (the sandbox shows the host's /usr, not a venv's
+    links). None for what the CLI resolves otherwise (a relative path with a slash is
+    a path inside the sandbox) or reports (not found)."""
+    if "/" not in cmd:
+        import shutil
+        found = shutil.which(cmd)
+        return None if found is None else os.path.realpath(os.path.abspath(found))
+    return os.path.realpath(cmd) if os.path.isabs(cmd) else None
 
 
 # -- the sandbox's side (C2, pid 1; C3, the view builder) ----------------------------------
