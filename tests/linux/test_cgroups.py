@@ -8,6 +8,7 @@ and stop by themselves after a bounded amount of work.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -341,12 +342,15 @@ def test_v2_fake_without_controllers_says_why(tmp_path: Path) -> None:
     assert "it lists: hugetlb" in s.missing["memory"]
     busy = fake_v2(tmp_path / "b", procs="123\n")
     s = detect(root=str(busy), prefix=PREFIX)
-    assert "no-internal-processes" in s.missing["memory"]
+    assert {"memory", "pids"} <= s.available  # its processes move into corral-self first
+    assert any("no-internal-processes" in n and "corral-self" in n for n in s.notes), s.notes
     s = detect(root=str(fake_v2(tmp_path / "c", procs="123\n", subtree="memory pids")),
                prefix=PREFIX)
     assert {"memory", "pids"} <= s.available  # already enabled by whoever delegated it
     s = detect(root=str(tmp_path / "plain"), prefix=PREFIX)
     assert s.version == "none" and "not a cgroup2 directory" in s.missing["memory"]
+    s = detect(root=str(fake_v2(tmp_path / "d", controllers="cpu io")), prefix=PREFIX)
+    assert "parent does not delegate it" in s.missing["pids"]
 
 
 def test_v2_fake_enable_and_limits(tmp_path: Path) -> None:
@@ -409,3 +413,98 @@ def test_parsers() -> None:
     assert (m[1].root, m[1].point, m[1].fstype) == ("/ctr", "/sys/fs/cgroup/my dir", "cgroup2")
     assert parse_proc_cgroup("4:memory:/a/b\n2:cpu,cpuacct:/\n1:name=systemd:/s\n0::/u\n") == {
         "memory": "/a/b", "cpu": "/", "cpuacct": "/", "name=systemd": "/s", "": "/u"}
+
+
+def fake_mount(tmp_path: Path, mnt: Path, cg_path: str, *, mount_root: str = "/",
+               opts: str = "rw,nosuid") -> dict[str, str]:
+    mi, pc = tmp_path / "mountinfo", tmp_path / "cgroup"
+    mi.write_text(f"30 1 0:26 {mount_root} {mnt} {opts} - cgroup2 cgroup2 rw,nsdelegate\n")
+    pc.write_text(f"0::{cg_path}\n")
+    return {"mountinfo": str(mi), "proc_cgroup": str(pc)}
+
+
+def test_v2_leaf_with_processes_moves_them_into_a_child_leaf(tmp_path: Path) -> None:
+    # a systemd service (or login session) leaf: the caller and its siblings live in it
+    mnt = tmp_path / "mnt"
+    fake_v2(mnt, subtree="memory pids cpu").joinpath("cgroup.type").unlink()  # the real root
+    own = fake_v2(mnt / "system.slice" / "x.service", procs="4242\n4343\n")
+    s = detect(prefix=PREFIX, **fake_mount(tmp_path, mnt, "/system.slice/x.service"))
+    assert s.version == "v2" and {"memory", "memsw", "pids", "cpu"} <= s.available, s.missing
+    assert s.parents == {"unified": str(own / PREFIX)}
+    assert not any("namespace root" in n for n in s.notes)
+    from corral.providers.linux.host.cgroupfs import SELF_LEAF, v2_enable
+    leaf = fake_v2(own / SELF_LEAF)  # a fake: os.mkdir would give no control files
+    moves: list[str] = []
+    real_write = __import__("corral.providers.linux.host.cgroupfs",
+                            fromlist=["write_text"]).write_text
+
+    def spy(path: str, value: str) -> None:
+        moves.append(f"{Path(path).relative_to(mnt)}={value}")
+        real_write(path, value)
+        if path.endswith(f"{SELF_LEAF}/cgroup.procs"):  # the kernel moves the pid out of own
+            rest = [p for p in (own / "cgroup.procs").read_text().split() if p != value]
+            (own / "cgroup.procs").write_text("\n".join(rest))
+
+    import corral.providers.linux.host.cgroupfs as cgfs
+    mp = pytest.MonkeyPatch()
+    mp.setattr(cgfs, "write_text", spy)
+    try:
+        v2_enable(str(own), str(fake_v2(own / PREFIX)))
+    finally:
+        mp.undo()
+    rel = f"system.slice/x.service/{SELF_LEAF}/cgroup.procs"
+    assert moves[:2] == [f"{rel}=4242", f"{rel}=4343"], moves  # one pid per write, first
+    assert moves[2] == "system.slice/x.service/cgroup.subtree_control=+memory +pids +cpu"
+    assert (leaf / "cgroup.procs").read_text() == "4343"
+    # the caller now sits in .../x.service/corral-self: detection still picks x.service
+    (own / "cgroup.subtree_control").write_text("memory pids cpu")
+    s = detect(prefix=PREFIX, **fake_mount(tmp_path, mnt, f"/system.slice/x.service/{SELF_LEAF}"))
+    assert s.parents == {"unified": str(own / PREFIX)}, s.describe()
+
+
+def test_v2_leaf_with_processes_without_a_writable_dir_says_how(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root writes regardless of mode bits")
+    own = fake_v2(tmp_path / "x.scope", procs="1\n")
+    own.chmod(0o555)
+    try:
+        s = detect(root=str(own), prefix=PREFIX)
+    finally:
+        own.chmod(0o755)
+    assert "cannot be made" in s.missing["memory"]
+
+
+def test_v2_namespace_root_is_not_the_host_root(tmp_path: Path) -> None:
+    # docker --cgroupns=private: cgroup2 remounted in the namespace, /proc/self/cgroup
+    # says "/", and the directory is a plain (non-root) cgroup holding processes
+    mnt = fake_v2(tmp_path / "mnt", procs="1\n7\n")
+    s = detect(prefix=PREFIX, **fake_mount(tmp_path, mnt, "/"))
+    assert s.version == "v2" and {"memory", "pids"} <= s.available, s.missing
+    assert any("cgroup namespace root" in n for n in s.notes), s.notes
+    assert any("corral-self" in n for n in s.notes), s.notes
+    from corral.providers.linux.host.cgroupfs import SELF_LEAF, v2_enable
+    leaf = fake_v2(mnt / SELF_LEAF)
+    v2_enable(str(mnt), str(fake_v2(mnt / PREFIX)))
+    assert (leaf / "cgroup.procs").read_text() in ("1", "7")  # the fake keeps the last
+    assert (mnt / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    # the host's real root (no cgroup.type) may hold processes: nothing moves
+    root = fake_v2(tmp_path / "root", procs="1\n")
+    (root / "cgroup.type").unlink()
+    s = detect(prefix=PREFIX, **fake_mount(tmp_path, root, "/"))
+    assert not s.notes and {"memory", "pids"} <= s.available
+    v2_enable(str(root), str(fake_v2(root / PREFIX)))
+    assert not (root / SELF_LEAF).exists()
+
+
+def test_v2_mount_outside_the_namespace_or_read_only_says_how(tmp_path: Path) -> None:
+    mnt = fake_v2(tmp_path / "mnt")
+    s = detect(prefix=PREFIX, **fake_mount(tmp_path, mnt, "/", mount_root="/../.."))
+    assert not s.available and "mount cgroup2 again inside the namespace" in s.missing["memory"]
+    s = detect(prefix=PREFIX, **fake_mount(tmp_path, mnt, "/", opts="ro,nosuid"))
+    assert not s.available and "read-only" in s.missing["pids"]
+    # doctor names the fix: the exact systemd and docker flags
+    from corral.providers.linux.host import hostinfo
+    info = dataclasses.replace(hostinfo.probe(), cgroups=s)
+    row = next(c for c in info.checks() if c.name == "cgroups")
+    assert "systemd-run --user --scope -p Delegate=yes" in row.detail
+    assert "--cgroupns=private" in row.detail, row.detail

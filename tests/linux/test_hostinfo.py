@@ -93,6 +93,8 @@ def test_failures_are_reported_with_the_reason() -> None:
         c = checks[f"{kind} namespace"]
         assert c["ok"] is False, c
         assert "failed: Operation not permitted" in str(c["detail"]), c
+        # the cause is named: a seccomp filter on the process (as docker's default profile)
+        assert "Seccomp: 2" in str(c["detail"]) and "seccomp=unconfined" in str(c["detail"]), c
 
 
 def test_seccomp_and_landlock_verdicts() -> None:
@@ -134,3 +136,61 @@ def test_providers_report_follows_the_facts() -> None:
 
 def test_hostinfo_imports_no_ctypes() -> None:
     assert "ctypes" not in Path(hostinfo.__file__).read_text()
+
+
+def fake_host(tmp_path: Path, *, sysctls: dict[str, str] | None = None, seccomp: str = "0",
+              label: str | None = "unconfined") -> dict[str, str]:
+    """A fake /proc/sys tree, /proc/self/status and AppArmor label, for userns_blocker."""
+    root = tmp_path / "sys"
+    for name, value in (sysctls or {}).items():
+        f = root / name.replace(".", "/")
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(value + "\n")
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "status").write_text(f"Name:\tpython3\nNoNewPrivs:\t0\nSeccomp:\t{seccomp}\n")
+    if label is not None:
+        (tmp_path / "label").write_text(label + "\n")
+    return {"sysctl_root": str(root), "status": str(tmp_path / "status"),
+            "apparmor_label": str(tmp_path / "label")}
+
+
+def test_userns_blocker_names_the_cause_and_the_fix(tmp_path: Path) -> None:
+    import errno
+
+    from corral.providers.linux.host.hostinfo import userns_blocker
+    assert userns_blocker(0, **fake_host(tmp_path / "clean")) == ""
+    assert userns_blocker(errno.EPERM, **fake_host(tmp_path / "clean2")) == ""
+    # Ubuntu 24.04: AppArmor restricts unconfined processes, even where unshare works
+    ubuntu = fake_host(tmp_path / "ubuntu",
+                       sysctls={"kernel.apparmor_restrict_unprivileged_userns": "1",
+                                "kernel.unprivileged_userns_clone": "1"})
+    why = userns_blocker(0, **ubuntu)
+    assert "kernel.apparmor_restrict_unprivileged_userns=1" in why
+    assert "userns," in why and "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0" in why
+    # a process under an AppArmor profile: the profile decides, not reported as blocked
+    confined = fake_host(tmp_path / "confined", label="corral (unconfined)",
+                         sysctls={"kernel.apparmor_restrict_unprivileged_userns": "1"})
+    assert userns_blocker(0, **confined) == ""
+    old = fake_host(tmp_path / "old", sysctls={"kernel.unprivileged_userns_clone": "0"})
+    assert "sysctl -w kernel.unprivileged_userns_clone=1" in userns_blocker(errno.EPERM, **old)
+    capped = fake_host(tmp_path / "capped", sysctls={"user.max_user_namespaces": "0"})
+    assert "user.max_user_namespaces=15000" in userns_blocker(errno.ENOSPC, **capped)
+    # docker's default seccomp profile: EPERM under a filter
+    docker = fake_host(tmp_path / "docker", seccomp="2")
+    why = userns_blocker(errno.EPERM, **docker)
+    assert "Seccomp: 2" in why and "--security-opt seccomp=unconfined" in why
+    assert userns_blocker(0, **docker) == ""  # a filter that let unshare through is fine
+
+
+def test_userns_check_reports_apparmor_even_when_unshare_works(tmp_path: Path) -> None:
+    from corral.providers.linux.host.hostinfo import _probe_userns_unprivileged
+    ubuntu = fake_host(tmp_path, sysctls={"kernel.apparmor_restrict_unprivileged_userns": "1"})
+    c = _probe_userns_unprivileged(False, True, **ubuntu)
+    assert not c.ok and "no capabilities" in c.detail and "apparmor" in c.detail, c
+    info = dataclasses.replace(probe(), is_root=False, uid=1000, userns_unprivileged=c)
+    rep = {r.name: r for r in providers_report(info)}["linux"]
+    assert not rep.usable and "unprivileged user namespaces" in rep.summary
+    assert "apparmor_restrict_unprivileged_userns=0" in {r.what: r for r in rep.rows}[
+        "user namespace"].how
+    clean = _probe_userns_unprivileged(False, True, **fake_host(tmp_path / "clean"))
+    assert clean.ok, clean

@@ -22,6 +22,7 @@ __all__ = [
     "CgroupUsage",
     "CgroupVersion",
     "Mount",
+    "SELF_LEAF",
     "V1_HIERARCHY",
     "V1_PEAK_FALLBACK",
     "detect",
@@ -33,6 +34,7 @@ __all__ = [
     "read_keyed",
     "read_text",
     "v2_enable",
+    "v2_vacate",
     "write_text",
 ]
 
@@ -41,6 +43,16 @@ V1_HIERARCHY: Mapping[str, str] = {
     "memory": "memory", "memsw": "memory", "pids": "pids", "cpu": "cpuacct", "freezer": "freezer",
 }
 _V2_WANTED = ("memory", "pids", "cpu")
+#: the child leaf of the caller's own v2 cgroup that its processes move into, so that
+#: the own cgroup may enable controllers for its children (cgroup v2's
+#: "no internal processes" rule; what systemd asks of a Delegate=yes unit, and what
+#: docker-in-docker and kind do at a namespace root). Not a sandbox name.
+SELF_LEAF = "corral-self"
+#: how to get a delegated cgroup v2 subtree (``corral doctor`` shows it where one is missing)
+V2_DELEGATE_HOW = ("systemd: run under `systemd-run --user --scope -p Delegate=yes ...` "
+                   "(or a unit with Delegate=yes); docker: `docker run --cgroupns=private` with "
+                   "a writable /sys/fs/cgroup (--privileged, or a cgroup rw mount); or pass a "
+                   "delegated directory as cgroup_root")
 #: v1 oom evidence on kernels < 4.13 (no oom_kill line). Not failcnt: on 6.18 an
 #: oom-killed v1 cgroup showed memory.failcnt and memory.memsw.failcnt both 0.
 V1_PEAK_FALLBACK = ("memory.memsw.max_usage_in_bytes reaching the limit (no oom_kill "
@@ -145,8 +157,25 @@ def _auto_v2(mounts: list[Mount], own: Mapping[str, str], prefix: str) -> Cgroup
     if m is None or "" not in own:
         return CgroupSupport(version="none", available=frozenset(),
                              missing={"memory": "no cgroup2 mount"})
+    if m.root == "/.." or m.root.startswith("/../"):
+        why = (f"this process's cgroup is outside the cgroup2 mount at {m.point} (mount root "
+               f"{m.root}: a cgroup namespace whose cgroup2 was mounted outside it); mount "
+               "cgroup2 again inside the namespace (docker run --cgroupns=private does)")
+        return CgroupSupport(version="none", available=frozenset(), missing=dict.fromkeys(
+            ("memory", "memsw", "pids", "cpu", "freezer", "kill"), why))
     path = _under_mount(m, own[""])
-    return detect_v2(path, prefix=prefix, own_is_root=(path == m.point), notes=())
+    notes: tuple[str, ...] = ()
+    if os.path.basename(path) == SELF_LEAF:  # moved there by an earlier manager
+        path = os.path.dirname(path)
+    if own[""] == "/" and os.path.exists(os.path.join(path, "cgroup.type")):
+        notes = (f"{path} is a cgroup namespace root, not the host's root cgroup",)
+    if "ro" in m.opts:
+        why = f"cgroup2 is mounted read-only at {m.point}"
+        return CgroupSupport(version="v2", available=frozenset(), notes=notes,
+                             missing=dict.fromkeys(("memory", "memsw", "pids", "cpu",
+                                                    "freezer", "kill"), why))
+    # the real root cgroup has no cgroup.type; a namespace root or a leaf has one
+    return detect_v2(path, prefix=prefix, own_is_root=False, notes=notes)
 
 
 def _under_mount(m: Mount, cg_path: str) -> str:
@@ -173,6 +202,7 @@ class Mount:
     point: str
     fstype: str
     super_opts: frozenset[str]
+    opts: frozenset[str] = frozenset()  # per-mount options (ro, nosuid, ...)
 
 
 def _unescape(s: str) -> str:
@@ -190,7 +220,8 @@ def parse_mountinfo(text: str) -> list[Mount]:
         if len(f) < 5 or len(r) < 3:
             continue
         out.append(Mount(root=_unescape(f[3]), point=_unescape(f[4]), fstype=r[0],
-                         super_opts=frozenset(r[2].split(","))))
+                         super_opts=frozenset(r[2].split(",")),
+                         opts=frozenset(f[5].split(",")) if len(f) > 5 else frozenset()))
     return out
 
 
@@ -258,7 +289,9 @@ def _writable(own: str, base: str, *files: str) -> bool:
         os.access(os.path.join(d, f), os.W_OK) for f in files if os.path.exists(os.path.join(d, f)))
 
 
-def _not_writable(d: str) -> str:
+def _not_writable(d: str, v2: bool = False) -> str:
+    if v2:
+        return f"{d} is not writable by uid {os.geteuid()} (no delegated cgroup)"
     return (f"{d} is not writable by uid {os.geteuid()} (no delegated cgroup: run as root, "
             "or delegate one and pass root=)")
 
@@ -334,19 +367,25 @@ def detect_v2(own: str, *, prefix: str, own_is_root: bool,
     available: set[str] = set()
     missing: dict[str, str] = {}
     writable = _writable(own, base, "cgroup.procs", "cgroup.subtree_control")
+    leaf = os.path.join(own, SELF_LEAF)
+    busy = not own_is_root and not (set(_V2_WANTED) & sub) and _has_procs(own)
+    movable = busy and (os.path.isdir(leaf) or os.access(own, os.W_OK))
     for c in ("memory", "pids"):
         if not writable:
-            missing[c] = _not_writable(own)
+            missing[c] = _not_writable(own, v2=True)
         elif c not in ctrls:
             have = " ".join(sorted(ctrls)) or "nothing"
-            missing[c] = (f"{c} not in {own}/cgroup.controllers (it lists: {have}); the parent "
+            missing[c] = (f"{c} not in {own}/cgroup.controllers (it lists: {have}): the parent "
                           "does not delegate it")
-        elif c not in sub and not own_is_root and _has_procs(own):
+        elif c not in sub and busy and not movable:
             missing[c] = (f"{c} not enabled in {own}/cgroup.subtree_control and cannot be: "
-                          "that cgroup holds processes (no-internal-processes rule); pass a "
-                          "delegated empty dir as root=")
+                          "that cgroup holds processes (no-internal-processes rule) and "
+                          f"{leaf} cannot be made")
         else:
             available.add(c)
+    if busy and movable and available:
+        notes = (*notes, f"{own} holds processes: they move into {leaf} before controllers "
+                         "are enabled for sandboxes (cgroup v2's no-internal-processes rule)")
     if "memory" in available:
         probe = next((os.path.join(d, "memory.max") for d in (base, own)
                       if os.path.exists(os.path.join(d, "memory.max"))), None)
@@ -359,7 +398,7 @@ def detect_v2(own: str, *, prefix: str, own_is_root: bool,
     for c, f, ver in (("cpu", "cpu.stat", (4, 15)), ("freezer", "cgroup.freeze", (5, 2)),
                       ("kill", "cgroup.kill", (5, 14))):
         if not writable:
-            missing[c] = _not_writable(own)
+            missing[c] = _not_writable(own, v2=True)
         elif (os.path.exists(os.path.join(own, f)) if not own_is_root
               else _kernel_at_least(*ver)):
             available.add(c)
@@ -371,14 +410,62 @@ def detect_v2(own: str, *, prefix: str, own_is_root: bool,
                          oom_source="memory.events oom_kill" if "memory" in available else "")
 
 
+def v2_vacate(own: str) -> str:
+    """Move every process of ``own`` into its child :data:`SELF_LEAF` (made if absent),
+    so ``own`` may enable controllers for its children; return the leaf.
+
+    The caller is one of those processes (its own cgroup), and so are its siblings in a
+    systemd service or a container's namespace root; they stay together in the leaf,
+    under the same limits as before (the leaf inherits ``own``'s). A few rounds, since a
+    process may fork while we move; one that exits meanwhile is skipped.
+    """
+    leaf = os.path.join(own, SELF_LEAF)
+    try:
+        os.mkdir(leaf)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise ProviderError(f"cannot make {leaf} to leave {own} (cgroup v2 allows controllers "
+                            f"for children only in a cgroup without processes): {err}",
+                            err) from err
+    procs = os.path.join(leaf, "cgroup.procs")
+    for _ in range(5):
+        pids = read_text(os.path.join(own, "cgroup.procs")).split()
+        if not pids:
+            break
+        moved = 0
+        for pid in pids:
+            try:
+                write_text(procs, pid)
+                moved += 1
+            except ProcessLookupError:
+                continue
+            except OSError as err:
+                raise ProviderError(f"cannot move pid {pid} from {own} into {leaf}: {err}",
+                                    err) from err
+        if not moved:
+            break
+    return leaf
+
+
+def _is_real_root(d: str) -> bool:
+    return not os.path.exists(os.path.join(d, "cgroup.type"))
+
+
 def v2_enable(own: str, base: str) -> None:
-    """Enable memory, pids (and cpu if allowed) for ``base`` and for its children."""
+    """Enable memory, pids (and cpu if allowed) for ``base`` and for its children.
+
+    When ``own`` holds processes (a systemd service, a login session, a container's
+    namespace root), they first move into ``<own>/corral-self`` (:func:`v2_vacate`).
+    """
     for d in (own, base):
         have = set(read_text(os.path.join(d, "cgroup.controllers")).split())
         on = set(read_text(os.path.join(d, "cgroup.subtree_control")).split())
         todo = [c for c in _V2_WANTED if c in have and c not in on]
         if not todo:
             continue
+        if d == own and not on and not _is_real_root(d) and _has_procs(d):
+            v2_vacate(d)
         path = os.path.join(d, "cgroup.subtree_control")
         try:
             write_text(path, " ".join(f"+{c}" for c in todo))

@@ -408,7 +408,8 @@ class SandboxCgroup:
 #: how to get cgroup limits, or do without them: the fix a refusal names
 CGROUP_FIX: Final = (
     "fix: run as root; or run in a delegated cgroup (systemd-run --user --scope "
-    "-p Delegate=yes ..., docker run --cgroupns=private ...) and pass its path as "
+    "-p Delegate=yes ..., docker run --cgroupns=private with a writable /sys/fs/cgroup) "
+    "and pass its path as "
     "cgroup_root; or enforce the limits per process by rlimits "
     "(LinuxProvider(limits_by='rlimit'), corral run --limits rlimit); `corral doctor` "
     "shows what this host has")

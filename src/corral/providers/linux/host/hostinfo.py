@@ -9,6 +9,7 @@ provider, rows of (what, enforced, how or why not).
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import shutil
@@ -17,9 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, final
 
 from corral.providers.linux import _sys_unsafe as su
+from corral.providers.linux.host.cgroupfs import V2_DELEGATE_HOW
 from corral.providers.linux.host.cgroups import CgroupSupport, detect
 
-__all__ = ["Check", "HostInfo", "ProviderReport", "Row", "probe", "providers_report"]
+__all__ = ["Check", "HostInfo", "ProviderReport", "Row", "probe", "providers_report",
+           "userns_blocker"]
 
 #: namespace kind -> its CLONE_NEW* flag name in _sys_unsafe
 NAMESPACES: Mapping[str, str] = {
@@ -61,9 +64,13 @@ class HostInfo:
         """Every host primitive, in display order."""
         cg = self.cgroups
         rows = [*self.namespaces.values(), self.userns_unprivileged, self.seccomp, self.landlock]
+        fix = ""
+        if not {"memory", "pids"} <= cg.available:
+            fix = (f"; to get memory and pids limits: {V2_DELEGATE_HOW}" if cg.version != "v1"
+                   else "; to get memory and pids limits: run as root, or pass delegated v1 "
+                        "directories as cgroup_root")
         rows.append(Check(name="cgroups", ok=cg.version != "none",
-                          detail=f"version {cg.version}; " + "; ".join(cg.notes)
-                          if cg.notes else f"version {cg.version}"))
+                          detail="; ".join([f"version {cg.version}", *cg.notes]) + fix))
         for c in ("memory", "memsw", "pids", "cpu", "freezer", "kill"):
             rows.append(Check(name=f"cgroup {c}", ok=c in cg.available,
                               detail=cg.missing.get(c, "available") if c not in cg.available
@@ -112,12 +119,71 @@ def _why(code: int) -> str:
     return os.strerror(code) if code != 255 else "unexpected failure"
 
 
-def _sysctl(name: str) -> str | None:
+def _sysctl(name: str, root: str = "/proc/sys") -> str | None:
     try:
-        with open("/proc/sys/" + name.replace(".", "/")) as f:
+        with open(os.path.join(root, name.replace(".", "/"))) as f:
             return f.read().strip()
     except OSError:
         return None
+
+
+def _read_first(path: str) -> str | None:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().strip("\x00\n ")
+    except OSError:
+        return None
+
+
+#: the fix for each sysctl that blocks unprivileged user namespaces
+_SYSCTL_FIX: Mapping[str, tuple[str, str]] = {
+    "kernel.apparmor_restrict_unprivileged_userns": (
+        "1", "AppArmor restricts unprivileged user namespaces (Ubuntu 23.10+, 24.04); fix: an "
+             "AppArmor profile that allows `userns,` for this interpreter (/etc/apparmor.d/, "
+             "see docs/providers/linux.md), or `sudo sysctl -w "
+             "kernel.apparmor_restrict_unprivileged_userns=0` (host-wide), or run as root"),
+    "kernel.unprivileged_userns_clone": (
+        "0", "unprivileged user namespaces are off; fix: `sudo sysctl -w "
+             "kernel.unprivileged_userns_clone=1`, or run as root"),
+    "user.max_user_namespaces": (
+        "0", "user namespaces are capped at 0; fix: `sudo sysctl -w "
+             "user.max_user_namespaces=15000`, or run as root"),
+}
+
+
+def userns_blocker(code: int = 0, *, sysctl_root: str = "/proc/sys",
+                   status: str = "/proc/self/status",
+                   apparmor_label: str = "/proc/self/attr/current") -> str:
+    """Why namespaces are (or will be) refused to this process, with the fix; "" if no
+    known cause. ``code`` is the errno a failed ``unshare`` gave (0: it did not fail).
+
+    Looks at the sysctls that gate unprivileged user namespaces (AppArmor's restriction
+    applies to an unconfined process even where the ``unshare`` itself succeeds: the
+    namespace then lacks the capabilities to mount), and at a seccomp filter already on
+    this process (``Seccomp: 2`` in /proc/self/status: docker's default profile refuses
+    unshare with EPERM). The paths are parameters so tests point them at temp files.
+    """
+    causes = []
+    for name, (bad, fix) in _SYSCTL_FIX.items():
+        if _sysctl(name, sysctl_root) != bad:
+            continue
+        if name.startswith("kernel.apparmor"):
+            label = _read_first(apparmor_label)
+            if label not in (None, "", "unconfined"):
+                continue  # confined by a profile: whether it allows userns is the profile's say
+        causes.append(f"{name}={bad}: {fix}")
+    sec = next((line.split(":", 1)[1].strip() for line in (_read_first(status) or "").splitlines()
+                if line.startswith("Seccomp:")), "")
+    if code == errno.EPERM and sec == "2":
+        causes.append("a seccomp filter on this process refuses unshare (Seccomp: 2; docker's "
+                      "default profile does); fix: `docker run --security-opt "
+                      "seccomp=unconfined` (or a profile allowing unshare, mount, pivot_root "
+                      "and setns), and `--security-opt apparmor=unconfined` for mounts")
+    elif code == errno.ENOSPC:
+        causes.append("the user namespace count limit is reached (user.max_user_namespaces)")
+    elif code == errno.EINVAL:
+        causes.append("the kernel was built without this namespace kind")
+    return "; ".join(causes)
 
 
 def _probe_namespaces(is_root: bool) -> dict[str, Check]:
@@ -128,23 +194,25 @@ def _probe_namespaces(is_root: bool) -> dict[str, Check]:
         flags = flag if is_root or kind == "user" else flag | user
         code = _in_child(functools.partial(su.unshare, flags))
         via = "" if flags == flag else " inside a new user namespace"
+        cause = userns_blocker(code) if code else ""
         out[kind] = Check(name=f"{kind} namespace", ok=code == 0,
                           detail=f"unshare({flag_name}){via} works" if code == 0
-                          else f"unshare({flag_name}){via} failed: {_why(code)}")
+                          else f"unshare({flag_name}){via} failed: {_why(code)}"
+                          + (f" ({cause})" if cause else ""))
     return out
 
 
-def _probe_userns_unprivileged(is_root: bool, user_ok: bool) -> Check:
+def _probe_userns_unprivileged(is_root: bool, user_ok: bool, *,
+                               sysctl_root: str = "/proc/sys",
+                               status: str = "/proc/self/status",
+                               apparmor_label: str = "/proc/self/attr/current") -> Check:
     facts = []
-    blocked = []
-    for name, bad in (("kernel.unprivileged_userns_clone", "0"), ("user.max_user_namespaces", "0"),
-                      ("kernel.apparmor_restrict_unprivileged_userns", "1")):
-        v = _sysctl(name)
+    for name in _SYSCTL_FIX:
+        v = _sysctl(name, sysctl_root)
         if v is not None:
             facts.append(f"{name}={v}")
-            if v == bad:
-                blocked.append(f"{name}={v}")
     sysctls = ", ".join(facts) or "no userns sysctls"
+    where = {"sysctl_root": sysctl_root, "status": status, "apparmor_label": apparmor_label}
     if is_root:
         def drop_and_unshare() -> None:
             os.setgroups([])
@@ -155,12 +223,15 @@ def _probe_userns_unprivileged(is_root: bool, user_ok: bool) -> Check:
         ok, how = code == 0, f"tested as uid {_NOBODY}"
         why = _why(code)
     else:
+        code = 0 if user_ok else errno.EPERM
         ok, how, why = user_ok, "tested as this uid", "unshare(CLONE_NEWUSER) failed"
-    if ok:
+    blocker = userns_blocker(code, **where)
+    if ok and not blocker:
         return Check(name="user namespace (unprivileged)", ok=True, detail=f"{how}; {sysctls}")
-    cause = ("blocked by " + ", ".join(blocked)) if blocked else why
+    if ok:  # AppArmor: the unshare works, the namespace cannot mount
+        why = "unshare(CLONE_NEWUSER) works but the namespace gets no capabilities"
     return Check(name="user namespace (unprivileged)", ok=False,
-                 detail=f"{how}: {cause}; {sysctls}")
+                 detail=f"{how}: {why}; {blocker or 'cause unknown'}; {sysctls}")
 
 
 def _probe_seccomp(arch: str) -> Check:
