@@ -49,9 +49,16 @@ def test_config_invalid_exits_64(argv: list[str], capsys: pytest.CaptureFixture[
     assert "config-invalid" in capsys.readouterr().err
 
 
-def test_unavailable_exits_69(capsys: pytest.CaptureFixture[str]) -> None:
+def test_unavailable_exits_69(monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    from corral.cli import run as verb
+
+    def unavailable(args: object) -> list[object]:
+        raise LevelNotSupportedError("strict", (), "not here", missing="a primitive")
+
     assert LevelNotSupportedError.exit_status == _common.EXIT_UNAVAILABLE == 69
-    assert main(["run", "--level", "strict", "--bind", "/usr:rw", "--", "/bin/true"]) == 69
+    monkeypatch.setattr(verb, "_binds", unavailable)
+    assert main(["run", "--level", "strict", "--bind", "/usr", "--", "/bin/true"]) == 69
     assert "level-not-supported" in capsys.readouterr().err
 
 

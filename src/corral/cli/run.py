@@ -14,7 +14,7 @@ Files: ``--copy FILE[:DEST]`` puts a file into the run's working directory
 before the command starts (at strict through the sandbox's ``write_file``),
 ``--output PATH[:DEST]`` brings one back after it ends (``read_file``), and
 ``--cwd`` is created when missing. ``--here`` runs in the current directory
-(not at strict). ``--bind`` shows a host path read-only at strict.
+(not at strict). ``--bind`` shows a host path at strict (read-only unless ``:rw``).
 
 Streamed output that goes to a terminal is sanitized (``_terminal``): escape
 sequences and other control characters from the command are shown as text,
@@ -36,12 +36,12 @@ import tempfile
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from corral.cli._common import EXIT_CANNOT_EXECUTE, duration_ms
 from corral.cli._terminal import TerminalSanitizer
 from corral.core.cancel import CancelToken
-from corral.core.errors import ConfigInvalidError, LevelNotSupportedError
+from corral.core.errors import ConfigInvalidError
 from corral.run.bounded import (
     DEFAULT_MAX_STDERR_BYTES,
     DEFAULT_MAX_STDOUT_BYTES,
@@ -50,6 +50,9 @@ from corral.run.bounded import (
     exit_status_of,
     run_bounded,
 )
+
+if TYPE_CHECKING:
+    from corral.providers.linux.policy.plan import Bind
 
 __all__ = ["DEFAULT_TIMEOUT_MS", "add_parser", "run"]
 
@@ -108,10 +111,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--max-processes", type=int, default=None, metavar="N",
                    help="processes alive at once in the sandbox (--level strict only)")
     p.add_argument("--bind", action="append", default=[], metavar="SRC[:DST][:ro|rw]",
-                   help="show a host path inside, read-only at the same path (--level strict "
-                        "only; repeatable). A different DST or :rw is refused (exit 69): the "
-                        "linux provider has read-only same-path binds only; use --copy and "
-                        "--output to move files")
+                   help="show host path SRC inside the sandbox at DST (default: the same "
+                        "path), read-only unless :rw (--level strict only; repeatable). "
+                        "Writes through :rw land on the host as the sandbox's own uid "
+                        "(as root: a uid from 0x70000000 up, so SRC must be writable by "
+                        "it, e.g. world-writable; else yours). DST may not hide /proc, "
+                        "/dev, /etc, /tmp, /work or the interpreter; a dir under /work "
+                        "(DIR:/work/proj:rw) shares a project")
     p.add_argument("--ro-bind", action="append", default=[], metavar="PATH",
                    help="the same as --bind PATH")
     p.add_argument("--disk-mb", type=int, default=None, metavar="MIB",
@@ -208,25 +214,24 @@ def _outputs_wanted(args: argparse.Namespace) -> list[tuple[str, str]]:
     return wanted
 
 
-def _binds(args: argparse.Namespace) -> list[str]:
-    """``--bind`` / ``--ro-bind``: host paths bound read-only at the same path."""
-    paths = [os.path.abspath(p) for p in args.ro_bind]
+def _binds(args: argparse.Namespace) -> list[Bind]:
+    """``--ro-bind PATH`` and ``--bind SRC[:DST][:ro|rw]``: host paths shown in the
+    sandbox (bubblewrap's ``--ro-bind`` / ``--bind``), read-only at the same path
+    unless DST or ``:rw`` says otherwise."""
+    from corral.providers.linux.policy.plan import Bind  # not on the CLI's start-up path
+    binds = [Bind(os.path.abspath(p)) for p in args.ro_bind]
     for spec in args.bind:
         parts = spec.split(":")
         mode = parts.pop() if len(parts) > 1 and parts[-1] in ("ro", "rw") else "ro"
-        if not parts or len(parts) > 2 or not parts[0]:
+        if not parts or len(parts) > 2 or not parts[0] or (len(parts) == 2 and not parts[1]):
             raise ConfigInvalidError("--bind", f"expected SRC[:DST][:ro|rw], got {spec!r}")
+        if len(parts) == 2 and not parts[1].startswith("/"):
+            raise ConfigInvalidError("--bind", f"DST must be an absolute path inside the "
+                                     f"sandbox, got {parts[1]!r}")
         src = os.path.abspath(parts[0])
-        dst = parts[1] if len(parts) == 2 else src
-        if mode == "rw" or os.path.normpath(dst) != src:
-            what = "read-write binds" if mode == "rw" else "binds at another path"
-            raise LevelNotSupportedError(
-                "strict", ("strict",), "use --copy FILE and --output PATH to move files in "
-                "and out", field="--bind",
-                missing=f"{what} (the linux provider's mount plan has read-only binds at "
-                        "the same path only: LinuxOptions.extra_ro_binds)")
-        paths.append(src)
-    return paths
+        dst = os.path.normpath(parts[1]) if len(parts) == 2 else None
+        binds.append(Bind(src, dst, rw=mode == "rw"))
+    return binds
 
 
 def _stdin(spec: str | None) -> bytes | None:
@@ -424,7 +429,7 @@ def _run_strict(args: argparse.Namespace, cmd: str, cmd_args: list[str],
         command, cmd_args, timeout_ms=args.timeout, env=_env(args),
         cwd=args.cwd, stdin=_stdin(args.stdin), max_stdout_bytes=args.max_stdout,
         max_stderr_bytes=args.max_stderr, limits=limits, cancel=token,
-        ro_binds=_binds(args), make_cwd=args.cwd is not None,
+        binds=_binds(args), make_cwd=args.cwd is not None,
         files_in={inside(d): data for d, data in copies.items()},
         files_out=[inside(src) for src, _ in wanted], on_file_out=on_file_out,
         on_stdout=out[0].write if out else None,

@@ -29,6 +29,7 @@ import posixpath
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from corral.core.cancel import CancelToken, call_on_cancel
 from corral.core.contract import Sandbox, SandboxProvider, SupportsStreamingExec
@@ -47,6 +48,9 @@ from corral.core.result import (
 )
 from corral.core.spec import Capability, ExecOpts, Level, SandboxLimits, SandboxSpec
 from corral.core.sync import sync_twin
+
+if TYPE_CHECKING:
+    from corral.providers.linux.policy.plan import Bind
 
 __all__ = ["run_strict", "run_strict_async"]
 
@@ -67,6 +71,7 @@ async def run_strict_async(
     on_stderr: OutputCallback | None = None,
     provider: SandboxProvider | None = None,
     ro_binds: Sequence[str] = (),
+    binds: Sequence[Bind] = (),
     tenant_id: str = "corral-run",
     files_in: Mapping[str, bytes] | None = None,
     files_out: Sequence[str] = (),
@@ -92,6 +97,8 @@ async def run_strict_async(
             linux provider, closed when the run ends.
         ro_binds: more host paths the private provider shows read-only (another
             interpreter's prefix, a toolchain); with ``provider``, set them there.
+        binds: :class:`corral.providers.linux.Bind` values for the private
+            provider (another path inside, read-write); as ``ro_binds``.
         files_in: sandbox path (relative to ``/work``, or absolute under it) ->
             content, written through the contract's ``write_file`` before the
             command starts (parents are created).
@@ -124,10 +131,11 @@ async def run_strict_async(
         from corral.providers.linux import LinuxProvider
         # one run: a pre-warmed spare would be built only to be thrown away
         provider = LinuxProvider(stdout_cap=max_stdout_bytes, stderr_cap=max_stderr_bytes,
-                                 spares=0, ro_binds=tuple(ro_binds))
+                                 spares=0, ro_binds=tuple(ro_binds), binds=tuple(binds))
     else:
-        if ro_binds:
-            raise ConfigInvalidError("ro_binds", "give them to the provider you pass in")
+        if ro_binds or binds:
+            raise ConfigInvalidError("ro_binds" if ro_binds else "binds",
+                                     "give them to the provider you pass in")
         if Level.STRICT not in provider.levels:
             raise LevelNotSupportedError(
                 Level.STRICT.value, frozenset(lv.value for lv in provider.levels),

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["PROVIDER_CLASS", "LinuxProvider", "LinuxSandbox"]
+__all__ = ["PROVIDER_CLASS", "Bind", "LinuxProvider", "LinuxSandbox"]
 
 if TYPE_CHECKING:
     from corral.providers.linux.host.provider import LinuxProvider
     from corral.providers.linux.host.sandbox import LinuxSandbox
+    from corral.providers.linux.policy.plan import Bind
 
     PROVIDER_CLASS = LinuxProvider
 
@@ -25,6 +26,9 @@ def __getattr__(name: str) -> Any:
     if name in ("LinuxProvider", "PROVIDER_CLASS"):
         from corral.providers.linux.host.provider import LinuxProvider
         return LinuxProvider
+    if name == "Bind":
+        from corral.providers.linux.policy.plan import Bind
+        return Bind
     if name == "LinuxSandbox":
         from corral.providers.linux.host.sandbox import LinuxSandbox
         return LinuxSandbox

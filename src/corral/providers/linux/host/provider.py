@@ -28,6 +28,7 @@ from corral.providers.linux.host.spares import Launched, Reaper, kill_launched, 
 from corral.providers.linux.init import mounts
 from corral.providers.linux.policy.plan import (
     DEFAULT_LIMITS,
+    Bind,
     LinuxOptions,
     SandboxPlan,
     _extra_binds,
@@ -88,6 +89,25 @@ class LinuxProvider(SandboxProvider):
             the sandbox as detached mount trees made by the fork server (not
             root: opened before the sandbox takes its uid), so a path under a
             0700 home dir binds in; the sandbox reads it as its outside uid.
+            The same-path read-only shorthand of ``binds``.
+        binds: :class:`~corral.providers.linux.policy.plan.Bind` values
+            (bubblewrap's ``--ro-bind SRC DST`` / ``--bind SRC DST``): host path
+            ``src`` shown at ``dst`` (default: the same path), read-only unless
+            ``rw=True``; nosuid and nodev either way. ``src`` is checked as
+            ``ro_binds`` are (it exists, holds no unix socket: read-write binds
+            too). ``dst`` must be a normalized absolute path; one that would hide
+            the sandbox's /proc, /dev, /etc, /tmp or /work, or hide or sit inside
+            the system dirs, the interpreter's prefixes or corral's import root,
+            or that nests with another bind, is refused (ConfigInvalidError naming
+            ``binds``). A dir under /work (``Bind(src, "/work/proj", rw=True)``)
+            is how a project dir is shared. Writes through a read-write bind are
+            made as the sandbox's outside uid: as root a uid of the sandbox's own
+            (0x70000000 and up, see ``uidpool.py``), otherwise the caller's own;
+            so as root the source must be writable by that uid (world-writable,
+            or chowned to it), or the command's write fails with EACCES, and what
+            it creates is owned on the host by that uid (which a later sandbox may
+            be given again). A read-only bind stays read-only (EROFS) even where
+            that uid could write.
 
     Limits the host cannot enforce are refused at ``create`` with
     LevelNotSupportedError naming the missing primitive; so are a missing
@@ -104,7 +124,8 @@ class LinuxProvider(SandboxProvider):
                  cgroup_root: str | None = None, hostname: str = "sandbox",
                  stdout_cap: int = DEFAULT_MAX_STDOUT_BYTES,
                  stderr_cap: int = DEFAULT_MAX_STDERR_BYTES, spares: int = 1,
-                 image_cache_dir: str | None = None, ro_binds: Sequence[str] = ()) -> None:
+                 image_cache_dir: str | None = None, ro_binds: Sequence[str] = (),
+                 binds: Sequence[Bind] = ()) -> None:
         from corral.providers.linux.host.cgroups import CgroupManager
         if isinstance(spares, bool) or not isinstance(spares, int) or not 0 <= spares <= 8:
             raise ConfigInvalidError("spares", f"must be an integer 0..8, got {spares!r}")
@@ -118,12 +139,12 @@ class LinuxProvider(SandboxProvider):
         self.options = LinuxOptions(outside_uid=outside_uid, outside_gid=outside_gid,
                                     default_limits=default_limits, hostname=hostname,
                                     extra_ro_binds=_checked_ro_binds(ro_binds),
-                                    limits_by=limits_by)
+                                    binds=_checked_binds(binds), limits_by=limits_by)
         self.stdout_cap, self.stderr_cap = stdout_cap, stderr_cap
         self._image_cache_dir = image_cache_dir
         self.images: ImageCache | None = None  # made on the first image
         self._host = mounts.detect_host_layout()
-        if self.options.extra_ro_binds:  # refuse what would hide a sandbox dir now
+        if self.options.extra_ro_binds or self.options.binds:  # refuse a bad dst now
             _extra_binds(self._host, self.options, with_package=False)
         self.reaped_orphans: tuple[str, ...] = tuple(self._cgroups.reap_orphans())
         self.snapshots = SnapshotStore()
@@ -426,27 +447,46 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 def _checked_ro_binds(paths: Sequence[str]) -> tuple[str, ...]:
     """``ro_binds`` as a tuple of absolute paths that exist on the host and hold no
     unix socket (a read-only bind does not stop connect(): see ``_bind_scan``)."""
-    from corral.providers.linux.host.bind_scan import UncheckableError, find_unix_socket
     if isinstance(paths, (str, bytes)):
         raise ConfigInvalidError("ro_binds", "must be a sequence of paths, not one string")
     out: list[str] = []
     for p in paths:
         if not isinstance(p, str) or not p.startswith("/") or "\0" in p:
             raise ConfigInvalidError("ro_binds", f"not an absolute host path: {p!r}")
-        if not os.path.exists(p):
-            raise ConfigInvalidError("ro_binds", f"{p!r} does not exist on the host")
-        try:
-            sock = find_unix_socket(p)
-        except (UncheckableError, OSError) as e:
-            raise ConfigInvalidError(
-                "ro_binds", f"cannot check {p!r} for unix sockets: {e}; bind a smaller "
-                "tree") from None
-        if sock is not None:
-            raise ConfigInvalidError(
-                "ro_binds", f"{p!r} is or holds a unix socket, {sock!r}: a sandbox could "
-                "connect to it through a read-only bind; bind a tree without sockets")
+        _check_source(p, "ro_binds")
         out.append(p)
     return tuple(out)
+
+
+def _checked_binds(binds: Sequence[Bind]) -> tuple[Bind, ...]:
+    """``binds`` as a tuple of :class:`Bind` whose sources exist and hold no unix
+    socket (read-write ones included: the socket's mode is all connect() checks)."""
+    if isinstance(binds, (str, bytes, Bind)):
+        raise ConfigInvalidError("binds", "must be a sequence of Bind values")
+    out: list[Bind] = []
+    for b in binds:
+        if not isinstance(b, Bind):
+            raise ConfigInvalidError("binds", f"must be Bind values, got {b!r}")
+        _check_source(b.src, "binds")
+        out.append(b)
+    return tuple(out)
+
+
+def _check_source(p: str, field: str) -> None:
+    """Refuse a bind source that does not exist or is or holds a unix socket."""
+    from corral.providers.linux.host.bind_scan import UncheckableError, find_unix_socket
+    if not os.path.exists(p):
+        raise ConfigInvalidError(field, f"{p!r} does not exist on the host")
+    try:
+        sock = find_unix_socket(p)
+    except (UncheckableError, OSError) as e:
+        raise ConfigInvalidError(
+            field, f"cannot check {p!r} for unix sockets: {e}; bind a smaller "
+            "tree") from None
+    if sock is not None:
+        raise ConfigInvalidError(
+            field, f"{p!r} is or holds a unix socket, {sock!r}: a sandbox could "
+            "connect to it through a bind (read-only or not); bind a tree without sockets")
 
 
 def _env_of(entries: tuple[str, ...]) -> dict[str, str]:

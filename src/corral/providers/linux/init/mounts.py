@@ -107,15 +107,22 @@ def _attach(tree: int, target: str) -> None:
 _trees_work = True
 
 
+def _rw_attrs(step: Mapping[str, Any]) -> int:
+    """A read-write bind's mount attributes: nosuid and nodev for a caller's bind
+    (``nosuid_nodev``), none for the /dev node binds (nodev would break them)."""
+    return su.MOUNT_ATTR_NOSUID | su.MOUNT_ATTR_NODEV if step.get("nosuid_nodev") else 0
+
+
 def detach_sources(steps: Iterable[Mapping[str, Any]]) -> list[int]:
     """Fork server side, as root: a detached copy of the mount tree at each bind or
     rootfs step's source, in step order (descriptors; the caller closes them).
 
     Each copy is made private (no mount event propagates between it and the
-    host's tree it was copied from) and, unless its step is read-write, read-only,
-    nosuid and nodev down to its last submount, before it leaves the host's mount
-    namespace. [] from then on if the kernel has no such trees (before 5.12, or a
-    container's seccomp denies them): the view builder binds the sources itself.
+    host's tree it was copied from) and read-only, nosuid and nodev down to its
+    last submount (a read-write step: nosuid and nodev if ``nosuid_nodev``, as a
+    caller's bind is), before it leaves the host's mount namespace. [] from then
+    on if the kernel has no such trees (before 5.12, or a container's seccomp
+    denies them): the view builder binds the sources itself.
     Raises OSError with every copy closed."""
     global _trees_work
     trees: list[int] = []
@@ -128,7 +135,8 @@ def detach_sources(steps: Iterable[Mapping[str, Any]]) -> list[int]:
             fd = su.open_tree_clone(s["source"])
             trees.append(fd)
             ro = s["kind"] == "rootfs" or s["readonly"]
-            su.mount_setattr(fd, _RO_ATTRS if ro else 0, propagation=su.MS_PRIVATE)
+            su.mount_setattr(fd, _RO_ATTRS if ro else _rw_attrs(s),
+                             propagation=su.MS_PRIVATE)
     except OSError as e:
         for fd in trees:
             os.close(fd)
@@ -204,7 +212,8 @@ def init_child(steps: Iterable[Mapping[str, Any]], *,
                 continue
             fd = fds.get(s["source"])
             _bind(s["source"] if fd is None else f"/proc/self/fd/{fd}", target,
-                  readonly=s["readonly"])
+                  readonly=s["readonly"],
+                  extra=su.MS_NOSUID | su.MS_NODEV if s.get("nosuid_nodev") else 0)
         elif kind == "dir":
             os.makedirs(target, exist_ok=True)
             os.chmod(target, s["mode"])

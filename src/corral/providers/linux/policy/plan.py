@@ -28,6 +28,7 @@ __all__ = [
     "PER_SANDBOX_ID",
     "USER_SYSCTLS",
     "WORK_DIR",
+    "Bind",
     "HostLayout",
     "LinuxOptions",
     "MountStep",
@@ -112,6 +113,47 @@ class MountStep:
     size_bytes: int = 0
     mode: int = 0o755
     data: bytes = b""
+    #: a read-write ``bind`` that is nosuid and nodev all the same (a caller's
+    #: :class:`Bind`; a read-only bind always is, the /dev node binds are not)
+    nosuid_nodev: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """A host path shown in every sandbox: bubblewrap's ``--ro-bind SRC DST``, or
+    ``--bind SRC DST`` with ``rw=True``.
+
+    ``src`` is an absolute host path (it must exist; the provider checks it, and
+    refuses one that is or holds a unix socket). ``dst`` is where the sandbox sees
+    it: a normalized absolute path, ``None`` (default) for the same path as
+    ``src``. Read-only unless ``rw``; every bind is nosuid and nodev. A read-write
+    bind's writes reach the host as the sandbox's outside uid (as root a uid of the
+    sandbox's own, 0x70000000 and up; otherwise the caller's): the source must be
+    writable by it, or the command's write fails with EACCES.
+    """
+
+    src: str
+    dst: str | None = None
+    rw: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.src, str) or not self.src.startswith("/") or "\0" in self.src:
+            raise ConfigInvalidError("binds", f"src: not an absolute host path: {self.src!r}")
+        if self.dst is None:
+            object.__setattr__(self, "dst", posixpath.normpath(self.src))
+        dst = self.dst
+        if (not isinstance(dst, str) or not dst.startswith("/") or "\0" in dst
+                or posixpath.normpath(dst) != dst or dst.startswith("//") or dst == "/"):
+            raise ConfigInvalidError(
+                "binds", f"dst: not a normalized absolute path other than '/': {dst!r}")
+        if not isinstance(self.rw, bool):
+            raise ConfigInvalidError("binds", f"rw: must be a bool, got {self.rw!r}")
+
+    @property
+    def target(self) -> str:
+        """``dst`` (never None once made)."""
+        assert self.dst is not None
+        return self.dst
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,7 +188,11 @@ class LinuxOptions:
             the caller's own ids otherwise.
         default_limits: applied where a spec leaves a limit unset.
         hostname: the sandbox's hostname.
-        extra_ro_binds: more host paths bound read-only at the same path.
+        extra_ro_binds: more host paths bound read-only at the same path (one
+            under a bound dir is skipped: visible already).
+        binds: :class:`Bind` values: a host path at a path of the caller's
+            choosing, read-only or read-write (see ``_extra_binds`` for what a
+            ``dst`` may not be).
         limits_by: how ``mem_mb``, ``max_processes`` and ``cpu_ms`` are enforced.
             ``"cgroup"``: for the whole sandbox, by its cgroup (refused where the
             host has no usable controller). ``"rlimit"``, chosen explicitly where
@@ -163,6 +209,7 @@ class LinuxOptions:
     default_limits: SandboxLimits = DEFAULT_LIMITS
     hostname: str = "sandbox"
     extra_ro_binds: tuple[str, ...] = ()
+    binds: tuple[Bind, ...] = ()
     limits_by: str = "cgroup"
 
     def __post_init__(self) -> None:
@@ -176,6 +223,10 @@ class LinuxOptions:
                 or not all(c.isalnum() or c in "-." for c in self.hostname)):
             raise ConfigInvalidError("hostname", f"not a usable hostname: {self.hostname!r}")
         object.__setattr__(self, "extra_ro_binds", tuple(self.extra_ro_binds))
+        object.__setattr__(self, "binds", tuple(self.binds))
+        for b in self.binds:
+            if not isinstance(b, Bind):
+                raise ConfigInvalidError("binds", f"must be Bind values, got {b!r}")
         if self.limits_by not in LIMITS_BY:
             raise ConfigInvalidError("limits_by", f"must be one of {', '.join(LIMITS_BY)}, "
                                      f"got {self.limits_by!r}")
@@ -213,7 +264,7 @@ class SandboxPlan:
             "mounts": [
                 {"kind": m.kind, "target": m.target, "source": m.source,
                  "readonly": m.readonly, "size_bytes": m.size_bytes, "mode": m.mode,
-                 "data": m.data.decode("latin-1")}
+                 "data": m.data.decode("latin-1"), "nosuid_nodev": m.nosuid_nodev}
                 for m in self.mounts
             ],
             "work_dir": self.work_dir,
@@ -302,28 +353,76 @@ def _etc_files(hostname: str) -> list[MountStep]:
 
 
 def _extra_binds(host: HostLayout, options: LinuxOptions,
-                 with_package: bool) -> tuple[list[str], list[str]]:
-    """Host paths to bind read-only: (before the work dir, under the work dir)."""
+                 with_package: bool) -> tuple[list[MountStep], list[MountStep]]:
+    """The bind steps beyond the system dirs: (before the work dir, under the work
+    dir or /tmp: bound on top of the sandbox's own writable area, after it).
+
+    Same-path read-only ones first (the interpreter's prefixes, ``extra_ro_binds``
+    named ``ro_binds`` in errors, corral for handler runs): one under a dir bound
+    already is skipped. Then ``options.binds`` (named ``binds``): a ``dst`` is
+    refused when it would hide the sandbox's own /proc, /dev, /etc, /tmp or /work
+    (a dir under /work or /tmp is fine), when it is, holds or sits inside a host
+    dir the sandbox runs from (the system dirs and their links, the
+    interpreter's prefixes, corral's import root: read-only, so no mount point
+    could be made there either), when another bind has it already, or when it
+    sits inside another caller's bind (nested binds are not offered).
+    """
     wanted = list(host.prefixes) + list(options.extra_ro_binds)
     if with_package and host.package_root:
         wanted.append(host.package_root)
     covered = list(host.system_dirs)
-    before: list[str] = []
-    after: list[str] = []
+    before: list[MountStep] = []
+    after: list[MountStep] = []
+
+    def add(step: MountStep) -> None:
+        # a host path under /work or /tmp (a checkout in /tmp, say) is bound on top
+        # of the sandbox's own writable area, after that area is mounted
+        (after if any(_under(step.target, w) for w in _WRITABLE) else before).append(step)
+
+    def hides(p: str) -> str | None:
+        if p in _WRITABLE or any(_under(p, r) for r in _RESERVED if r not in _WRITABLE):
+            return f"{p!r} would hide the sandbox's own {p.split('/')[1]!r} dir"
+        return None
+
     for raw in wanted:
         p = posixpath.normpath(raw)
         if not p.startswith("/") or p == "/":
             raise ConfigInvalidError("ro_binds", f"cannot bind {raw!r} into the sandbox")
         if any(_under(p, c) for c in covered):
             continue
-        if p in _WRITABLE or any(_under(p, r) for r in _RESERVED if r not in _WRITABLE):
-            raise ConfigInvalidError(
-                "ro_binds", f"{p!r} would hide the sandbox's own {p.split('/')[1]!r} dir")
+        why = hides(p)
+        if why:
+            raise ConfigInvalidError("ro_binds", why)
         covered.append(p)
-        # a host path under /work or /tmp (a checkout in /tmp, say) is bound on top of
-        # the sandbox's own writable area, after that area is mounted
-        (after if any(_under(p, w) for w in _WRITABLE) else before).append(p)
-    return sorted(before), sorted(after)
+        add(MountStep(kind="bind", target=p, source=p))
+    own = [posixpath.normpath(x) for x in (*host.system_dirs,
+                                           *(path for path, _ in host.system_links),
+                                           *host.prefixes, host.package_root) if x]
+    others = [s.target for s in (*before, *after)]
+    for b in options.binds:
+        dst = b.target
+        if not b.rw and dst == posixpath.normpath(b.src) and any(
+                _under(dst, c) for c in covered):
+            continue  # visible already, read-only, at this very path
+        why = hides(dst)
+        if why is None:
+            runs = next((o for o in own if _under(dst, o) or _under(o, dst)), None)
+            other = next((o for o in others if _under(dst, o) or _under(o, dst)), None)
+            if runs is not None:
+                why = (f"dst {dst!r} would hide or sit inside {runs!r}, which the sandbox "
+                       "runs from (read-only)")
+            elif other == dst:
+                why = f"dst {dst!r} is bound twice"
+            elif other is not None:
+                why = f"dst {dst!r} nests with another bind at {other!r} (not offered)"
+        if why:
+            raise ConfigInvalidError("binds", why)
+        others.append(dst)
+        add(MountStep(kind="bind", target=dst, source=posixpath.normpath(b.src),
+                      readonly=not b.rw, nosuid_nodev=b.rw))
+    before.sort(key=lambda m: m.target)
+    after.sort(key=lambda m: m.target)
+    return before, after
 
 
 def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
@@ -358,8 +457,7 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
     steps.extend(_etc_files(options.hostname))
     for f in host.etc_files:
         steps.append(MountStep(kind="bind", target=f, source=f))
-    for p in before:
-        steps.append(MountStep(kind="bind", target=p, source=p))
+    steps.extend(before)
     steps.append(MountStep(kind="proc", target="/proc"))
     # read-only once its nodes and links are in: nothing else is written there
     steps.append(MountStep(kind="tmpfs", target="/dev", size_bytes=64 * 1024, mode=0o755,
@@ -377,8 +475,7 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
                            readonly=False))
     steps.append(MountStep(kind="area_bind", target="/tmp", source="tmp", mode=0o1777,
                            readonly=False))
-    for p in after:
-        steps.append(MountStep(kind="bind", target=p, source=p))
+    steps.extend(after)
 
     rlimits: tuple[tuple[str, int, int], ...] = (
         ("RLIMIT_CORE", 0, 0), ("RLIMIT_NOFILE", _NOFILE, _NOFILE),
