@@ -49,7 +49,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["DEFAULT_TIMEOUT_MS", "OneShot", "Report", "parse_argv", "run"]
+__all__ = ["DEFAULT_TIMEOUT_MS", "MAX_STDERR", "MAX_STDOUT", "OneShot", "Report", "finish",
+           "parse_argv", "run", "trace"]
 
 #: ``corral run --timeout`` when not given (the CLI's; a test holds them equal)
 DEFAULT_TIMEOUT_MS: Final = 60_000
