@@ -51,6 +51,9 @@ def test_without_a_cgroup_the_default_spec_runs_and_doctor_says_what_it_lacks(
         corral_as_nobody: Callable[[list[str]], subprocess.CompletedProcess[str]]) -> None:
     r = corral_as_nobody(["run", "--level", "strict", "--", "/usr/bin/id", "-u"])
     assert (r.returncode, r.stdout) == (0, "0\n"), r.stderr
+    # never silently: the run says which default limits it goes without, and the way out
+    assert "note: this sandbox has no memory or process-count limit" in r.stderr
+    assert "--limits rlimit" in r.stderr
     doc = corral_as_nobody(["doctor", "--json"])
     linux = next(p for p in json.loads(doc.stdout)["providers"] if p["name"] == "linux")
     assert linux["usable"]
@@ -61,7 +64,7 @@ def test_a_limit_asked_for_is_refused_with_the_cause_and_the_fix(
         corral_as_nobody: Callable[[list[str]], subprocess.CompletedProcess[str]]) -> None:
     r = corral_as_nobody(["run", "--level", "strict", "--mem-mb", "100", "--", "/usr/bin/id"])
     assert r.returncode == 69
-    msg = r.stderr.strip()
+    msg = r.stderr.strip().splitlines()[-1]
     assert "limits.mem_mb" in msg and "cgroup memory" in msg and "fix:" in msg
     assert "limits_by='rlimit'" in msg
     assert len(msg) < 700, msg  # the cause and the fix, not the host's whole cgroup report
@@ -131,3 +134,15 @@ def test_refusal_is_level_not_supported_naming_the_field() -> None:
         assert ei.value.field == "limits.mem_mb" and "fix:" in ei.value.detail
     finally:
         asyncio.run(p.aclose())
+
+
+def test_the_cli_chooses_rlimits_explicitly(
+        corral_as_nobody: Callable[[list[str]], subprocess.CompletedProcess[str]]) -> None:
+    hog = "x = bytearray(300 << 20); print('allocated')"
+    r = corral_as_nobody(["run", "--level", "strict", "--limits", "rlimit", "--mem-mb", "64",
+                          "--", PY, "-I", "-S", "-c", hog])
+    assert r.returncode == 1 and "MemoryError" in r.stderr, (r.returncode, r.stderr)
+    assert "note:" not in r.stderr  # every default is enforced, by rlimits
+    control = corral_as_nobody(["run", "--level", "strict", "--limits", "rlimit", "--", PY,
+                                "-I", "-S", "-c", hog])
+    assert control.returncode == 0 and control.stdout == "allocated\n", control.stderr

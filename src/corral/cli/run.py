@@ -52,6 +52,8 @@ from corral.run.bounded import (
 )
 
 if TYPE_CHECKING:
+    from corral.core.spec import SandboxLimits
+    from corral.providers.linux import LinuxProvider
     from corral.providers.linux.policy.plan import Bind
 
 __all__ = ["DEFAULT_TIMEOUT_MS", "add_parser", "run"]
@@ -122,6 +124,11 @@ def add_parser(subparsers: Any) -> None:
                    help="the same as --bind PATH")
     p.add_argument("--disk-mb", type=int, default=None, metavar="MIB",
                    help="size of the sandbox's /work and /tmp (--level strict only)")
+    p.add_argument("--limits", choices=("cgroup", "rlimit"), default="cgroup",
+                   help="how --level strict enforces --mem-mb, --max-processes and --cpu-ms: "
+                        "cgroup (default; the whole sandbox; refused where there is no usable "
+                        "cgroup) or rlimit (per process RLIMIT_AS / RLIMIT_CPU and the "
+                        "sandbox's RLIMIT_NPROC: for a user without a delegated cgroup)")
     p.add_argument("--level", choices=_LEVELS, default="context-isolated",
                    help="isolation level: context-isolated (default; a bounded child process, "
                         "NOT a security boundary) or strict (the Linux sandbox: namespaces, "
@@ -336,6 +343,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_processes is not None or args.disk_mb is not None or args.ro_bind or args.bind:
         raise ConfigInvalidError("--max-processes/--disk-mb/--bind",
                                  "need --level strict (a cgroup, a private disk, a root)")
+    if args.limits != "cgroup":
+        raise ConfigInvalidError("--limits", "chooses how --level strict enforces its limits; "
+                                 "the context-isolated level uses rlimits always")
     own_dir: str | None = None
     cwd: str | None = os.getcwd() if args.here else args.cwd
     if cwd is not None:
@@ -375,6 +385,11 @@ def run(args: argparse.Namespace) -> int:
     return _finish(args, result, out, saved)
 
 
+#: a provider default's field -> how the note names it
+_NAMES: dict[str, str] = {"mem_mb": "memory", "max_processes": "process-count",
+                          "cpu_ms": "CPU"}
+
+
 def _note(text: str) -> None:
     print(f"corral: note: {text}", file=sys.stderr)
 
@@ -399,10 +414,33 @@ def _run_strict(args: argparse.Namespace, cmd: str, cmd_args: list[str],
                 copies: dict[str, bytes], wanted: list[tuple[str, str]],
                 saved: list[dict[str, Any]]) -> RunResult:
     from corral.core.spec import SandboxLimits
+    from corral.core.sync import close_sync
+    from corral.providers.linux import LinuxProvider
+
+    # the provider is made here, not by run_strict, to say what it cannot enforce
+    provider = LinuxProvider(limits_by=args.limits, stdout_cap=args.max_stdout,
+                             stderr_cap=args.max_stderr, spares=0, binds=_binds(args))
+    try:
+        dropped = {k: v for k, v in provider.unenforced_defaults.items()
+                   if getattr(args, k) is None}
+        if dropped:
+            _note(f"this sandbox has no {' or '.join(_NAMES[k] for k in dropped)} limit "
+                  "(no usable cgroup here: `corral doctor` says why); --limits rlimit "
+                  "enforces them per process")
+        return _strict_on(provider, args, cmd, cmd_args, token, out, copies, wanted, saved,
+                          SandboxLimits(mem_mb=args.mem_mb, cpu_ms=args.cpu_ms,
+                                        max_processes=args.max_processes,
+                                        disk_mb=args.disk_mb))
+    finally:
+        close_sync(provider)
+
+
+def _strict_on(provider: LinuxProvider, args: argparse.Namespace, cmd: str,
+               cmd_args: list[str], token: CancelToken, out: tuple[_Output, _Output] | None,
+               copies: dict[str, bytes], wanted: list[tuple[str, str]],
+               saved: list[dict[str, Any]], limits: SandboxLimits) -> RunResult:
     from corral.run.strict import run_strict
 
-    limits = SandboxLimits(mem_mb=args.mem_mb, cpu_ms=args.cpu_ms,
-                           max_processes=args.max_processes, disk_mb=args.disk_mb)
     base = args.cwd.strip("/") if args.cwd and not args.cwd.startswith("/") else None
     if args.cwd and args.cwd.startswith("/"):
         base = args.cwd[len("/work"):].strip("/") if (
@@ -429,7 +467,7 @@ def _run_strict(args: argparse.Namespace, cmd: str, cmd_args: list[str],
         command, cmd_args, timeout_ms=args.timeout, env=_env(args),
         cwd=args.cwd, stdin=_stdin(args.stdin), max_stdout_bytes=args.max_stdout,
         max_stderr_bytes=args.max_stderr, limits=limits, cancel=token,
-        binds=_binds(args), make_cwd=args.cwd is not None,
+        provider=provider, make_cwd=args.cwd is not None,
         files_in={inside(d): data for d, data in copies.items()},
         files_out=[inside(src) for src, _ in wanted], on_file_out=on_file_out,
         on_stdout=out[0].write if out else None,
