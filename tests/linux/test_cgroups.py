@@ -289,7 +289,10 @@ def test_unprivileged_without_delegation_is_refused_by_name(
 # only corral's file handling (which files it reads and writes, and what it
 # concludes), not the kernel's semantics.
 
-_v2_real = detect(root="/sys/fs/cgroup/unified", prefix=PREFIX) if os.path.isdir(
+# on a v2 host the caller's own cgroup (a leaf, a delegated subtree, a namespace root);
+# on a v1 host the hybrid unified mount
+_v2_real = _support if _support.version == "v2" else detect(
+    root="/sys/fs/cgroup/unified", prefix=PREFIX) if os.path.isdir(
     "/sys/fs/cgroup/unified") else detect(root="/sys/fs/cgroup", prefix=PREFIX)
 
 
