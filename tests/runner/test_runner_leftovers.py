@@ -225,3 +225,28 @@ def test_a_command_that_kills_its_supervisor_still_ends_the_run(
     r = run_bounded(PY, ["-I", "-S", "-c", code, argv_token], timeout_ms=20_000)
     assert r.outcome is Outcome.EXIT and r.exit_code is None and r.duration_ms < 10_000
     assert wait_gone(argv_token) == []
+
+
+def test_a_stuck_supervisor_does_not_hang_the_run(
+        argv_token: str, wait_gone: Callable[[str], list[int]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the supervisor never finishes killing (a stray stuck in the kernel),
+    the run still ends: the runner SIGKILLs the supervisor and the command's group.
+
+    The supervisor is a fork of this process, so patching ``_kill_all`` here
+    makes it sleep instead of killing; the waits are shortened to keep the
+    test quick.
+    """
+    import corral.run.engine as engine
+    import corral.run.tree as tree
+
+    monkeypatch.setattr(tree, "_kill_all", lambda pid: time.sleep(30))
+    monkeypatch.setattr(tree, "_REAP_WAIT_S", 0.3)
+    monkeypatch.setattr(engine, "_KILL_WAIT_S", 0.3)
+    code = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"
+    t0 = time.monotonic()
+    r = run_bounded(PY, ["-I", "-S", "-c", code, argv_token], timeout_ms=300,
+                    grace_period_ms=100)
+    assert time.monotonic() - t0 < 10
+    assert r.outcome is Outcome.TIMEOUT and r.exit_code is None
+    assert wait_gone(argv_token) == []

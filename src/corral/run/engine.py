@@ -35,6 +35,10 @@ __all__ = ["CWD_PREFIX", "BoundedRun"]
 CWD_PREFIX: Final = "corral-run-"
 _CHUNK: Final = 65536
 _USE_PIDFD = hasattr(os, "pidfd_open")
+#: after asking the supervisor to kill the tree, how long to wait for it to
+#: exit before finishing anyway (a stray stuck in uninterruptible sleep keeps
+#: it reaping); the finish then gives it 5 s more, then SIGKILLs it
+_KILL_WAIT_S: Final = 5.0
 
 
 @final
@@ -65,6 +69,7 @@ class BoundedRun:
         self._reap_pid = 0  # our direct child: the supervisor, or the command itself
         self._sup: Supervised | None = None
         self._closing = False
+        self._kill_sent = False
         self._fds: dict[str, int] = {}
         self._stdin_view: memoryview | None = None
         self._timers: list[asyncio.TimerHandle] = []
@@ -249,6 +254,9 @@ class BoundedRun:
         if self._sup is not None:
             if not self._exited.is_set():  # once it exited, its tree is gone
                 self._sup.send(sig)
+                if sig == signal.SIGKILL and not self._kill_sent:
+                    self._kill_sent = True
+                    self._timers.append(self._loop.call_later(_KILL_WAIT_S, self._on_exit))
         else:
             kill_group(self._pid, sig)
 
