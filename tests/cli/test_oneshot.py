@@ -281,3 +281,194 @@ def _ended(p: subprocess.Popen[bytes], how: str) -> tuple[int, bytes]:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+# -- the import set, the cache, the lean cgroup ------------------------------------------
+_HEAVY = ("typing", "dataclasses", "enum", "re", "inspect", "socket", "signal", "asyncio",
+          "shutil", "corral.core.spec", "corral.core.errors",
+          "corral.providers.linux.policy.plan", "corral.providers.linux.policy.seccomp",
+          "corral.providers.linux.host.cgroups")
+
+
+def _req(*opts: str) -> oneshot.OneShot:
+    req = oneshot.parse_argv(["run", "--level", "strict", *opts, "--", "/bin/true"])
+    assert req is not None
+    return req
+
+
+def test_a_cached_run_loads_none_of_the_heavy_modules() -> None:
+    """The second run of a command line (its plan, filter and cgroup facts cached by the
+    first) loads no module a bare start does not, beyond ctypes and the path's own:
+    no typing, dataclasses, enum, re, socket, nor the plan, spec or cgroup modules."""
+    bare = subprocess.run([sys.executable, "-c", "import sys; print(' '.join(sys.modules))"],
+                          capture_output=True, text=True, check=True).stdout.split()
+    code = ("import sys, _corral_cli; code = _corral_cli.main(sys.argv[1:]); "
+            f"heavy = [m for m in {_HEAVY!r} if m in sys.modules and m not in {bare!r}]; "
+            "sys.stderr.write('corral-test: heavy %s\\n' % heavy); sys.exit(code)")
+    env = {**os.environ, "CORRAL_CLI_TRACE": "1"}
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code, "run", "--level", "strict", "--",
+                            "/bin/true"], capture_output=True, stdin=subprocess.DEVNULL,
+                           env=env, timeout=60, check=False)
+        if TAKEN not in r.stderr:
+            unavailable(r.stderr.decode(errors="replace")[-500:])
+    assert r.returncode == 0, r.stderr[-2000:]
+    if b"plan from the cache" not in r.stderr:
+        pytest.skip("no cache for this user (not root, no XDG_RUNTIME_DIR)")
+    assert b"corral-test: heavy []" in r.stderr, r.stderr[-2000:]
+
+
+def test_host_facts_are_the_plans_host_layout() -> None:
+    from corral.providers.linux.init import mounts
+    from corral.providers.linux.policy.plan import HostLayout
+    assert HostLayout(**oneshot.host_facts()) == mounts.detect_host_layout()
+
+
+def test_the_cached_value_is_the_library_plan_and_filter() -> None:
+    """What a run cached is, under the current key, exactly the library's plan (default
+    options, this host's layout), seccomp filter and cgroup facts."""
+    from corral.core.spec import Level, SandboxLimits, SandboxSpec
+    from corral.providers.linux import _sys_unsafe as su
+    from corral.providers.linux.host.cgroups import CgroupManager
+    from corral.providers.linux.init import mounts
+    from corral.providers.linux.policy import seccomp
+    from corral.providers.linux.policy.plan import LinuxOptions, build_plan
+    r = strict("/bin/true", opts=("--mem-mb", "96", "--cpu-ms", "4000"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    req = _req("--mem-mb", "96", "--cpu-ms", "4000")
+    path = oneshot._cache_path(req)
+    if path is None:
+        pytest.skip("no cache for this user (not root, no XDG_RUNTIME_DIR)")
+    got = oneshot._cache_load(path, oneshot.cache_key(req))
+    assert got is not None, "the run left no cache entry for its own key"
+    assert got == oneshot.compute(req)
+    plan = build_plan(SandboxSpec(tenant_id="t", level=Level.STRICT,
+                                  limits=SandboxLimits(mem_mb=96, cpu_ms=4000)),
+                      options=LinuxOptions(), host=mounts.detect_host_layout())
+    sup = CgroupManager().support
+    lim = plan.limits
+    assert got == (plan.to_wire(), (96, lim.max_processes, 4000, lim.disk_mb),
+                   seccomp.build_filter(su.machine_arch()),
+                   (sup.version, tuple(sup.parents.items()), sup.oom_source))
+
+
+def test_the_cache_key_sees_the_limits_and_the_sources() -> None:
+    base = oneshot.cache_key(_req())
+    assert base == oneshot.cache_key(_req("--timeout", "5"))  # not part of the plan
+    assert base != oneshot.cache_key(_req("--mem-mb", "64"))
+    assert base != oneshot.cache_key(_req("--cpu-ms", "5"))
+    sources = {s[0] for s in base[-1]}
+    assert {"core/spec.py", "providers/linux/oneshot.py", "providers/linux/policy/plan.py",
+            "providers/linux/policy/seccomp.py", "providers/linux/init/mounts.py",
+            "providers/linux/host/cgroups.py"} <= sources
+
+
+def test_a_cache_file_not_the_callers_own_is_not_read(tmp_path: Path) -> None:
+    key = ("k", 1)
+    value = ({"x": [1, "y"]}, (1, None), b"12345678", ("v1", (("memory", "/m"),), ""))
+    path = tmp_path / "plan"
+    oneshot._cache_store(str(path), key, value)  # type: ignore[arg-type]
+    assert oneshot._cache_load(str(path), key) == value
+    assert oneshot._cache_load(str(path), ("other",)) is None
+    link = tmp_path / "link"
+    link.symlink_to(path)
+    assert oneshot._cache_load(str(link), key) is None   # never through a symlink
+    os.chmod(path, 0o620)                                # writable by its group
+    assert oneshot._cache_load(str(path), key) is None
+    os.chmod(path, 0o600)
+    if os.geteuid() == 0:
+        os.chown(path, 65534, -1)                        # another user's
+        assert oneshot._cache_load(str(path), key) is None
+    path.write_bytes(b"garbage")
+    assert oneshot._cache_load(str(path), key) is None
+
+
+def test_the_lean_cgroup_is_the_managers() -> None:
+    """``oneshot._Cgroup.create`` makes what ``CgroupManager.create`` makes: the same
+    hierarchies, name pattern and limit files with the same values."""
+    from corral.core.errors import CorralError
+    from corral.core.spec import SandboxLimits
+    from corral.providers.linux.host.cgroups import CgroupManager
+    mgr = CgroupManager()
+    lim = SandboxLimits(mem_mb=96, max_processes=50)
+    try:
+        mgr.require(lim)
+    except CorralError as e:
+        unavailable(str(e))
+    sup = mgr.support
+    a = mgr.create("t" + os.urandom(4).hex(), lim)
+    try:
+        b = oneshot._Cgroup.create((sup.version, tuple(sup.parents.items()), sup.oom_source),
+                                   "t" + os.urandom(4).hex(), oneshot._Limits(96, 50, None, None))
+    except BaseException:
+        a.remove()
+        raise
+    made = list(b.dirs.values())
+    try:
+        assert sorted(a.dirs) == sorted(b.dirs)
+        for key, d in a.dirs.items():
+            assert os.path.dirname(d) == os.path.dirname(b.dirs[key])
+            assert re.fullmatch(rf"corral-{os.getpid()}-\d+-t[0-9a-f]{{8}}",
+                                os.path.basename(b.dirs[key]))
+        names = (("memory", "memory.max"), ("memory", "memory.swap.max"),
+                 ("pids", "pids.max")) if sup.version == "v2" else (
+            ("memory", "memory.limit_in_bytes"), ("memory", "memory.memsw.limit_in_bytes"),
+            ("pids", "pids.max"))
+        for key, name in names:
+            k = "unified" if sup.version == "v2" else key
+            want = Path(a.dirs[k], name).read_text()
+            assert Path(b.dirs[k], name).read_text() == want, name
+        assert (b.cpu_ms(), b.oom_kills(), b.pids_max_events()) == (
+            a.cpu_ms(), a.oom_kills(), 0)
+        assert b.join_files == [os.path.join(d, "tasks" if sup.version == "v1"
+                                             else "cgroup.procs") for d in made]
+    finally:
+        a.remove()
+        b.remove()
+    assert not any(os.path.exists(d) for d in made)
+
+
+def test_the_command_runs_inside_the_sandbox_cgroup() -> None:
+    """pid 1 joins every hierarchy of the sandbox's cgroup before it starts anything of
+    the caller's (on v1 through ``tasks``: see ``_Cgroup.join_files``): the command, seen
+    from the host, is in the sandbox's cgroup in each one."""
+    from corral.providers.linux.host.cgroups import CgroupManager
+    sup = CgroupManager().support
+    marker = f"corral-oneshot-cg-{os.getpid()}"
+    env = {**os.environ, "CORRAL_CLI_TRACE": "1"}
+    with subprocess.Popen([sys.executable, "-c", ENTRY, "run", "--level", "strict", "--", PY,
+                           "-I", "-S", "-c", "import time; print('up', flush=True); "
+                           "time.sleep(30)", marker], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env) as p:
+        try:
+            assert p.stdout is not None and p.stderr is not None
+            if p.stdout.readline() != b"up\n":
+                p.wait(30)
+                unavailable(p.stderr.read().decode(errors="replace")[-500:])
+            # the command (PY -I -S ...), not the CLI nor pid 1 (a clone of the CLI)
+            (pid,) = [x for x in procs_with(marker)
+                      if Path(f"/proc/{x}/cmdline").read_bytes().split(b"\0")[1] == b"-I"]
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        finally:
+            p.send_signal(signal.SIGINT)
+            p.wait(30)
+    by_ctrl: dict[str, str] = {}
+    for line in lines:
+        _hid, ctrls, path = line.split(":", 2)
+        for c in ctrls.split(",") if ctrls else [""]:
+            by_ctrl[c] = path
+    keys = ["" if k == "unified" else k for k in sup.parents]
+    assert keys
+    for k in keys:
+        assert re.search(rf"/corral-{p.pid}-\d+-\w+$", by_ctrl[k]), (k, lines)
+
+
+def test_which_is_shutils() -> None:
+    for name in ("sh", "true", "env", "python3", "corral-no-such-command"):
+        assert oneshot._which(name) == shutil.which(name)
+
+
+def test_per_sandbox_id_is_the_plans() -> None:
+    from corral.providers.linux.host import uidpool
+    from corral.providers.linux.policy import plan
+    assert uidpool.PER_SANDBOX_ID == plan.PER_SANDBOX_ID

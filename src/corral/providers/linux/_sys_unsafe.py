@@ -15,10 +15,12 @@ import ctypes
 import errno
 import fcntl
 import os
-import socket
 import struct
-from collections.abc import Iterable
-from typing import Any, Final
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without loading typing (the CLI's one-shot path)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any, Final
 
 __all__ = [
     "CLONE_NEWCGROUP",
@@ -428,8 +430,12 @@ def landlock_abi_version(*, libc: Any = None) -> int:
 
 def loopback_up() -> None:
     """Bring ``lo`` up in the current network namespace (SIOCSIFFLAGS)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    import _socket  # socket.py's C module: no enums, no selectors
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    try:
         req = struct.pack("16sH14x", b"lo", 0)
         res = fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req)
         flags = struct.unpack("16sH14x", res)[1]
         fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+    finally:
+        s.close()

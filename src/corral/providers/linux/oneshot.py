@@ -38,16 +38,23 @@ start.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal.py's C module: no enums
+import _socket
 import errno
 import os
 import select
-import signal
-import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without loading typing (see "Imports" above)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any, Final
+
+    #: (plan wire form, limits (mem_mb, max_processes, cpu_ms, disk_mb), seccomp program,
+    #: cgroup facts (version, ((hierarchy, parent dir), ...), oom source))
+    Prepared = tuple[dict[str, Any], tuple[Any, ...], bytes,
+                     tuple[str, tuple[tuple[str, str], ...], str]]
 
 __all__ = ["DEFAULT_TIMEOUT_MS", "MAX_STDERR", "MAX_STDOUT", "OneShot", "Report", "finish",
            "parse_argv", "run", "trace"]
@@ -57,9 +64,15 @@ DEFAULT_TIMEOUT_MS: Final = 60_000
 #: the library's default output caps (``core.result``; a test holds them equal)
 MAX_STDOUT: Final = 8 * 1024 * 1024
 MAX_STDERR: Final = 1024 * 1024
+_SIGINT: Final = _signal.SIGINT
+_SIGTERM: Final = _signal.SIGTERM
+_SIGKILL: Final = _signal.SIGKILL
+_SIGCHLD: Final = _signal.SIGCHLD
+_SIGXCPU: Final = _signal.SIGXCPU
+_SIGXFSZ: Final = _signal.SIGXFSZ
 #: what a command starts with reset to default (the agent's ``_RESET_SIGNALS``)
-_RESET_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT,
-                         signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP)
+_RESET_SIGNALS: Final = (_signal.SIGPIPE, _SIGXFSZ, _SIGXCPU, _SIGINT, _SIGTERM, _SIGCHLD,
+                         _signal.SIGHUP)
 _CPU_POLL_S: Final = 0.02
 #: the CLI's flags this path takes (each with one integer value); anything else -> the
 #: full CLI
@@ -67,29 +80,44 @@ _INT_FLAGS: Final = {"--timeout": "timeout_ms", "--mem-mb": "mem_mb", "--cpu-ms"
 _TRACE_VAR: Final = "CORRAL_CLI_TRACE"
 
 
-@dataclass(frozen=True, slots=True)
 class OneShot:
     """What ``corral run --level strict [--timeout MS] [--mem-mb N] [--cpu-ms MS] -- CMD``
-    asked for."""
+    asked for (a plain class: no dataclasses on this path, see "Imports")."""
 
-    argv: tuple[str, ...]
-    timeout_ms: int = DEFAULT_TIMEOUT_MS
-    mem_mb: int | None = None
-    cpu_ms: int | None = None
+    __slots__ = ("argv", "cpu_ms", "mem_mb", "timeout_ms")
+
+    def __init__(self, argv: tuple[str, ...], timeout_ms: int = DEFAULT_TIMEOUT_MS,
+                 mem_mb: int | None = None, cpu_ms: int | None = None) -> None:
+        self.argv = argv
+        self.timeout_ms = timeout_ms
+        self.mem_mb = mem_mb
+        self.cpu_ms = cpu_ms
+
+    def __repr__(self) -> str:
+        return (f"OneShot(argv={self.argv!r}, timeout_ms={self.timeout_ms}, "
+                f"mem_mb={self.mem_mb}, cpu_ms={self.cpu_ms})")
 
 
-@dataclass(frozen=True, slots=True)
 class Report:
     """How the run ended, in the terms ``RunResult`` takes."""
 
-    outcome: str                 # an Outcome value: exit, timeout, memory-limit ...
-    exit_code: int | None        # raw: negative = killed by that signal
-    cpu_ms: int = 0
-    maxrss_kb: int = 0
-    wall_ms: int = 0
-    limit: int | None = None
-    observed: int | None = None
-    detail: str = ""
+    __slots__ = ("cpu_ms", "detail", "exit_code", "limit", "maxrss_kb", "observed", "outcome",
+                 "wall_ms")
+
+    def __init__(self, outcome: str, exit_code: int | None, cpu_ms: int = 0,
+                 maxrss_kb: int = 0, wall_ms: int = 0, limit: int | None = None,
+                 observed: int | None = None, detail: str = "") -> None:
+        self.outcome = outcome           # an Outcome value: exit, timeout, memory-limit ...
+        self.exit_code = exit_code       # raw: negative = killed by that signal
+        self.cpu_ms = cpu_ms
+        self.maxrss_kb = maxrss_kb
+        self.wall_ms = wall_ms
+        self.limit = limit
+        self.observed = observed
+        self.detail = detail
+
+    def __repr__(self) -> str:
+        return f"Report({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
 
 
 def trace(msg: str) -> None:
@@ -147,36 +175,51 @@ def parse_argv(argv: Sequence[str]) -> OneShot | None:
 
 def _resolve(cmd: str) -> str | None:
     """The command as ``corral run --level strict`` runs it: a bare name looked up on
-    this PATH, then the real file (the sandbox shows the host's /usr, not a venv's
-    links). None for what the CLI resolves otherwise (a relative path with a slash is
-    a path inside the sandbox) or reports (not found)."""
+    this PATH (as ``shutil.which`` does), then the real file (the sandbox shows the
+    host's /usr, not a venv's links). None for what the CLI resolves otherwise (a
+    relative path with a slash is a path inside the sandbox) or reports (not found)."""
     if "/" not in cmd:
-        import shutil
-        found = shutil.which(cmd)
+        found = _which(cmd)
         return None if found is None else os.path.realpath(os.path.abspath(found))
     return os.path.realpath(cmd) if os.path.isabs(cmd) else None
 
 
+def _which(cmd: str) -> str | None:
+    """``shutil.which(cmd)`` for a name without a slash, on POSIX, without loading shutil
+    (a test holds them equal)."""
+    path = os.environ.get("PATH")
+    if path is None:
+        path = os.confstr("CS_PATH") or os.defpath
+    seen: set[str] = set()
+    for d in path.split(os.pathsep) if path else ():
+        if d not in seen:
+            seen.add(d)
+            name = os.path.join(d, cmd)
+            if os.path.exists(name) and os.access(name, os.X_OK) and not os.path.isdir(name):
+                return name
+    return None
+
+
 # -- the sandbox's side (C2, pid 1; C3, the view builder) ----------------------------------
-def _send(sock: socket.socket, text: str) -> None:
+def _send(sock: _socket.socket, text: str) -> None:
     try:
         sock.send(text.encode(errors="replace")[:4000])
     except OSError:
         pass
 
 
-def _pid1(sock: socket.socket, plan: Mapping[str, Any], prog: Any, procs: list[int],
+def _pid1(sock: _socket.socket, plan: Mapping[str, Any], prog: Any, procs: list[int],
           trees: list[int]) -> None:
     """C2: wait for the id maps, build the view (C3) while joining the cgroup, contain
     itself, start the command, report its exit. Never returns."""
     from corral.providers.linux import _sys_unsafe as su
     from corral.providers.linux.init import contain, pid1
-    for sig in (signal.SIGINT, signal.SIGTERM):  # the caller's handlers are the caller's
-        su.set_signal(sig, signal.SIG_DFL)
-    su.set_signal(signal.SIGCHLD, signal.SIG_DFL)
-    su.set_sigmask(signal.SIG_SETMASK, ())
+    for sig in (_SIGINT, _SIGTERM):  # the caller's handlers are the caller's
+        su.set_signal(sig, _signal.SIG_DFL)
+    su.set_signal(_SIGCHLD, _signal.SIG_DFL)
+    su.set_sigmask(_signal.SIG_SETMASK, ())
     try:
-        signal.set_wakeup_fd(-1)
+        _signal.set_wakeup_fd(-1)
         os.setsid()
         # only what C2 and C3 use stays open (not the caller's ends, not whatever else the
         # caller had open); contain() later leaves C2 the socket and /dev/null on 0/1/2
@@ -221,22 +264,22 @@ def _pid1(sock: socket.socket, plan: Mapping[str, Any], prog: Any, procs: list[i
     os._exit(0)
 
 
-def _serve_one(sock: socket.socket, plan: Mapping[str, Any]) -> None:
+def _serve_one(sock: _socket.socket, plan: Mapping[str, Any]) -> None:
     """C2, contained: take the command and its three pipe ends, start it as the agent's
     ``spawn`` does, reap until it exits (pid 1 reaps every orphan), report."""
-    msg, anc, _f, _a = sock.recvmsg(1 << 16, socket.CMSG_SPACE(3 * 4))
+    msg, anc, _f, _a = sock.recvmsg(1 << 16, _socket.CMSG_SPACE(3 * 4))
     fds: list[int] = []
     for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
             fds += [int.from_bytes(data[i:i + 4], sys.byteorder)
                     for i in range(0, len(data) - len(data) % 4, 4)]
     if len(fds) != 3 or not msg:
         raise OSError(errno.EBADF, "the command needs three descriptors")
     argv = msg.decode("utf-8", "surrogateescape").split("\0")
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    _signal.set_wakeup_fd(wake_w)
+    _signal.signal(_SIGCHLD, lambda *_: None)
+    _signal.signal(_signal.SIGPIPE, _signal.SIG_IGN)
     env = dict(plan["env_base"])
     try:
         pid = os.posix_spawn(
@@ -288,11 +331,221 @@ def _serve_one(sock: socket.socket, plan: Mapping[str, Any]) -> None:
 
 
 # -- the caller's side ------------------------------------------------------------------
+class _Limits:
+    """The plan's merged limits (``SandboxPlan.limits``), as the run needs them."""
+
+    __slots__ = ("cpu_ms", "disk_mb", "max_processes", "mem_mb")
+
+    def __init__(self, mem_mb: int | None, max_processes: int | None, cpu_ms: int | None,
+                 disk_mb: int | None) -> None:
+        self.mem_mb = mem_mb
+        self.max_processes = max_processes
+        self.cpu_ms = cpu_ms
+        self.disk_mb = disk_mb
+
+
+_MIB: Final = 1024 * 1024
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (``host.cgroups._start_ticks``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _write_text(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode("ascii"))
+    finally:
+        os.close(fd)
+
+
+def _read_int(path: str | None) -> int:
+    if path is None:
+        return 0
+    try:
+        with open(path, "rb") as f:
+            s = f.read().strip()
+    except FileNotFoundError:
+        return 0
+    return int(s) if s.isdigit() else 0
+
+
+def _read_keyed(path: str | None) -> dict[str, int]:
+    if path is None:
+        return {}
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        k, _, v = line.partition(" ")
+        if v.strip().lstrip("-").isdigit():
+            out[k] = int(v)
+    return out
+
+
+class _Cgroup:
+    """One sandbox cgroup, made and read as ``host.cgroups.CgroupManager.create`` and
+    ``SandboxCgroup`` do (same name, dirs, limit files and values; a test holds them
+    equal), without loading that module (its dataclasses cost more than the whole
+    run). The host's cgroup facts come from ``CgroupManager().support`` (cached, see
+    :func:`_prepare`)."""
+
+    __slots__ = ("dirs", "oom_source", "version")
+
+    def __init__(self, version: str, oom_source: str) -> None:
+        self.version = version
+        self.oom_source = oom_source
+        self.dirs: dict[str, str] = {}
+
+    @classmethod
+    def create(cls, support: tuple[str, tuple[tuple[str, str], ...], str], name: str,
+               limits: _Limits) -> _Cgroup:
+        """``CgroupManager.create(name, limits)``; OSError on any failure (nothing left)."""
+        version, parents, oom_source = support
+        pid = os.getpid()
+        full = f"corral-{pid}-{_start_ticks(pid) or 0}-{name}"
+        cg = cls(version, oom_source)
+        try:
+            for key, parent in parents:
+                if parent in cg.dirs.values():
+                    continue
+                path = os.path.join(parent, full)
+                for attempt in (1, 2):  # retry once if a racing remove_parents() won
+                    try:
+                        os.mkdir(parent)
+                    except FileExistsError:
+                        pass
+                    if key == "unified":
+                        from corral.providers.linux.host.cgroupfs import v2_enable
+                        v2_enable(os.path.dirname(parent), parent)
+                    try:
+                        os.mkdir(path)
+                        break
+                    except FileNotFoundError:
+                        if attempt == 2:
+                            raise
+                cg.dirs[key] = path
+            cg._apply(limits)
+        except BaseException as err:
+            cg.remove()
+            if isinstance(err, Exception) and not isinstance(err, OSError):
+                raise OSError(errno.EIO, f"cannot create cgroup {full}: {err}") from err
+            raise
+        return cg
+
+    def _file(self, key: str, name: str) -> str | None:
+        d = self.dirs.get("unified" if self.version == "v2" else key)
+        return None if d is None else os.path.join(d, name)
+
+    def _apply(self, limits: _Limits) -> None:
+        """``SandboxCgroup.apply``: memory+swap and pids (cpu is accounted, not capped)."""
+        v2 = self.version == "v2"
+        if limits.mem_mb is not None:
+            b = str(limits.mem_mb * _MIB)
+            if v2:
+                self._write("memory", "memory.max", b)
+                self._write("memory", "memory.swap.max", "0")
+            else:  # memsw must stay >= memory: raise memory first
+                self._write("memory", "memory.limit_in_bytes", b)
+                self._write("memory", "memory.memsw.limit_in_bytes", b)
+        if limits.max_processes is not None:
+            self._write("pids", "pids.max", str(limits.max_processes))
+
+    def _write(self, key: str, name: str, value: str) -> None:
+        path = self._file(key, name)
+        if path is None or not os.path.exists(path):
+            raise OSError(errno.ENOENT, f"cgroup file {name} ({key}) missing")
+        _write_text(path, value)
+
+    @property
+    def join_files(self) -> list[str]:
+        """What pid 1 writes "0" into to join: on v1 each hierarchy's ``tasks`` (pid 1 is
+        single-threaded then, so the thread is the whole process; a ``tasks`` write of
+        the writer itself skips the global threadgroup lock whose RCU grace period a
+        ``cgroup.procs`` write waits for), on v2 ``cgroup.procs``."""
+        name = "tasks" if self.version == "v1" else "cgroup.procs"
+        return [os.path.join(d, name) for d in self.dirs.values()]
+
+    def cpu_ms(self) -> int:
+        if self.version == "v2":
+            return _read_keyed(self._file("", "cpu.stat")).get("usage_usec", 0) // 1000
+        if self.version == "v1":
+            return _read_int(self._file("cpuacct", "cpuacct.usage")) // 1_000_000
+        return 0
+
+    def oom_kills(self) -> int:
+        if self.version == "v2":
+            return _read_keyed(self._file("", "memory.events")).get("oom_kill", 0)
+        if self.version != "v1":
+            return 0
+        if not self.oom_source.startswith("memory.oom_control"):  # V1_PEAK_FALLBACK
+            lim = _read_int(self._file("memory", "memory.memsw.limit_in_bytes"))
+            top = _read_int(self._file("memory", "memory.memsw.max_usage_in_bytes"))
+            return int(0 < lim < 1 << 62 and top >= lim)
+        return _read_keyed(self._file("memory", "memory.oom_control")).get("oom_kill", 0)
+
+    def peak_mb(self) -> int:
+        peak = _read_int(self._file("memory", "memory.peak" if self.version == "v2"
+                                    else "memory.max_usage_in_bytes"))
+        return -(-peak // _MIB)
+
+    def pids_max_events(self) -> int:
+        return _read_keyed(self._file("pids", "pids.events")).get("max", 0)
+
+    def _pids(self) -> list[int]:
+        out: set[int] = set()
+        for d in self.dirs.values():
+            for f in ("cgroup.procs", "tasks") if self.version == "v1" else ("cgroup.procs",):
+                try:
+                    with open(os.path.join(d, f), "rb") as fh:
+                        out.update(int(x) for x in fh.read().split())
+                except OSError as err:
+                    if err.errno not in (errno.ENOENT, errno.ENODEV):
+                        raise
+        return sorted(out)
+
+    def remove(self) -> None:
+        """SIGKILL whatever is left (nothing, once pid 1 is reaped: the pid namespace
+        died with it, and every process of the cgroup was in it), then remove every
+        directory (an exiting process may hold one for a moment: EBUSY is retried)."""
+        deadline = time.monotonic() + 5.0
+        while (pids := self._pids()) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, _SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.001)
+        for d in self.dirs.values():
+            deadline = time.monotonic() + 2.0
+            while True:
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as err:
+                    if err.errno != errno.EBUSY or time.monotonic() > deadline:
+                        raise OSError(err.errno, f"cannot remove cgroup {d}: {err}") from err
+                    time.sleep(0.001)
+        self.dirs = {}
+
+
 class _Setup:
     """What the caller made for one run, undone by :meth:`close` on every path."""
 
     def __init__(self) -> None:
-        self.cg: Any = None
+        self.cg: _Cgroup | None = None
         self.uids: Any = None
         self.fds: list[int] = []
         self.pidfd = -1
@@ -301,7 +554,7 @@ class _Setup:
     def kill(self) -> None:
         if self.pidfd >= 0:
             try:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                _signal.pidfd_send_signal(self.pidfd, _SIGKILL)
             except OSError:
                 pass
 
@@ -322,12 +575,17 @@ class _Setup:
         if self.pidfd >= 0:
             os.close(self.pidfd)
             self.pidfd = -1
-        if self.cg is not None:
-            cg, self.cg = self.cg, None
-            cg.remove()
-        if self.uids is not None:
-            self.uids.close()
-            self.uids = None
+        try:
+            if self.cg is not None:
+                cg, self.cg = self.cg, None
+                try:
+                    cg.remove()
+                except OSError as e:  # said, never silent
+                    os.write(2, f"corral: warning: {e}\n".encode(errors="replace"))
+        finally:
+            if self.uids is not None:
+                self.uids.close()
+                self.uids = None
 
 
 def _write_proc(path: str, data: bytes) -> None:
@@ -338,25 +596,226 @@ def _write_proc(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-def _cpu_of(cg: Any) -> int:
+def _cpu_of(cg: _Cgroup | None) -> int:
     try:
-        return int(cg.cpu_ms())
+        return cg.cpu_ms() if cg is not None else 0
     except (OSError, ValueError):
         return 0
+
+
+# -- the plan, the filter and the host's cgroup facts: computed once, then cached ---------
+#: bump when the cached value's shape changes
+_CACHE_FORMAT: Final = 1
+#: the sources the cached value comes from (under the ``corral`` package): any change
+#: to one of them (mtime, size, inode) makes the cache miss
+_KEY_SOURCES: Final = (
+    "core/spec.py", "core/errors.py", "providers/linux/oneshot.py",
+    "providers/linux/_sys_unsafe.py", "providers/linux/policy/plan.py",
+    "providers/linux/policy/seccomp.py", "providers/linux/policy/bpf.py",
+    "providers/linux/policy/syscall_numbers.py", "providers/linux/init/mounts.py",
+    "providers/linux/host/cgroups.py", "providers/linux/host/cgroupfs.py")
+
+def _package_dir() -> str:
+    import corral  # the package itself (its __init__ may not have run: see _corral_cli)
+    return os.path.dirname(os.path.realpath(str(corral.__file__)))
+
+
+def host_facts() -> dict[str, Any]:
+    """``mounts.detect_host_layout()``'s fields, read the same way, without building the
+    ``HostLayout`` (a dataclass of the plan module); a test holds them equal."""
+    from corral.providers.linux.init import mounts
+    dirs: list[str] = []
+    links: list[tuple[str, str]] = []
+    for d in mounts._SYSTEM_DIRS:
+        if os.path.islink(d):
+            links.append((d, os.readlink(d)))
+        elif os.path.isdir(d):
+            dirs.append(d)
+    prefixes: list[str] = []
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.realpath(sys.executable))):
+        for q in (os.path.abspath(p), os.path.realpath(p)):
+            if q not in prefixes and os.path.isdir(q):
+                prefixes.append(q)
+    return {
+        "euid": os.geteuid(), "egid": os.getegid(), "system_dirs": tuple(dirs),
+        "system_links": tuple(links),
+        "etc_files": tuple(f for f in mounts._ETC_FILES if os.path.exists(f)),
+        "prefixes": tuple(prefixes), "package_root": os.path.dirname(_package_dir()),
+        "dev_nodes": tuple(n for n in mounts._DEV_NODES if os.path.exists(f"/dev/{n}")),
+    }
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def cache_key(req: OneShot) -> tuple[Any, ...]:
+    """Everything the cached value depends on: the request's limits, the caller's ids,
+    the host layout the plan is built from, this process's cgroups and the cgroup
+    mounts (what cgroup detection reads), the boot, kernel and architecture, and the
+    sources that compute it."""
+    here = _package_dir()
+    srcs = []
+    for rel in _KEY_SOURCES:
+        st = os.stat(os.path.join(here, rel))
+        srcs.append((rel, st.st_mtime_ns, st.st_size, st.st_ino))
+    mountinfo = b"\n".join(line for line in _read_bytes("/proc/self/mountinfo").splitlines()
+                           if b" - cgroup" in line)
+    uts = os.uname()
+    return (_CACHE_FORMAT, req.mem_mb, req.cpu_ms, tuple(sorted(host_facts().items())),
+            _read_bytes("/proc/self/cgroup"), mountinfo,
+            _read_bytes("/proc/sys/kernel/random/boot_id"), uts.release, uts.machine,
+            tuple(srcs))
+
+
+def cache_dir() -> str | None:
+    """Where this caller's cache lives: ``/run/corral/oneshot`` for root,
+    ``$XDG_RUNTIME_DIR/corral-oneshot`` otherwise (none without it). Made 0700; used
+    only if it is the caller's own, a real directory, and writable by nobody else."""
+    euid = os.geteuid()
+    if euid == 0:
+        base, name = "/run/corral", "oneshot"
+        try:
+            os.makedirs(base, mode=0o755, exist_ok=True)
+        except OSError:
+            return None
+    else:
+        base, name = os.environ.get("XDG_RUNTIME_DIR", ""), "corral-oneshot"
+        if not base.startswith("/"):
+            return None
+    d = os.path.join(base, name)
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(d)
+    except OSError:
+        return None
+    import stat
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != euid or st.st_mode & 0o077:
+        return None
+    return d
+
+
+def _cache_path(req: OneShot) -> str | None:
+    d = cache_dir()
+    if d is None:
+        return None
+    slot = ((req.mem_mb or 0) * 31 + (req.cpu_ms or 0)) % 16  # at most 16 files
+    return os.path.join(d, f"plan-{slot}")
+
+
+def _cache_load(path: str, key: tuple[Any, ...]) -> Prepared | None:
+    """The cached value for ``key``; None if absent, for another key, or not the
+    caller's own file (owned by it, writable by nobody else)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None
+        data = b""
+        while chunk := os.read(fd, 1 << 16):
+            data += chunk
+    finally:
+        os.close(fd)
+    import marshal
+    try:
+        got_key, value = marshal.loads(data)
+    except (ValueError, EOFError, TypeError):
+        return None
+    return value if got_key == key else None
+
+
+def _cache_store(path: str, key: tuple[Any, ...], value: Prepared) -> None:
+    """Best effort: a new file, renamed over the old one."""
+    import marshal
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError:
+        return
+    try:
+        try:
+            os.write(fd, marshal.dumps((key, value)))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def compute(req: OneShot) -> Prepared | None:
+    """What the library path decides for this request: the plan
+    (``policy.plan.build_plan`` with the provider's default options and
+    ``mounts.detect_host_layout``), the seccomp filter (``policy.seccomp.build_filter``),
+    and the cgroup facts (``CgroupManager().support``, the plan's limits checked by
+    ``require``). None when this path does not run it (limits set per command), or the
+    library path would refuse it (it then says why)."""
+    from corral.core.errors import CorralError
+    from corral.core.spec import Level, SandboxLimits, SandboxSpec
+    from corral.providers.linux import _sys_unsafe as su
+    from corral.providers.linux.host.cgroups import CgroupManager
+    from corral.providers.linux.init import mounts
+    from corral.providers.linux.policy import seccomp
+    from corral.providers.linux.policy.plan import LinuxOptions, build_plan
+    try:
+        host = mounts.detect_host_layout()
+        spec = SandboxSpec(tenant_id="corral-run", run_id=os.urandom(8).hex(),
+                           level=Level.STRICT,
+                           limits=SandboxLimits(mem_mb=req.mem_mb, cpu_ms=req.cpu_ms))
+        plan = build_plan(spec, options=LinuxOptions(), host=host)
+        if plan.command_rlimits or plan.limits_by != "cgroup":
+            # limits set per command: the agent's spawn applies them, this path not
+            trace("the plan sets rlimits per command; library path")
+            return None
+        cgroups = CgroupManager()
+        cgroups.require(plan.limits)
+        prog = seccomp.build_filter(su.machine_arch())
+    except CorralError as e:
+        trace(f"one-shot set-up failed ({e}); library path")
+        return None
+    lim = plan.limits
+    sup = cgroups.support
+    return (plan.to_wire(), (lim.mem_mb, lim.max_processes, lim.cpu_ms, lim.disk_mb), prog,
+            (sup.version, tuple(sup.parents.items()), sup.oom_source))
+
+
+def _prepare(req: OneShot) -> tuple[Prepared | None, str | None]:
+    """(:func:`compute`'s value, from the cache when its key matches; the cache file
+    that gave it, if one did)."""
+    key = cache_key(req)
+    path = _cache_path(req)
+    got = _cache_load(path, key) if path is not None else None
+    if got is not None:
+        return got, path
+    got = compute(req)
+    if got is not None and path is not None:
+        _cache_store(path, key, got)
+    return got, None
 
 
 def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
     """Run ``req`` in a fresh strict sandbox made by this process; the command's
     output goes to ``out_fd``/``err_fd`` as it arrives. None: the sandbox could not be
     set up (nothing of the command ran); take the library path."""
-    from corral.core.errors import CorralError
-    from corral.core.spec import Level, SandboxLimits, SandboxSpec
     from corral.providers.linux import _sys_unsafe as su
-    from corral.providers.linux.host.cgroups import CgroupManager
     from corral.providers.linux.host.uidpool import SandboxUids
     from corral.providers.linux.init import contain, mounts, pid1  # noqa: F401  # C2 runs them
-    from corral.providers.linux.policy import seccomp
-    from corral.providers.linux.policy.plan import NAMESPACES, LinuxOptions, build_plan
 
     started = time.monotonic()
     trace("one-shot imported")
@@ -366,40 +825,35 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
     def on_signal(signum: int, _frame: object) -> None:
         stop.append(signum)
 
-    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old = {sig: _signal.signal(sig, on_signal) for sig in (_SIGINT, _SIGTERM)}
+    cached: str | None = None
     try:
         try:
-            host = mounts.detect_host_layout()
-            spec = SandboxSpec(tenant_id="corral-run", run_id=os.urandom(8).hex(),
-                               level=Level.STRICT,
-                               limits=SandboxLimits(mem_mb=req.mem_mb, cpu_ms=req.cpu_ms))
-            plan = build_plan(spec, options=LinuxOptions(), host=host)
-            if getattr(plan, "command_rlimits", ()) or getattr(plan, "limits_by",
-                                                                "cgroup") != "cgroup":
-                # limits set per command: the agent's spawn applies them, this path not
-                trace("the plan sets rlimits per command; library path")
+            prepared, cached = _prepare(req)
+            if prepared is None:
                 return None
-            cgroups = CgroupManager()
-            cgroups.require(plan.limits)
-            prog = su.Seccomp(seccomp.build_filter(su.machine_arch()))
+            trace("plan from the cache" if cached else "plan computed")
+            wire, lims, prog_bytes, cg_facts = prepared
+            limits = _Limits(*lims)
+            prog = su.Seccomp(prog_bytes)
+            del prepared, prog_bytes
             su.preresolve()
-            if cgroups.support.version != "none":
-                s.cg = cgroups.create(os.urandom(6).hex(), plan.limits)
+            if cg_facts[0] != "none":
+                s.cg = _Cgroup.create(cg_facts, os.urandom(6).hex(), limits)
             procs = [os.open(p, os.O_WRONLY | os.O_CLOEXEC)
-                     for p in (s.cg.procs_files if s.cg is not None else ())]
+                     for p in (s.cg.join_files if s.cg is not None else ())]
             s.fds += procs
             s.uids = SandboxUids()
-            uid, gid, _pooled = s.uids.pick(plan.uid_map[1], plan.gid_map[1])
-            wire = plan.to_wire()
+            uid, gid, _pooled = s.uids.pick(wire["uid_map"][1], wire["gid_map"][1])
             trees = mounts.detach_sources(wire["mounts"]) if s.uids.root else []
             s.fds += trees
-            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            mine, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
             s.fds += [mine.fileno(), theirs.fileno()]
             in_r, in_w = os.pipe2(os.O_CLOEXEC)
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             s.fds += [in_r, in_w, out_r, out_w, err_r, err_w]
-            flags = NAMESPACES & ~su.CLONE_NEWCGROUP  # C2 unshares the cgroup one itself
+            flags = wire["namespaces"] & ~su.CLONE_NEWCGROUP  # C2 unshares that one itself
             switch = s.uids.root and (uid, gid) != (0, 0)
             if switch:  # the new user namespace is owned by the sandbox's own uid
                 su.keep_caps_on_setuid()
@@ -425,32 +879,57 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
             _write_proc(f"/proc/{pid}/gid_map", b"0 %d 1\n" % gid)
             mine.send(b"go")
             mine.sendmsg([b"\0".join(os.fsencode(a) for a in req.argv)],
-                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                         [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
                            b"".join(fd.to_bytes(4, sys.byteorder)
                                     for fd in (in_r, out_w, err_w)))])
             for fd in (in_r, in_w, out_w, err_w):  # stdin: closed, as the library's default
                 os.close(fd)
                 s.fds.remove(fd)
-        except (CorralError, OSError) as e:
+            del wire, prog
+        except OSError as e:
+            _forget(cached)
             trace(f"one-shot set-up failed ({e}); library path")
             return None
         trace("one-shot path")
         set_up = time.monotonic()
         try:
-            return _relay(req, s, mine, out_r, err_r, plan.limits, started, stop,
+            return _relay(req, s, mine, out_r, err_r, limits, started, stop,
                           out_fd=out_fd, err_fd=err_fd)
         except _SetupFailed as e:
+            _forget(cached)
             trace(f"one-shot sandbox set-up failed ({e}); library path")
             return None
         finally:
             ran = time.monotonic()
             s.close()
             trace(f"one-shot ms: set-up {(set_up - started) * 1000:.1f}, run "
-                  f"{(ran - set_up) * 1000:.1f}, clean-up {(time.monotonic() - ran) * 1000:.1f}")
+                  f"{(ran - set_up) * 1000:.1f}, clean-up {(time.monotonic() - ran) * 1000:.1f}"
+                  f"{_peak_rss()}")
     finally:
         s.close()
         for sig, h in old.items():
-            signal.signal(sig, h)
+            _signal.signal(sig, h)
+
+
+def _peak_rss() -> str:
+    """With ``CORRAL_CLI_TRACE=2``: this process's peak resident set so far."""
+    if os.environ.get(_TRACE_VAR) != "2":
+        return ""
+    with open("/proc/self/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"VmHWM:"):
+                return f"; peak RSS {int(line.split()[1]) / 1024:.1f} MiB"
+    return ""
+
+
+def _forget(cached: str | None) -> None:
+    """A set-up from a cached value failed: drop it, so the next run computes afresh
+    (the host changed in a way the key does not see, say)."""
+    if cached is not None:
+        try:
+            os.unlink(cached)
+        except OSError:
+            pass
 
 
 class _SetupFailed(Exception):
@@ -472,23 +951,23 @@ def _write_all(fd: int, data: bytes) -> bool:
     return True
 
 
-def _relay(req: OneShot, s: _Setup, sock: socket.socket, out_r: int, err_r: int,
-           limits: Any, started: float, stop: list[int], *, out_fd: int, err_fd: int
+def _relay(req: OneShot, s: _Setup, sock: _socket.socket, out_r: int, err_r: int,
+           limits: _Limits, started: float, stop: list[int], *, out_fd: int, err_fd: int
            ) -> Report | None:
     """Stream the output, wait for the exit report; timeout, cpu_ms, output caps and
     SIGINT/SIGTERM (``stop``, filled by the caller's handlers) kill the whole sandbox."""
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     s.fds += [wake_r, wake_w]
-    old_wake = signal.set_wakeup_fd(wake_w)
+    old_wake = _signal.set_wakeup_fd(wake_w)
     try:
         return _loop(req, s, sock, out_r, err_r, limits, started, wake_r, stop,
                      out_fd=out_fd, err_fd=err_fd)
     finally:
-        signal.set_wakeup_fd(old_wake)
+        _signal.set_wakeup_fd(old_wake)
 
 
-def _loop(req: OneShot, s: _Setup, sock: socket.socket, out_r: int, err_r: int,
-          limits: Any, started: float, wake_r: int, stop: list[int], *,
+def _loop(req: OneShot, s: _Setup, sock: _socket.socket, out_r: int, err_r: int,
+          limits: _Limits, started: float, wake_r: int, stop: list[int], *,
           out_fd: int, err_fd: int) -> Report | None:
     deadline = started + req.timeout_ms / 1000
     streams = {out_r: [out_fd, MAX_STDOUT, 0, True], err_r: [err_fd, MAX_STDERR, 0, True]}
@@ -550,7 +1029,12 @@ def _loop(req: OneShot, s: _Setup, sock: socket.socket, out_r: int, err_r: int,
                         killed = "output"
                         s.kill()
             elif fd == sock.fileno():
-                msg = sock.recv(8192)
+                try:
+                    msg = sock.recv(8192)
+                except ConnectionResetError:
+                    # pid 1 exited with our message unread: the kernel reports that
+                    # first, then what pid 1 sent before it went (its "E ...")
+                    continue
                 if not msg:
                     sock_open = False
                 elif msg.startswith(b"E "):  # set-up failed: nothing of the command ran
@@ -582,11 +1066,11 @@ def _loop(req: OneShot, s: _Setup, sock: socket.socket, out_r: int, err_r: int,
                       wall, limit=cap[1], observed=cap[2],
                       detail="the command wrote more than the output cap; it was killed")
     if killed == "cpu":
-        return Report("cpu-limit", -signal.SIGKILL, cpu, rss, wall, limit=req.cpu_ms,
+        return Report("cpu-limit", -_SIGKILL, cpu, rss, wall, limit=req.cpu_ms,
                       observed=cpu_over, detail=_CPU_KILLED)
     if code is None:  # pid 1 died without a report
         if limits.mem_mb is not None and s.cg is not None and _oom_kills(s.cg):
-            return Report("memory-limit", -signal.SIGKILL, wall_ms=wall, limit=limits.mem_mb,
+            return Report("memory-limit", -_SIGKILL, wall_ms=wall, limit=limits.mem_mb,
                           observed=_peak_mb(s.cg),
                           detail="the sandbox was killed by the out-of-memory killer")
         return Report("provider-error", None, wall_ms=wall,
@@ -600,47 +1084,41 @@ def _loop(req: OneShot, s: _Setup, sock: socket.socket, out_r: int, err_r: int,
     return Report("exit", code, cpu, rss, wall)
 
 
-def _oom_kills(cg: Any) -> int:
+def _oom_kills(cg: _Cgroup) -> int:
     try:
-        return int(cg.oom_kills())
+        return cg.oom_kills()
     except (OSError, ValueError):
         return 0
 
 
-def _peak_mb(cg: Any) -> int | None:
+def _peak_mb(cg: _Cgroup) -> int | None:
     try:
-        return int(cg.usage().peak_mem_mb) or None
+        return cg.peak_mb() or None
     except (OSError, ValueError):
         return None
 
 
-def _pids_max_events(cg: Any) -> int:
-    d = cg.dirs.get("unified") or cg.dirs.get("pids")
+def _pids_max_events(cg: _Cgroup) -> int:
     try:
-        with open(os.path.join(d, "pids.events")) as f:
-            for line in f:
-                k, _, v = line.partition(" ")
-                if k == "max":
-                    return int(v)
-    except (OSError, TypeError, ValueError):
-        pass
-    return 0
+        return cg.pids_max_events()
+    except (OSError, ValueError):
+        return 0
 
 
-def _limit_hit(lim: Any, cg: Any, code: int, cpu_ms: int, disk_free: int
+def _limit_hit(lim: _Limits, cg: _Cgroup | None, code: int, cpu_ms: int, disk_free: int
                ) -> tuple[str, int, int | None, str] | None:
     """Which limit ended the command, if one did (``LinuxSandbox._limit_hit``'s rules)."""
-    if lim.cpu_ms is not None and code == -signal.SIGXCPU:
+    if lim.cpu_ms is not None and code == -_SIGXCPU:
         return ("cpu-limit", lim.cpu_ms, max(cpu_ms, _cpu_of(cg) if cg is not None else 0),
                 "a command used up its CPU time (RLIMIT_CPU)")
-    if lim.mem_mb is not None and code == -signal.SIGKILL and cg is not None and _oom_kills(cg):
+    if lim.mem_mb is not None and code == -_SIGKILL and cg is not None and _oom_kills(cg):
         return ("memory-limit", lim.mem_mb, _peak_mb(cg),
                 "the command was killed by the out-of-memory killer")
     if lim.max_processes is not None and code != 0 and cg is not None and _pids_max_events(cg):
         return ("processes-limit", lim.max_processes, None,
                 "a fork failed at the sandbox's process limit")
     disk = lim.disk_mb or 0
-    if code == -signal.SIGXFSZ or (code != 0 and 0 <= disk_free < min(
+    if code == -_SIGXFSZ or (code != 0 and 0 <= disk_free < min(
             1 << 20, disk * 1024 * 1024 // 50)):
         return ("disk-limit", disk, disk, "the sandbox's writable area (/work and /tmp) is full")
     return None

@@ -37,9 +37,10 @@ import fcntl
 import os
 import select
 import time
-from typing import Final
 
-from corral.providers.linux.policy.plan import PER_SANDBOX_ID
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without loading typing (the CLI's one-shot path)
+if TYPE_CHECKING:
+    from typing import Final
 
 __all__ = ["BLOCK", "FIRST_UID", "LAST_UID", "LOCK_DIR", "SandboxUids", "UidPool"]
 
@@ -49,6 +50,9 @@ BLOCK: Final = 1 << 16
 LOCK_DIR: Final = "/run/corral/uid-blocks"
 _FIRST_BLOCK: Final = FIRST_UID // BLOCK
 _BLOCKS: Final = (LAST_UID + 1) // BLOCK - _FIRST_BLOCK
+#: ``policy.plan.PER_SANDBOX_ID`` (a test holds them equal; the plan module is not loaded
+#: here, for the CLI's one-shot path)
+PER_SANDBOX_ID: Final = -1
 
 
 class UidPool:

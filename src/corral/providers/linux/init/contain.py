@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from corral.providers.linux import _sys_unsafe as su
 from corral.providers.linux.init import mounts
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without loading typing (the CLI's one-shot path)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any
 
 __all__ = ["build_view", "contain", "join_cgroup", "set_user_quotas"]
 

@@ -17,11 +17,15 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
 
 from corral.providers.linux import _sys_unsafe as su
-from corral.providers.linux.policy.plan import HostLayout
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without loading typing (the CLI's one-shot path)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any, Final
+
+    from corral.providers.linux.policy.plan import HostLayout
 
 __all__ = ["detach_sources", "detect_host_layout", "init_child"]
 
@@ -42,6 +46,7 @@ _ST_TO_MS: Final = ((1, su.MS_RDONLY), (2, su.MS_NOSUID), (4, su.MS_NODEV), (8, 
 
 def detect_host_layout() -> HostLayout:
     """What this host offers: merged-/usr links, system dirs, prefixes, /etc and /dev files."""
+    from corral.providers.linux.policy.plan import HostLayout
     dirs: list[str] = []
     links: list[tuple[str, str]] = []
     for d in _SYSTEM_DIRS:

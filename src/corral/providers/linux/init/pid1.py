@@ -14,13 +14,14 @@ holds a copy of the pages the mount code touched.
 from __future__ import annotations
 
 import os
-import signal
-import socket
-from collections.abc import Mapping
-from typing import Any
 
-from corral.providers.linux import _sys_unsafe as su, fdpass as _fdpass
+from corral.providers.linux import _sys_unsafe as su
 from corral.providers.linux.init import contain
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without loading typing (the CLI's one-shot path)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 __all__ = ["main"]
 
@@ -32,6 +33,12 @@ def main(ctl_fd: int, prog: su.Seccomp) -> None:
     """C2, the sandbox's pid 1: take its plan, agent socket and cgroup files from the
     zygote, have C3 build the file system view while it joins its cgroup, then
     become the agent. Never returns."""
+    # here, not at the top: the fork server has them loaded already, and the CLI's
+    # one-shot path (``oneshot.py``) uses only the view builder below
+    import signal
+    import socket
+
+    from corral.providers.linux import fdpass as _fdpass
     su.set_signal(signal.SIGCHLD, signal.SIG_DFL)  # T's SIG_IGN would reap C3 for us
     su.set_sigmask(signal.SIG_SETMASK, ())
     from corral.wire import jsonline as _jsonline  # loaded by the fork server already
