@@ -143,7 +143,8 @@ class Supervised:
         """Reap the supervisor (told to kill the tree if it still runs) and read its report.
 
         Bounded: a supervisor that does not exit within 5 s of being told
-        (stopped by someone) is SIGKILLed, with the command's group.
+        (stuck reaping a process that cannot die) is SIGKILLed, with the
+        command's group.
         """
         try:
             if os.waitpid(self.pid, os.WNOHANG)[0] == 0:
@@ -199,7 +200,6 @@ def _kernel() -> Any:
 
 
 _ALL_SIGNALS: Final = frozenset(signal.valid_signals())
-_MAXFD: Final = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
 
 
 def spawn_process(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
@@ -300,7 +300,7 @@ def _supervise(kernel: Any, argv: list[str], cwd: str,
             os.dup2(high[i], i, inheritable=True)
         os.dup2(high[3], 3, inheritable=False)
         os.dup2(high[4], 4, inheritable=False)
-        os.closerange(5, _MAXFD)
+        os.closerange(5, os.sysconf("SC_OPEN_MAX"))
         try:
             kernel.set_child_subreaper()
             kernel.set_pdeathsig(signal.SIGUSR2)
