@@ -5,7 +5,10 @@
 an environment allowlist and optional rlimits, and return a frozen
 :class:`RunResult` whose ``outcome`` is one of :class:`Outcome`. Whatever
 ends the run, the child's whole process tree is killed, the child reaped, its
-pipes closed and an owned cwd removed before the call returns.
+pipes closed and an owned cwd removed before the call returns. On Linux the
+tree is held by a supervisor process (a child subreaper that dies with the
+caller, see :mod:`corral.run.tree`): daemons that left the process group are
+killed too, and a SIGKILL of the calling process still ends the tree.
 
 Cancellation:
 
