@@ -472,3 +472,28 @@ def test_per_sandbox_id_is_the_plans() -> None:
     from corral.providers.linux.host import uidpool
     from corral.providers.linux.policy import plan
     assert uidpool.PER_SANDBOX_ID == plan.PER_SANDBOX_ID
+
+
+def test_the_lean_cgroup_removal_kills_what_is_left() -> None:
+    from corral.core.errors import CorralError
+    from corral.core.spec import SandboxLimits
+    from corral.providers.linux.host.cgroups import CgroupManager
+    mgr = CgroupManager()
+    try:
+        mgr.require(SandboxLimits(max_processes=10))
+    except CorralError as e:
+        unavailable(str(e))
+    sup = mgr.support
+    cg = oneshot._Cgroup.create((sup.version, tuple(sup.parents.items()), sup.oom_source),
+                                "t" + os.urandom(4).hex(), oneshot._Limits(None, 10, None, None))
+    made = list(cg.dirs.values())
+    with subprocess.Popen(["sleep", "60"]) as child:
+        try:
+            for d in made:
+                Path(d, "cgroup.procs").write_text(str(child.pid))
+            cg.remove()
+            assert child.wait(5) == -signal.SIGKILL
+        finally:
+            if child.poll() is None:
+                child.kill()
+    assert not any(os.path.exists(d) for d in made)

@@ -8,14 +8,17 @@ caller, synchronously:
 - the same plan (:func:`~corral.providers.linux.policy.plan.build_plan` with
   the provider's default options and ``mounts.detect_host_layout``), seccomp
   filter (``policy.seccomp.build_filter``), cgroup with the plan's limits
-  (``host.cgroups.CgroupManager``), per-sandbox outside uid as root
-  (``host.uidpool.SandboxUids``) and detached read-only bind trees
-  (``mounts.detach_sources``);
+  (the host facts of ``host.cgroups.CgroupManager``, its ``require`` check,
+  and a cgroup made as its ``create`` makes one: :class:`_Cgroup`),
+  per-sandbox outside uid as root (``host.uidpool.SandboxUids``) and detached
+  read-only bind trees (``mounts.detach_sources``);
 - the caller clones pid 1 (C2) into the same namespaces as the fork server's
   template does (``_sys_unsafe.clone_pidfd``, as the sandbox's uid when root),
   writes its id maps, and C2 runs the fork server's in-sandbox code: it forks
   the view builder (``pid1._build_view``: mounts, pivot_root, quotas, hostname,
-  loopback), joins its cgroup (``contain.join_cgroup``), then
+  loopback), joins its cgroup (``contain.join_cgroup``; on cgroup v1 through
+  each hierarchy's ``tasks`` file, which for the writer itself skips the
+  RCU grace period a ``cgroup.procs`` move waits for: 8-16 ms here), then
   ``contain.contain`` (cgroup namespace, rlimits, stray descriptors, no_new_privs,
   every capability dropped, not dumpable, the seccomp filter);
 - C2 then starts the one command as the agent would (posix_spawn in a new
@@ -34,6 +37,26 @@ anything of the command ran (the host lacks a primitive, say): the caller then
 takes the library path, which reports the cause. Whatever it reports, the
 boundary is never weaker: every step above either happens or the run does not
 start.
+
+The cache. The plan, the filter and the cgroup facts are what the library
+computes (:func:`compute`); building them needs ``core.spec``, the plan, seccomp
+and cgroup modules and with them ``typing``, ``dataclasses``, ``enum`` and
+``re``: more time than the rest of the run. So the first run of a command line
+stores them (``marshal``) under a key (:func:`cache_key`: the request's limits,
+the caller's ids, the host layout, the caller's cgroups and the cgroup mounts,
+boot, kernel, architecture, and the size, mtime and inode of every source file
+they come from), and later runs with the same key load them instead. The file
+lives in ``/run/corral/oneshot`` (root) or ``$XDG_RUNTIME_DIR/corral-oneshot``,
+a 0700 directory of the caller's own, and is read only if it is the caller's
+own regular file writable by nobody else; a set-up that fails after a cache hit
+drops the entry. Without such a directory every run computes.
+
+Imports. Besides a bare interpreter's start, the path loads ``ctypes`` (the
+syscalls), ``_signal`` and ``_socket`` (the C modules, without ``signal.py``'s
+and ``socket.py``'s enums) and corral's own modules it runs; every module here,
+in ``init/``, ``_sys_unsafe`` and ``uidpool`` keeps ``typing`` and
+``collections.abc`` for annotations only (``TYPE_CHECKING = False``). A test
+holds the set.
 """
 
 from __future__ import annotations
@@ -515,19 +538,12 @@ class _Cgroup:
         return sorted(out)
 
     def remove(self) -> None:
-        """SIGKILL whatever is left (nothing, once pid 1 is reaped: the pid namespace
-        died with it, and every process of the cgroup was in it), then remove every
-        directory (an exiting process may hold one for a moment: EBUSY is retried)."""
+        """Remove every directory. Once pid 1 is reaped the cgroup is empty (the pid
+        namespace died with it, and every process of the cgroup was in it), so each
+        rmdir is tried first; while one is busy (EBUSY), whatever is left in the cgroup
+        is SIGKILLed and the rmdir retried, for up to 5 s."""
         deadline = time.monotonic() + 5.0
-        while (pids := self._pids()) and time.monotonic() < deadline:
-            for pid in pids:
-                try:
-                    os.kill(pid, _SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.001)
         for d in self.dirs.values():
-            deadline = time.monotonic() + 2.0
             while True:
                 try:
                     os.rmdir(d)
@@ -537,7 +553,12 @@ class _Cgroup:
                 except OSError as err:
                     if err.errno != errno.EBUSY or time.monotonic() > deadline:
                         raise OSError(err.errno, f"cannot remove cgroup {d}: {err}") from err
-                    time.sleep(0.001)
+                for pid in self._pids():
+                    try:
+                        os.kill(pid, _SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.001)
         self.dirs = {}
 
 
