@@ -1,0 +1,63 @@
+#!/bin/bash
+# Stage 2 in the cgroup v2 guest (PID 1): set up the host shape named by
+# corral.scenario= on the kernel command line, run the tests there, print
+#   V2RESULT <scenario> rc=<pytest rc> secs=<n> :: <pytest's last line>
+# and power off. Scenarios:
+#   a  root in the root cgroup
+#   b  root in a leaf that holds processes (a systemd service: system.slice/x.service)
+#   c  uid 1000 in a delegated cgroup (systemd Delegate=yes: the dir and its
+#      cgroup.procs/subtree_control/threads chowned to the user), the shell inside it
+#   d  root in a private cgroup namespace with cgroup2 remounted (docker --cgroupns=private)
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+mkdir -p /dev/pts /dev/shm && mount -t devpts devpts /dev/pts && mount -t tmpfs tmpfs /dev/shm
+echo 1 > /proc/sys/kernel/sysrq
+ip link set lo up
+modprobe nfnetlink 2>/dev/null
+echo "V2READY $(uname -r) controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
+CG=/sys/fs/cgroup
+echo "+memory +cpu +pids +io +cpuset" > $CG/cgroup.subtree_control
+
+scenario=$(sed -n 's/.*corral\.scenario=\([a-z]*\).*/\1/p' /proc/cmdline)
+mapfile -t extra < /job/pytest-args  # one argument a line
+export PYTHONPATH=/job/v2 PYTHONDONTWRITEBYTECODE=1 CORRAL_REQUIRE_STRICT=1 HOME=/tmp/home
+mkdir -p /tmp/home /tmp/junit && chmod 777 /tmp/home /tmp/junit
+cd /job/src
+run_tests() {
+  "${@}" /opt/venv/bin/python -m pytest -p no:cacheprovider -p v2_hypothesis -q -rs \
+    --junitxml=/tmp/junit/out.xml "${extra[@]}" 2>&1 | tee /tmp/out
+  local rc=${PIPESTATUS[0]}
+  /opt/venv/bin/python /job/v2/times.py /tmp/junit/out.xml 2>/dev/null
+  return "$rc"
+}
+enable() { echo "+memory +cpu +pids" > "$1/cgroup.subtree_control"; }
+start=$(date +%s)
+case "$scenario" in
+  a) run_tests; rc=$? ;;
+  b) mkdir -p $CG/system.slice/x.service && enable $CG/system.slice
+     ( echo $BASHPID > $CG/system.slice/x.service/cgroup.procs
+       echo "in $(cat /proc/self/cgroup)"; run_tests ); rc=$? ;;
+  c) U=$CG/user.slice/user-1000.slice/user@1000.service
+     mkdir -p $U && enable $CG/user.slice && enable $CG/user.slice/user-1000.slice
+     chown 1000:1000 $U $U/cgroup.procs $U/cgroup.subtree_control $U/cgroup.threads
+     chown 1000:1000 /tmp/home
+     ( echo $BASHPID > $U/cgroup.procs
+       echo "in $(cat /proc/self/cgroup) as uid 1000"
+       run_tests setpriv --reuid 1000 --regid 1000 --clear-groups --inh-caps=-all ); rc=$? ;;
+  d) mkdir -p $CG/docker/ctr && enable $CG/docker
+     ( echo $BASHPID > $CG/docker/ctr/cgroup.procs
+       export -f run_tests
+       unshare -Cm --propagation private bash -c '
+         umount /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup
+         mapfile -t extra < /job/pytest-args
+         echo "in $(cat /proc/self/cgroup) (private cgroup namespace)"; run_tests' ); rc=$? ;;
+  *) echo "unknown scenario '$scenario'"; rc=99 ;;
+esac
+secs=$(( $(date +%s) - start ))
+echo "V2RESULT $scenario rc=$rc secs=$secs :: $(grep -E '(passed|failed|error|skipped|no tests ran)' /tmp/out 2>/dev/null | tail -1)"
+sync
+echo o > /proc/sysrq-trigger
+sleep 10
