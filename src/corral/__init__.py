@@ -8,61 +8,61 @@ a provider (:func:`provider`), and the front doors: ``run_bounded``,
 module (the wire codec in :mod:`corral.wire.protocol`, the snippet pool's knobs
 in :mod:`corral.snippets`, the handler side in :mod:`corral.handler`).
 
-The pure parts load eagerly; the front doors load on first use, so importing
-corral stays cheap (the sandbox's fork server imports this package too).
+Every name loads on first use (PEP 562 ``__getattr__``): importing corral runs
+no other module, so the sandbox's fork server and the CLI's one-shot path
+(``corral.providers.linux.oneshot``) load only what they use.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-from corral.core.cancel import CancelToken
-from corral.core.contract import (
-    ProcessHandle,
-    ProcessStdin,
-    Sandbox,
-    SandboxProvider,
-    pause,
-    restore,
-    resume,
-    snapshot,
-)
-from corral.core.errors import (
-    ConfigInvalidError,
-    CorralError,
-    CreateCancelledError,
-    ErrorCode,
-    InvalidSnapshotHandleError,
-    LevelNotSupportedError,
-    LimitsExceededError,
-    OrphanedError,
-    PauseNotSupportedError,
-    ProviderError,
-    RestoreNotSupportedError,
-    SandboxCancelledError,
-    SandboxTimeoutError,
-    SnapshotNotSupportedError,
-    UnhandledWorkerError,
-)
-from corral.core.result import ExecResult, ExitStatus, Outcome, RunResult
-from corral.core.spec import (
-    Capability,
-    ExecOpts,
-    HandlerRef,
-    InvocationMode,
-    Level,
-    NetworkPolicy,
-    ProcessOpts,
-    ResourceUsage,
-    ResumeInfo,
-    SandboxInvocationContext,
-    SandboxLimits,
-    SandboxSpec,
-    SnapshotHandle,
-)
-
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without loading typing
 if TYPE_CHECKING:
+    from typing import Any
+
+    from corral.core.cancel import CancelToken
+    from corral.core.contract import (
+        ProcessHandle,
+        ProcessStdin,
+        Sandbox,
+        SandboxProvider,
+        pause,
+        restore,
+        resume,
+        snapshot,
+    )
+    from corral.core.errors import (
+        ConfigInvalidError,
+        CorralError,
+        CreateCancelledError,
+        ErrorCode,
+        InvalidSnapshotHandleError,
+        LevelNotSupportedError,
+        LimitsExceededError,
+        OrphanedError,
+        PauseNotSupportedError,
+        ProviderError,
+        RestoreNotSupportedError,
+        SandboxCancelledError,
+        SandboxTimeoutError,
+        SnapshotNotSupportedError,
+        UnhandledWorkerError,
+    )
+    from corral.core.result import ExecResult, ExitStatus, Outcome, RunResult
+    from corral.core.spec import (
+        Capability,
+        ExecOpts,
+        HandlerRef,
+        InvocationMode,
+        Level,
+        NetworkPolicy,
+        ProcessOpts,
+        ResourceUsage,
+        ResumeInfo,
+        SandboxInvocationContext,
+        SandboxLimits,
+        SandboxSpec,
+        SnapshotHandle,
+    )
     from corral.dispatch import (
         HandlerOutput,
         HandlerSuspended,
@@ -77,8 +77,22 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-#: the front doors, loaded on first use: module -> the names it gives
+#: every public name, loaded on first use: module -> the names it gives
 _LAZY_MODULES: dict[str, tuple[str, ...]] = {
+    "corral.core.cancel": ("CancelToken",),
+    "corral.core.contract": ("ProcessHandle", "ProcessStdin", "Sandbox", "SandboxProvider",
+                             "pause", "restore", "resume", "snapshot"),
+    "corral.core.errors": ("ConfigInvalidError", "CorralError", "CreateCancelledError",
+                           "ErrorCode", "InvalidSnapshotHandleError", "LevelNotSupportedError",
+                           "LimitsExceededError", "OrphanedError", "PauseNotSupportedError",
+                           "ProviderError", "RestoreNotSupportedError", "SandboxCancelledError",
+                           "SandboxTimeoutError", "SnapshotNotSupportedError",
+                           "UnhandledWorkerError"),
+    "corral.core.result": ("ExecResult", "ExitStatus", "Outcome", "RunResult"),
+    "corral.core.spec": ("Capability", "ExecOpts", "HandlerRef", "InvocationMode", "Level",
+                         "NetworkPolicy", "ProcessOpts", "ResourceUsage", "ResumeInfo",
+                         "SandboxInvocationContext", "SandboxLimits", "SandboxSpec",
+                         "SnapshotHandle"),
     "corral.dispatch": ("HandlerOutput", "HandlerSuspended", "invoke", "invoke_in",
                         "invoke_sync"),
     "corral.providers": ("provider",),
@@ -151,7 +165,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    from importlib import import_module
+    value = getattr(import_module(module), name)
     globals()[name] = value
     return value
 

@@ -497,3 +497,18 @@ def test_the_lean_cgroup_removal_kills_what_is_left() -> None:
             if child.poll() is None:
                 child.kill()
     assert not any(os.path.exists(d) for d in made)
+
+
+def test_importing_the_packages_runs_no_other_module() -> None:
+    """``corral``, ``corral.providers`` and ``corral.providers.linux`` load their public
+    names on first use, so the one-shot entry needs no trick to skip them; the names
+    still resolve."""
+    code = ("import sys; before = set(sys.modules); import corral.providers.linux; "
+            "new = sorted(set(sys.modules) - before); print(' '.join(new)); "
+            "print(corral.SandboxSpec.__module__, corral.providers.DEFAULT_FOR_LEVEL["
+            "corral.Level.STRICT], corral.providers.linux.Bind.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert set(out[0].split()) <= {"__future__", "corral", "corral.providers",
+                                   "corral.providers.linux"}, out[0]
+    assert out[1] == "corral.core.spec linux corral.providers.linux.policy.plan"

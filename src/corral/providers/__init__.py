@@ -2,17 +2,22 @@
 
 Each module named here exposes ``PROVIDER_CLASS`` (a :class:`~corral.core.contract.SandboxProvider`
 subclass) and is imported only when that provider is asked for, so heavy or
-platform-specific code costs nothing until used.
+platform-specific code costs nothing until used. Importing this package runs no
+other module (``DEFAULT_FOR_LEVEL`` is made on first use), so the CLI's one-shot
+path (``corral.providers.linux.oneshot``) loads only what it uses.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without loading typing
+if TYPE_CHECKING:
+    from typing import Any
 
-from corral.core.contract import SandboxProvider
-from corral.core.errors import ConfigInvalidError, LevelNotSupportedError
-from corral.core.spec import Level
+    from corral.core.contract import SandboxProvider
+    from corral.core.spec import Level
+
+    #: the provider :func:`provider` picks for a level when no name is given
+    DEFAULT_FOR_LEVEL: dict[Level, str]
 
 __all__ = ["DEFAULT_FOR_LEVEL", "PROVIDERS", "get_provider_class", "provider", "provider_names"]
 
@@ -24,12 +29,15 @@ PROVIDERS: dict[str, str] = {
 }
 
 
-#: the provider :func:`provider` picks for a level when no name is given
-DEFAULT_FOR_LEVEL: dict[Level, str] = {
-    Level.STRICT: "linux",
-    Level.CONTEXT_ISOLATED: "subproc",
-    Level.NONE: "inprocess",
-}
+def _default_for_level() -> dict[Level, str]:
+    from corral.core.spec import Level
+    return {Level.STRICT: "linux", Level.CONTEXT_ISOLATED: "subproc", Level.NONE: "inprocess"}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DEFAULT_FOR_LEVEL":  # the provider provider() picks for a level
+        return globals().setdefault(name, _default_for_level())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def provider(name: str | None = None, *, level: Level | str | None = None) -> SandboxProvider:
@@ -45,6 +53,8 @@ def provider(name: str | None = None, *, level: Level | str | None = None) -> Sa
         ConfigInvalidError: an unknown name or level.
         LevelNotSupportedError: the provider cannot give ``level`` on this host.
     """
+    from corral.core.errors import ConfigInvalidError, LevelNotSupportedError
+    from corral.core.spec import Level
     want: Level | None = None
     if level is not None:
         try:
@@ -54,7 +64,8 @@ def provider(name: str | None = None, *, level: Level | str | None = None) -> Sa
             raise ConfigInvalidError("level", f"unknown level {level!r} (known: {known})"
                                      ) from None
     if name is None:
-        name = DEFAULT_FOR_LEVEL[want or Level.STRICT]
+        defaults: dict[Level, str] = __getattr__("DEFAULT_FOR_LEVEL")  # made once
+        name = defaults[want or Level.STRICT]
     made: SandboxProvider = get_provider_class(name)()
     if want is not None and want not in made.levels:
         raise LevelNotSupportedError(
@@ -73,10 +84,13 @@ def get_provider_class(name: str) -> Any:
 
     Raises ConfigInvalidError("provider", ...) for an unknown name.
     """
+    from importlib import import_module
+
+    from corral.core.errors import ConfigInvalidError
     try:
         module = PROVIDERS[name]
     except KeyError:
         known = ", ".join(provider_names())
         raise ConfigInvalidError(
             "provider", f"unknown provider {name!r} (known: {known})") from None
-    return importlib.import_module(module, __name__).PROVIDER_CLASS
+    return import_module(module, __name__).PROVIDER_CLASS

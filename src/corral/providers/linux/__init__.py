@@ -10,11 +10,13 @@ fork server (which imports this package) does not load asyncio.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without loading typing (the CLI's one-shot path)
 
 __all__ = ["PROVIDER_CLASS", "Bind", "LinuxProvider", "LinuxSandbox"]
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from corral.providers.linux.host.provider import LinuxProvider
     from corral.providers.linux.host.sandbox import LinuxSandbox
     from corral.providers.linux.policy.plan import Bind
