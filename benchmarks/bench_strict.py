@@ -319,6 +319,8 @@ async def cold_table(provider: LinuxProvider, cold: LinuxProvider | None, rounds
         variants[key] = _proc(argv, BARE_ENV if key == "unshare" else None)
         argvs[key] = argv
     times = await measure(variants, rounds)
+    if "cli" in argvs:  # which path the timed rounds took (the trace of one more run)
+        CLI_PATH[0] = cli_path(argvs["cli"])
     PEAK_MIB.clear()
     for key, argv in argvs.items():
         peak = peak_mib(argv, BARE_ENV if key in ("bare", "unshare") else None)
@@ -329,6 +331,20 @@ async def cold_table(provider: LinuxProvider, cold: LinuxProvider | None, rounds
 
 #: variant key -> peak MiB of its process tree (peak_mib), for the last cold table
 PEAK_MIB: dict[str, float] = {}
+#: the path the CLI row took, for the last cold table (cli_path)
+CLI_PATH: list[str] = [""]
+
+
+def cli_path(argv: list[str]) -> str:
+    """Which path ``corral run`` takes for ``argv`` now (after the timed rounds, as
+    they ran): one-shot with its plan from the cache, one-shot computing it, or the
+    library path; from ``CORRAL_CLI_TRACE=1``."""
+    r = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=60,
+                       check=False, env={**os.environ, "CORRAL_CLI_TRACE": "1"})
+    if b"trace: one-shot path" not in r.stderr:
+        return "library path"
+    return ("one-shot, plan from the cache" if b"plan from the cache" in r.stderr
+            else "one-shot, plan computed")
 
 
 LABELS = {
@@ -470,7 +486,7 @@ def _judge_cold(rows: list[Row], full_goal: bool) -> None:
             peak = PEAK_MIB.get("cli", float("nan"))
             ok = r.ratio() <= 3.0 and peak < 10.0
             r.goal = (f"{'MET' if ok else 'NOT MET'} (<=3x bare: {r.ratio():.2f}x; "
-                      f"peak < 10 MiB: {peak:.1f} MiB)")
+                      f"peak < 10 MiB: {peak:.2f} MiB; {CLI_PATH[0]})")
         if not r.goal and not r.skipped:
             r.goal = ("baseline" if r.key == "bare" else
                       "part of the row above" if r.label.startswith("  ") else
