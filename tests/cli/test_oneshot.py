@@ -515,3 +515,14 @@ def test_importing_the_packages_runs_no_other_module() -> None:
     assert set(out[0].split()) <= {"__future__", "corral", "corral.providers",
                                    "corral.providers.linux"}, out[0]
     assert out[1] == "corral.core.spec linux corral.providers.linux.policy.plan"
+
+
+def test_trace_2_gives_phase_times_and_the_peak() -> None:
+    r = subprocess.run([sys.executable, "-c", ENTRY, "run", "--level", "strict", "--",
+                        "/bin/true"], capture_output=True, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "CORRAL_CLI_TRACE": "2"}, timeout=60, check=False)
+    if b"trace: one-shot path" not in r.stderr:
+        unavailable(r.stderr.decode(errors="replace")[-500:])
+    assert r.returncode == 0
+    assert re.search(rb"one-shot ms: set-up [\d.]+, run [\d.]+, clean-up [\d.]+; "
+                     rb"peak RSS [\d.]+ MiB \(at [\d.]+ ms\)", r.stderr), r.stderr
