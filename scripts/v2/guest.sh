@@ -57,6 +57,8 @@ case "$scenario" in
   *) echo "unknown scenario '$scenario'"; rc=99 ;;
 esac
 secs=$(( $(date +%s) - start ))
+# the evidence: where corral put itself and its sandboxes' parents
+echo "V2CGROUPS $(cd $CG && find . -mindepth 1 -maxdepth 5 -type d -name 'corral*' | sort | tr '\n' ' ')"
 echo "V2RESULT $scenario rc=$rc secs=$secs :: $(grep -E '(passed|failed|error|skipped|no tests ran)' /tmp/out 2>/dev/null | tail -1)"
 sync
 echo o > /proc/sysrq-trigger

@@ -474,7 +474,7 @@ def test_v2_leaf_with_processes_without_a_writable_dir_says_how(tmp_path: Path) 
         s = detect(root=str(own), prefix=PREFIX)
     finally:
         own.chmod(0o755)
-    assert "cannot be made" in s.missing["memory"]
+    assert "not writable by uid" in s.missing["memory"], s.missing  # doctor adds the fix
 
 
 def test_v2_namespace_root_is_not_the_host_root(tmp_path: Path) -> None:

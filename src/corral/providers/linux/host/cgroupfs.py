@@ -369,7 +369,6 @@ def detect_v2(own: str, *, prefix: str, own_is_root: bool,
     writable = _writable(own, base, "cgroup.procs", "cgroup.subtree_control")
     leaf = os.path.join(own, SELF_LEAF)
     busy = not own_is_root and not (set(_V2_WANTED) & sub) and _has_procs(own)
-    movable = busy and (os.path.isdir(leaf) or os.access(own, os.W_OK))
     for c in ("memory", "pids"):
         if not writable:
             missing[c] = _not_writable(own, v2=True)
@@ -377,13 +376,9 @@ def detect_v2(own: str, *, prefix: str, own_is_root: bool,
             have = " ".join(sorted(ctrls)) or "nothing"
             missing[c] = (f"{c} not in {own}/cgroup.controllers (it lists: {have}): the parent "
                           "does not delegate it")
-        elif c not in sub and busy and not movable:
-            missing[c] = (f"{c} not enabled in {own}/cgroup.subtree_control and cannot be: "
-                          "that cgroup holds processes (no-internal-processes rule) and "
-                          f"{leaf} cannot be made")
         else:
             available.add(c)
-    if busy and movable and available:
+    if busy and available:  # writable: the processes can move to a child it makes
         notes = (*notes, f"{own} holds processes: they move into {leaf} before controllers "
                          "are enabled for sandboxes (cgroup v2's no-internal-processes rule)")
     if "memory" in available:
