@@ -23,6 +23,7 @@ PURE = [
     "corral.snippets.validator", "corral.snippets.validator.policy",
     "corral.snippets.validator.rules",
     "corral.providers.linux.policy.plan", "corral.providers.linux.policy.seccomp",
+    "corral.providers.linux.policy.outcomes",
     "corral.providers.linux.policy.bpf", "corral.providers.linux.policy.syscall_numbers",
 ]
 #: corral modules a pure module may import besides the pure ones: value types only

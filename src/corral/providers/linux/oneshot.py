@@ -957,8 +957,6 @@ class _SetupFailed(Exception):
     """pid 1 said the sandbox could not be built (nothing of the command ran)."""
 
 
-_CPU_KILLED: Final = ("the sandbox used up its CPU time (cpu_ms) and was killed with every "
-                      "process in it")
 
 
 def _write_all(fd: int, data: bytes) -> bool:
@@ -1088,7 +1086,7 @@ def _loop(req: OneShot, s: _Setup, sock: _socket.socket, out_r: int, err_r: int,
                       detail="the command wrote more than the output cap; it was killed")
     if killed == "cpu":
         return Report("cpu-limit", -_SIGKILL, cpu, rss, wall, limit=req.cpu_ms,
-                      observed=cpu_over, detail=_CPU_KILLED)
+                      observed=cpu_over, detail=_cpu_killed())
     if code is None:  # pid 1 died without a report
         if limits.mem_mb is not None and s.cg is not None and _oom_kills(s.cg):
             return Report("memory-limit", -_SIGKILL, wall_ms=wall, limit=limits.mem_mb,
@@ -1126,23 +1124,25 @@ def _pids_max_events(cg: _Cgroup) -> int:
         return 0
 
 
+def _cpu_killed() -> str:
+    from corral.providers.linux.policy.outcomes import CPU_KILLED
+    return CPU_KILLED
+
+
 def _limit_hit(lim: _Limits, cg: _Cgroup | None, code: int, cpu_ms: int, disk_free: int
                ) -> tuple[str, int, int | None, str] | None:
-    """Which limit ended the command, if one did (``LinuxSandbox._limit_hit``'s rules)."""
-    if lim.cpu_ms is not None and code == -_SIGXCPU:
-        return ("cpu-limit", lim.cpu_ms, max(cpu_ms, _cpu_of(cg) if cg is not None else 0),
-                "a command used up its CPU time (RLIMIT_CPU)")
-    if lim.mem_mb is not None and code == -_SIGKILL and cg is not None and _oom_kills(cg):
-        return ("memory-limit", lim.mem_mb, _peak_mb(cg),
-                "the command was killed by the out-of-memory killer")
-    if lim.max_processes is not None and code != 0 and cg is not None and _pids_max_events(cg):
-        return ("processes-limit", lim.max_processes, None,
-                "a fork failed at the sandbox's process limit")
-    disk = lim.disk_mb or 0
-    if code == -_SIGXFSZ or (code != 0 and 0 <= disk_free < min(
-            1 << 20, disk * 1024 * 1024 // 50)):
-        return ("disk-limit", disk, disk, "the sandbox's writable area (/work and /tmp) is full")
-    return None
+    """Which limit ended the command, if one did: the provider's rules
+    (:func:`corral.providers.linux.policy.outcomes.limit_hit`), on this path's facts (a
+    fresh cgroup: any OOM kill or refused fork is this command's)."""
+    from corral.providers.linux.policy.outcomes import limit_hit
+    return limit_hit(
+        code, mem_mb=lim.mem_mb, cpu_ms=lim.cpu_ms, max_processes=lim.max_processes,
+        disk_mb=lim.disk_mb, by_rlimit=False, cpu_killed_at=0,
+        cpu_used=lambda: max(cpu_ms, _cpu_of(cg)),
+        oom_rose=lambda: cg is not None and _oom_kills(cg) > 0,
+        peak_mb=lambda: _peak_mb(cg) if cg is not None else None,
+        pids_refused=lambda: cg is not None and _pids_max_events(cg) > 0,
+        disk_free=disk_free)
 
 
 def finish(report: Report) -> int:

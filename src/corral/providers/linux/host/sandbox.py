@@ -38,6 +38,7 @@ from corral.providers.linux.host.process import (
     usage_of,
 )
 from corral.providers.linux.host.spares import kill_and_remove, only_init_left, wait_exit
+from corral.providers.linux.policy.outcomes import CPU_KILLED, limit_hit
 from corral.providers.linux.policy.plan import SandboxPlan
 
 if TYPE_CHECKING:
@@ -46,10 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["LinuxSandbox"]
 
 _EOF_GRACE_S = 0.2
-#: how a process dies of a failed allocation under RLIMIT_AS (the runner's reading too)
-_MEMORY_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT})
-_CPU_KILLED = ("the sandbox used up its CPU time (cpu_ms) and was killed with every process "
-               "in it")
 #: exit events kept for pids whose spawn reply is still on its way, at most
 _MAX_EARLY = 1024
 #: longest error text taken from the agent
@@ -263,7 +260,7 @@ class LinuxSandbox(Sandbox):
 
     def _cpu_error(self) -> LimitsExceededError:
         return LimitsExceededError("cpu", self.plan.limits.cpu_ms or 0, self._cpu_over,
-                                   _CPU_KILLED)
+                                   CPU_KILLED)
 
     def _cpu_cap_hit(self, used: int) -> None:
         """The watcher saw ``used`` >= cpu_ms: kill the whole sandbox, now.
@@ -357,36 +354,23 @@ class LinuxSandbox(Sandbox):
 
     def _limit_hit(self, run: Run, info: ExitInfo, before: tuple[int, int]
                    ) -> tuple[Outcome, int, int | None, str] | None:
-        """Which limit ended ``run``, if one did: (outcome, limit, observed, how)."""
+        """Which limit ended ``run``, if one did: (outcome, limit, observed, how), by the
+        one set of rules (:func:`~corral.providers.linux.policy.outcomes.limit_hit`)."""
         lim = self.plan.limits
         oom_before, pids_before = before
-        if run.killed_for == "cpu" or (lim.cpu_ms is not None and (
-                info.code == -signal.SIGXCPU or (info.code == -signal.SIGKILL
-                                                 and self._cpu_over))):
-            if not self._cpu_over:  # RLIMIT_CPU, the second line, struck first
-                return (Outcome.CPU_LIMIT, lim.cpu_ms or 0, max(
-                    info.cpu_ms, self._cg.cpu_ms() if self._cg is not None else 0),
-                    "a command used up its CPU time (RLIMIT_CPU)")
-            return (Outcome.CPU_LIMIT, lim.cpu_ms or 0, self._cpu_over, _CPU_KILLED)
-        if (self.plan.limits_by == "rlimit" and lim.mem_mb is not None
-                and -info.code in _MEMORY_SIGNALS):
-            return (Outcome.MEMORY_LIMIT, lim.mem_mb, None,
-                    "a command died of a failed allocation under its address-space limit "
-                    "(RLIMIT_AS, per process)")
-        if lim.mem_mb is not None and info.code == -signal.SIGKILL and (
-                self._oom_kills() > oom_before):
-            return (Outcome.MEMORY_LIMIT, lim.mem_mb, self._peak_mem_mb(),
-                    "the command was killed by the out-of-memory killer")
-        if lim.max_processes is not None and info.code != 0 and (
-                self._pids_max_events() > pids_before):
-            return (Outcome.PROCESSES_LIMIT, lim.max_processes, None,
-                    "a fork failed at the sandbox's process limit")
-        disk = lim.disk_mb or 0
-        if info.code == -signal.SIGXFSZ or (info.code != 0 and 0 <= info.disk_free < min(
-                1 << 20, disk * 1024 * 1024 // 50)):
-            return (Outcome.DISK_LIMIT, disk, disk,
-                    "the sandbox's writable area (/work and /tmp) is full")
-        return None
+        killed = run.killed_for == "cpu" or info.code in (-signal.SIGKILL, -signal.SIGXCPU)
+        hit = limit_hit(
+            info.code, mem_mb=lim.mem_mb, cpu_ms=lim.cpu_ms, max_processes=lim.max_processes,
+            disk_mb=lim.disk_mb, by_rlimit=self.plan.limits_by == "rlimit",
+            cpu_killed_at=self._cpu_over if killed else 0,
+            cpu_used=lambda: max(info.cpu_ms, self._cg.cpu_ms() if self._cg is not None else 0),
+            oom_rose=lambda: self._oom_kills() > oom_before, peak_mb=self._peak_mem_mb,
+            pids_refused=lambda: self._pids_max_events() > pids_before,
+            disk_free=info.disk_free)
+        if hit is None:
+            return None
+        outcome, limit, observed, how = hit
+        return Outcome(outcome), limit, observed, how
 
     # -- the contract -------------------------------------------------------------------
     async def exec_streaming(self, argv: Sequence[str], opts: ExecOpts | None = None, *,
