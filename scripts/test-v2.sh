@@ -162,6 +162,8 @@ echo "== cgroup v2 guest summary (kernel $KVER; $(( $(date +%s) - T0 ))s; logs i
 for s in $SCENARIOS; do
   case $s in a) d="root, root cgroup" ;; b) d="root, leaf with processes" ;;
     c) d="uid 1000, delegated" ;; d) d="root, cgroup namespace" ;; *) d="?" ;; esac
-  printf '  %s %-26s %s\n' "$s" "($d)" "${RESULT[$s]}"
+  printf '  %s %-30s %s\n' "$s" "($d)" "${RESULT[$s]}"
+  cg=$(tr -d '\r' < "$CACHE/logs/scenario-$s.log" 2>/dev/null | sed -n 's/^V2CGROUPS //p' | tail -1)
+  [ -z "$cg" ] || printf '    %-30s %s\n' "corral's cgroups:" "$cg"
 done
 exit $fail
