@@ -1,0 +1,1150 @@
+"""The host-side egress proxy: HTTP CONNECT, plain HTTP and SOCKS5 on one unix socket.
+
+A sandbox with an ``allowlist`` or ``unrestricted`` network policy will (in a
+later change: this module is *not wired into the strict provider yet*) keep its
+own network namespace with no route out; its only way out is this proxy,
+reached over a unix socket bound into it. Every connection is decided here, on
+the host, by an :class:`EgressPolicy`:
+
+* a name is matched against the policy *before* it is resolved (an unlisted
+  name is never looked up), then resolved on the host, and each address it
+  resolves to is checked against the range table (:data:`SPECIAL_RANGES`:
+  loopback, private, link-local, the metadata address, CGNAT, multicast,
+  reserved...): such an address is refused unless the policy lists it. The
+  proxy then connects to exactly an address it checked, never re-resolving
+  (the DNS-rebinding defence);
+* an IP literal is allowed only when a listed address or CIDR covers it (or,
+  in ``unrestricted`` mode, when it is public);
+* a tunnel whose client speaks TLS must name the tunnel's host in its SNI
+  (if it sends one): the ClientHello is read and parsed, bounded, before it is
+  forwarded; for port 443 before the upstream connection is even opened.
+
+Whatever is not allowed fails closed with a clear error to the client (an HTTP
+status with a one-line reason, or a SOCKS5 reply code) and is recorded as a
+:class:`Denial` in a bounded list the caller reads. Everything is bounded: the
+header size, the negotiation time, the connect time, the number of concurrent
+connections and the idle time of a tunnel; any error closes both sides.
+
+The parsers (:func:`parse_http_head`, :func:`parse_client_hello`,
+:func:`parse_entry`) are pure and raise only :class:`EgressDenied` (or, for a
+policy entry, :class:`~corral.core.errors.ConfigInvalidError`) on any input.
+See docs/network.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import ipaddress
+import socket
+import struct
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Final, Literal, Protocol, final
+
+from corral.core.errors import ConfigInvalidError
+
+__all__ = [
+    "MAX_CLIENT_HELLO",
+    "MAX_HEADER",
+    "SPECIAL_RANGES",
+    "Denial",
+    "EgressDenied",
+    "EgressLimits",
+    "EgressPolicy",
+    "EgressProxy",
+    "HttpHead",
+    "Resolver",
+    "Rule",
+    "classify_address",
+    "normalize_host",
+    "parse_client_hello",
+    "parse_entry",
+    "parse_http_head",
+    "system_resolver",
+]
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+#: ``resolver(host, port)`` -> the addresses ``host`` resolves to (strings)
+Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
+
+#: the most bytes of an HTTP request head (request line and headers)
+MAX_HEADER: Final = 16 * 1024
+#: the most bytes of a TLS ClientHello handshake message the proxy reads
+MAX_CLIENT_HELLO: Final = 32 * 1024
+#: the most addresses of one name the proxy tries
+MAX_ADDRESSES: Final = 16
+_CHUNK: Final = 64 * 1024
+_TLS_PORTS: Final = frozenset({443})
+
+DenialKind = Literal["not-allowed", "non-public-address", "sni-mismatch", "bad-request",
+                     "unresolvable", "too-large", "timeout", "busy", "unsupported"]
+
+
+def _net(s: str) -> IPNetwork:
+    return ipaddress.ip_network(s)
+
+
+#: addresses that are not public destinations, most specific first, with why;
+#: a name resolving into one of them (or an IP literal in one) is refused unless
+#: the policy lists it. Anything else that ``ipaddress`` does not call global is
+#: refused as "reserved" too.
+SPECIAL_RANGES: Final[tuple[tuple[IPNetwork, str], ...]] = (
+    (_net("169.254.169.254/32"), "cloud metadata"),
+    (_net("0.0.0.0/8"), "unspecified / this network"),
+    (_net("10.0.0.0/8"), "private (RFC 1918)"),
+    (_net("100.64.0.0/10"), "carrier-grade NAT (RFC 6598)"),
+    (_net("127.0.0.0/8"), "loopback"),
+    (_net("169.254.0.0/16"), "link-local"),
+    (_net("172.16.0.0/12"), "private (RFC 1918)"),
+    (_net("192.0.0.0/24"), "reserved (IETF protocol assignments)"),
+    (_net("192.0.2.0/24"), "reserved (documentation)"),
+    (_net("192.168.0.0/16"), "private (RFC 1918)"),
+    (_net("198.18.0.0/15"), "reserved (benchmarking)"),
+    (_net("198.51.100.0/24"), "reserved (documentation)"),
+    (_net("203.0.113.0/24"), "reserved (documentation)"),
+    (_net("224.0.0.0/4"), "multicast"),
+    (_net("240.0.0.0/4"), "reserved (incl. broadcast)"),
+    (_net("::/128"), "unspecified"),
+    (_net("::1/128"), "loopback"),
+    (_net("64:ff9b::/96"), "NAT64 (embeds IPv4)"),
+    (_net("100::/64"), "reserved (discard)"),
+    (_net("2001::/23"), "reserved (IETF protocol assignments)"),
+    (_net("2001:db8::/32"), "reserved (documentation)"),
+    (_net("2002::/16"), "6to4 (embeds IPv4)"),
+    (_net("fc00::/7"), "private (unique local)"),
+    (_net("fe80::/10"), "link-local"),
+    (_net("fec0::/10"), "reserved (site-local)"),
+    (_net("ff00::/8"), "multicast"),
+    (_net("::/8"), "reserved"),
+)
+
+
+class EgressDenied(Exception):
+    """A request the proxy refuses: ``kind`` (a :data:`DenialKind`) and a one-line ``reason``.
+
+    The parsers raise only this on bad input; the proxy turns it into a reply
+    to the client and a :class:`Denial` record.
+    """
+
+    def __init__(self, kind: DenialKind, reason: str) -> None:
+        super().__init__(reason)
+        self.kind: DenialKind = kind
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """One refused connection: what was asked for, why it was refused, and when (epoch s)."""
+
+    host: str
+    port: int
+    kind: DenialKind
+    reason: str
+    time: float
+
+
+# --------------------------------------------------------------------------- names
+
+
+def _plain_ip(s: str) -> IPAddress | None:
+    try:
+        ip = ipaddress.ip_address(s)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.scope_id is not None:
+            return None
+        if ip.ipv4_mapped is not None:
+            return ip.ipv4_mapped
+    return ip
+
+
+def normalize_host(host: str) -> str | IPAddress:
+    """A host as the policy compares it: an IP address, or a lower-case ASCII (IDNA) name
+    without a trailing dot. Raises :class:`EgressDenied` (``bad-request``) if it is neither."""
+    h = host.strip()
+    if h.startswith("[") and h.endswith("]"):
+        ip = _plain_ip(h[1:-1])
+        if not isinstance(ip, ipaddress.IPv6Address | ipaddress.IPv4Address) or ":" not in h:
+            raise EgressDenied("bad-request", f"not an IPv6 literal: {host[:80]!r}")
+        return ip
+    ip = _plain_ip(h)
+    if ip is not None:
+        return ip
+    if h.endswith("."):
+        h = h[:-1]
+    if not h or len(h) > 253:
+        raise EgressDenied("bad-request", f"not a host name: {host[:80]!r}")
+    try:
+        name = h.encode("idna").decode("ascii").lower()
+    except (UnicodeError, ValueError):
+        raise EgressDenied("bad-request", f"not a host name: {host[:80]!r}") from None
+    labels = name.split(".")
+    for label in labels:
+        if not label or len(label) > 63 or label.startswith("-") or label.endswith("-"):
+            raise EgressDenied("bad-request", f"not a host name: {host[:80]!r}")
+        if not all(c.isascii() and (c.isalnum() or c in "-_") for c in label):
+            raise EgressDenied("bad-request", f"not a host name: {host[:80]!r}")
+    last = labels[-1]
+    if last.isdigit() or (last.startswith("0x") and all(c in "0123456789abcdef"
+                                                        for c in last[2:])):
+        # inet_aton forms such as 2130706433 or 0x7f.1 would resolve to addresses
+        raise EgressDenied("bad-request", f"numeric host name: {host[:80]!r}")
+    return name
+
+
+def classify_address(ip: IPAddress) -> str | None:
+    """Why ``ip`` is not a public destination (a row of :data:`SPECIAL_RANGES`), or None."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    for net, label in SPECIAL_RANGES:
+        if ip.version == net.version and ip in net:
+            return f"{label}, {net}"
+    if not ip.is_global:
+        return "reserved (not globally routable)"
+    return None
+
+
+# --------------------------------------------------------------------------- policy
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One policy entry: ``kind`` ``host`` (exact name), ``suffix`` (``*.suffix``: any name
+    ending in ``.suffix``, not ``suffix`` itself) or ``net`` (an IP address or CIDR);
+    ``port`` None matches every port. ``text`` is the entry as normalized."""
+
+    kind: Literal["host", "suffix", "net"]
+    name: str = ""
+    net: IPNetwork | None = None
+    port: int | None = None
+
+    @property
+    def text(self) -> str:
+        if self.kind == "net":
+            assert self.net is not None
+            core = str(self.net.network_address) if self.net.prefixlen == \
+                self.net.max_prefixlen else str(self.net)
+            if self.port is not None and self.net.version == 6:
+                core = f"[{core}]"
+        else:
+            core = ("*." if self.kind == "suffix" else "") + self.name
+        return core if self.port is None else f"{core}:{self.port}"
+
+    def matches_name(self, name: str, port: int) -> bool:
+        if self.port is not None and self.port != port:
+            return False
+        if self.kind == "host":
+            return name == self.name
+        if self.kind == "suffix":
+            return name.endswith("." + self.name)
+        return False
+
+    def matches_ip(self, ip: IPAddress, port: int) -> bool:
+        if self.kind != "net" or self.net is None:
+            return False
+        if self.port is not None and self.port != port:
+            return False
+        return ip.version == self.net.version and ip in self.net
+
+
+def _port(s: str, entry: str) -> int:
+    if not s.isdigit() or not 0 < int(s) < 65536:
+        raise ConfigInvalidError("network.hosts", f"bad port in {entry!r}")
+    return int(s)
+
+
+def parse_entry(entry: str) -> Rule:
+    """Parse one policy entry: ``name``, ``*.suffix``, an IPv4/IPv6 address or CIDR, each
+    with an optional ``:port`` (an IPv6 address or CIDR with a port goes in brackets:
+    ``[fd00::/8]:443``). Raises :class:`ConfigInvalidError` for anything else."""
+    if not isinstance(entry, str) or not entry.strip() or len(entry) > 300:
+        raise ConfigInvalidError("network.hosts", f"not a host entry: {entry!r}")
+    e = entry.strip()
+    port: int | None = None
+    if e.startswith("["):
+        close = e.find("]")
+        if close < 0:
+            raise ConfigInvalidError("network.hosts", f"unbalanced brackets in {entry!r}")
+        rest = e[close + 1:]
+        if rest:
+            if not rest.startswith(":"):
+                raise ConfigInvalidError("network.hosts", f"not a host entry: {entry!r}")
+            port = _port(rest[1:], entry)
+        e = e[1:close]
+    elif e.count(":") == 1:
+        e, p = e.split(":")
+        port = _port(p, entry)
+    try:
+        net = ipaddress.ip_network(e, strict=True)
+    except ValueError:
+        net = None
+    if net is not None:
+        return Rule("net", net=net, port=port)
+    if "/" in e or ":" in e:
+        raise ConfigInvalidError("network.hosts", f"not an address or CIDR: {entry!r}")
+    kind: Literal["host", "suffix"] = "host"
+    if e.startswith("*."):
+        kind, e = "suffix", e[2:]
+    try:
+        name = normalize_host(e)
+    except EgressDenied:
+        raise ConfigInvalidError("network.hosts", f"not a host name: {entry!r}") from None
+    if not isinstance(name, str):
+        raise ConfigInvalidError("network.hosts", f"not a host entry: {entry!r}")
+    return Rule(kind, name=name, port=port)
+
+
+@dataclass(frozen=True, slots=True)
+class EgressPolicy:
+    """Who may be reached: an immutable value; :meth:`allowing` and :meth:`revoking` give
+    changed copies (the proxy reads its current policy once per new connection).
+
+    ``allowlist`` mode: a name must match a ``host`` or ``suffix`` rule, an IP literal
+    a ``net`` rule. ``unrestricted`` mode: every public destination. In both, an
+    address in :data:`SPECIAL_RANGES` is reachable only when a ``net`` rule lists it,
+    and ``deny`` rules win over everything.
+    """
+
+    mode: Literal["allowlist", "unrestricted"] = "allowlist"
+    allow: tuple[Rule, ...] = ()
+    deny: tuple[Rule, ...] = ()
+
+    @classmethod
+    def allowlist(cls, *entries: str) -> EgressPolicy:
+        return cls("allowlist", tuple(parse_entry(e) for e in entries))
+
+    @classmethod
+    def unrestricted(cls, *listed: str) -> EgressPolicy:
+        """Every public destination, plus the addresses/ranges ``listed``."""
+        return cls("unrestricted", tuple(parse_entry(e) for e in listed))
+
+    def allowing(self, entry: str) -> EgressPolicy:
+        rule = parse_entry(entry)
+        allow = self.allow if rule in self.allow else (*self.allow, rule)
+        return replace(self, allow=allow, deny=tuple(r for r in self.deny if r != rule))
+
+    def revoking(self, entry: str) -> EgressPolicy:
+        """Remove ``entry`` from the allowed rules and add it to ``deny``, so neither a
+        wider rule (``*.suffix``) nor ``unrestricted`` mode still lets it through;
+        :meth:`allowing` the same entry lifts the deny again."""
+        rule = parse_entry(entry)
+        allow = tuple(r for r in self.allow if r != rule)
+        deny = self.deny if rule in self.deny else (*self.deny, rule)
+        return replace(self, allow=allow, deny=deny)
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        return tuple(r.text for r in self.allow)
+
+    def check_name(self, name: str, port: int) -> None:
+        """Raise :class:`EgressDenied` unless ``name:port`` may be resolved and tried."""
+        for r in self.deny:
+            if r.matches_name(name, port):
+                raise EgressDenied("not-allowed", f"{name}:{port} is denied ({r.text})")
+        if self.mode == "unrestricted":
+            return
+        if not any(r.matches_name(name, port) for r in self.allow):
+            raise EgressDenied("not-allowed", f"{name}:{port} is not in the allowlist")
+
+    def check_address(self, ip: IPAddress, port: int, *, by_name: bool) -> None:
+        """Raise :class:`EgressDenied` unless the proxy may connect to ``ip:port``
+        (``by_name``: ``ip`` came from resolving a name that passed :meth:`check_name`)."""
+        for r in self.deny:
+            if r.matches_ip(ip, port):
+                raise EgressDenied("not-allowed", f"{ip} port {port} is denied ({r.text})")
+        if any(r.matches_ip(ip, port) for r in self.allow):
+            return
+        special = classify_address(ip)
+        if special is not None:
+            raise EgressDenied("non-public-address",
+                               f"{ip} is {special}, not listed in the policy")
+        if not by_name and self.mode == "allowlist":
+            raise EgressDenied("not-allowed",
+                               f"IP literal {ip} port {port} is not in the allowlist")
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+@dataclass(frozen=True, slots=True)
+class HttpHead:
+    """A parsed request head: request line parts and headers (names lower-cased, in order)."""
+
+    method: str
+    target: str
+    version: str
+    headers: tuple[tuple[str, str], ...]
+
+    def get_all(self, name: str) -> list[str]:
+        return [v for k, v in self.headers if k == name]
+
+
+_TCHAR: Final = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+                          "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def parse_http_head(data: bytes) -> HttpHead:
+    """Parse a request head ending in CRLF CRLF (at most :data:`MAX_HEADER` bytes).
+    Strict: CRLF line ends, token method and header names, no folding, HTTP/1.0 or 1.1."""
+    if len(data) > MAX_HEADER:
+        raise EgressDenied("too-large", "request header too large")
+    if not data.endswith(b"\r\n\r\n"):
+        raise EgressDenied("bad-request", "request head is not terminated")
+    text = data[:-4].decode("latin-1")
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3:
+        raise EgressDenied("bad-request", "malformed request line")
+    method, target, version = parts
+    if not method or not set(method) <= _TCHAR:
+        raise EgressDenied("bad-request", "malformed method")
+    if version not in ("HTTP/1.0", "HTTP/1.1"):
+        raise EgressDenied("bad-request", "unsupported HTTP version")
+    if not target or any(ord(c) <= 0x20 or ord(c) >= 0x7f for c in target):
+        raise EgressDenied("bad-request", "malformed request target")
+    headers: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        if "\n" in line or "\r" in line or "\0" in line:
+            raise EgressDenied("bad-request", "bare CR or LF in header")
+        name, sep, value = line.partition(":")
+        if not sep or not name or not set(name) <= _TCHAR:
+            raise EgressDenied("bad-request", "malformed header line")
+        headers.append((name.lower(), value.strip(" \t")))
+    return HttpHead(method, target, version, tuple(headers))
+
+
+def _split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``) -> (host, port); raises EgressDenied."""
+    if authority.startswith("["):
+        close = authority.find("]")
+        if close < 0:
+            raise EgressDenied("bad-request", "malformed authority")
+        host, rest = authority[:close + 1], authority[close + 1:]
+    else:
+        host, sep, p = authority.rpartition(":")
+        if not sep:
+            host, rest = authority, ""
+        else:
+            rest = ":" + p
+    if rest:
+        p = rest[1:]
+        if not rest.startswith(":") or not p.isdigit() or len(p) > 5 or not 0 < int(p) < 65536:
+            raise EgressDenied("bad-request", "malformed port")
+        port = int(p)
+    elif default_port is None:
+        raise EgressDenied("bad-request", "CONNECT target needs a port")
+    else:
+        port = default_port
+    if not host:
+        raise EgressDenied("bad-request", "empty host")
+    return host, port
+
+
+def _host_key(host: str) -> str:
+    n = normalize_host(host)
+    return n if isinstance(n, str) else str(n)
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+def _tls_record_length(header: bytes) -> int:
+    if len(header) != 5 or header[0] != 0x16 or header[1] != 3:
+        raise EgressDenied("bad-request", "not a TLS handshake record")
+    length = int.from_bytes(header[3:5], "big")
+    if not 0 < length <= 16384 + 256:
+        raise EgressDenied("bad-request", "bad TLS record length")
+    return length
+
+
+def parse_client_hello(message: bytes) -> str | None:
+    """The SNI host name (normalized) of a ClientHello handshake message (the 4-byte
+    handshake header included, record framing removed), or None if it has none.
+    Raises :class:`EgressDenied` for anything malformed."""
+    bad = EgressDenied("bad-request", "malformed TLS ClientHello")
+    if len(message) < 4 or len(message) > MAX_CLIENT_HELLO or message[0] != 1:
+        raise bad
+    if int.from_bytes(message[1:4], "big") != len(message) - 4:
+        raise bad
+    body = memoryview(message)[4:]
+    pos = 0
+
+    def take(n: int) -> memoryview:
+        nonlocal pos
+        if n < 0 or pos + n > len(body):
+            raise bad
+        out = body[pos:pos + n]
+        pos += n
+        return out
+
+    def u8() -> int:
+        return take(1)[0]
+
+    def u16() -> int:
+        b = take(2)
+        return (b[0] << 8) | b[1]
+
+    take(2 + 32)                       # legacy_version, random
+    sid = u8()
+    if sid > 32:
+        raise bad
+    take(sid)
+    suites = u16()
+    if suites < 2 or suites % 2:
+        raise bad
+    take(suites)
+    comp = u8()
+    if comp < 1:
+        raise bad
+    take(comp)
+    if pos == len(body):
+        return None                    # no extensions at all
+    ext_total = u16()
+    if pos + ext_total != len(body):
+        raise bad
+    sni: str | None = None
+    seen: set[int] = set()
+    while pos < len(body):
+        etype = u16()
+        elen = u16()
+        data = bytes(take(elen))
+        if etype in seen:
+            raise bad
+        seen.add(etype)
+        if etype != 0:
+            continue
+        if len(data) < 2 or int.from_bytes(data[:2], "big") != len(data) - 2:
+            raise bad
+        i = 2
+        names: list[bytes] = []
+        while i < len(data):
+            if i + 3 > len(data):
+                raise bad
+            ntype = data[i]
+            nlen = int.from_bytes(data[i + 1:i + 3], "big")
+            if i + 3 + nlen > len(data) or nlen == 0:
+                raise bad
+            if ntype == 0:
+                names.append(data[i + 3:i + 3 + nlen])
+            i += 3 + nlen
+        if len(names) != 1:
+            raise bad
+        raw = names[0]
+        if not raw.isascii():
+            raise bad
+        try:
+            key = normalize_host(raw.decode("ascii"))
+        except EgressDenied:
+            raise bad from None
+        if not isinstance(key, str):
+            raise bad                  # RFC 6066: SNI is never an IP literal
+        sni = key
+    return sni
+
+
+class _ExactReader(Protocol):
+    async def readexactly(self, n: int, /) -> bytes: ...
+
+
+async def _read_client_hello(reader: _ExactReader) -> tuple[bytes, bytes]:
+    """Read TLS records until one whole ClientHello message: (raw records, message)."""
+    raw = bytearray()
+    msg = bytearray()
+    need: int | None = None
+    while need is None or len(msg) < need:
+        header = await reader.readexactly(5)
+        length = _tls_record_length(header)
+        payload = await reader.readexactly(length)
+        raw += header + payload
+        msg += payload
+        if need is None and len(msg) >= 4:
+            need = 4 + int.from_bytes(msg[1:4], "big")
+            if msg[0] != 1 or need > MAX_CLIENT_HELLO:
+                raise EgressDenied("bad-request", "malformed TLS ClientHello")
+        if len(raw) > MAX_CLIENT_HELLO + 5 * 4:
+            raise EgressDenied("too-large", "TLS ClientHello too large")
+    if len(msg) != need:
+        raise EgressDenied("bad-request", "trailing data after the TLS ClientHello")
+    return bytes(raw), bytes(msg)
+
+
+# --------------------------------------------------------------------------- resolver
+
+
+async def system_resolver(host: str, port: int) -> Sequence[str]:
+    """Resolve ``host`` on the host with the event loop's getaddrinfo (TCP, numeric port)."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICSERV)
+    return [str(info[4][0]) for info in infos]
+
+
+# --------------------------------------------------------------------------- proxy
+
+
+@dataclass(frozen=True, slots=True)
+class EgressLimits:
+    """The proxy's bounds; every wait and every buffer has one."""
+
+    header_bytes: int = MAX_HEADER
+    #: seconds for a client to finish its request (HTTP head, SOCKS negotiation, ClientHello)
+    header_timeout_s: float = 10.0
+    resolve_timeout_s: float = 5.0
+    connect_timeout_s: float = 10.0
+    #: a tunnel with no byte in either direction for this long is closed
+    idle_timeout_s: float = 300.0
+    max_connections: int = 256
+    #: the most denials kept (the oldest are dropped; ``denials_dropped`` counts them)
+    max_denials: int = 1000
+    #: tunnel ports where the client's ClientHello is read and checked *before* the
+    #: upstream connection is opened (on other ports a client's TLS is checked too, but
+    #: after connecting, so that server-speaks-first protocols work)
+    tls_ports: frozenset[int] = _TLS_PORTS
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    host: str                       # as asked (for records)
+    port: int
+    addresses: tuple[str, ...]      # checked addresses, in the order to try
+    tls_host: str                   # what an SNI must equal
+
+
+_SOCKS_OK: Final = b"\x05\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+_TLS_ALERT_ACCESS_DENIED: Final = b"\x15\x03\x03\x00\x02\x02\x31"
+_HTTP_STATUS: Final[dict[DenialKind, tuple[int, str]]] = {
+    "not-allowed": (403, "Forbidden"), "non-public-address": (403, "Forbidden"),
+    "sni-mismatch": (403, "Forbidden"), "bad-request": (400, "Bad Request"),
+    "unresolvable": (502, "Bad Gateway"), "too-large": (431, "Request Header Fields Too Large"),
+    "timeout": (408, "Request Timeout"), "busy": (503, "Service Unavailable"),
+    "unsupported": (501, "Not Implemented"),
+}
+_SOCKS_CODE: Final[dict[DenialKind, int]] = {
+    "not-allowed": 0x02, "non-public-address": 0x02, "sni-mismatch": 0x02,
+    "bad-request": 0x01, "unresolvable": 0x04, "too-large": 0x01, "timeout": 0x01,
+    "busy": 0x01, "unsupported": 0x07,
+}
+_HOP_BY_HOP: Final = frozenset({"connection", "proxy-connection", "keep-alive",
+                                "proxy-authorization", "proxy-authenticate", "te",
+                                "trailer", "upgrade"})
+
+
+def _http_reply(status: int, text: str, reason: str) -> bytes:
+    body = f"corral egress: {reason}\n".encode("utf-8", "replace")
+    return (f"HTTP/1.1 {status} {text}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+            f"X-Corral-Egress: denied\r\n\r\n").encode("latin-1") + body
+
+
+class _UpstreamError(Exception):
+    def __init__(self, socks_code: int, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.socks_code = socks_code
+        self.status = status
+        self.reason = reason
+
+
+@final
+class EgressProxy:
+    """The proxy for one sandbox: ``await start(path)``, then clients connect to ``path``.
+
+    ``policy`` may be replaced at any time (or use :meth:`allow` / :meth:`revoke`);
+    a connection uses the policy current when its request was read. ``resolver``
+    defaults to :func:`system_resolver`; tests inject one.
+    """
+
+    def __init__(self, policy: EgressPolicy, *, resolver: Resolver | None = None,
+                 limits: EgressLimits | None = None) -> None:
+        self.policy = policy
+        self.limits = limits or EgressLimits()
+        self._resolver: Resolver = resolver or system_resolver
+        self._denials: collections.deque[Denial] = collections.deque(
+            maxlen=self.limits.max_denials)
+        self.denials_dropped = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.path: str | None = None
+        self.active = 0
+
+    # ---------------------------------------------------------------- public
+
+    async def start(self, path: str) -> None:
+        """Listen on the unix socket ``path`` (created here; it must not exist)."""
+        self._server = await asyncio.start_unix_server(
+            self._accept, path=path, limit=max(self.limits.header_bytes, _CHUNK))
+        self.path = path
+
+    async def aclose(self) -> None:
+        """Stop listening and close every connection."""
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._writers):
+            w.transport.abort()
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def __aenter__(self) -> EgressProxy:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def allow(self, entry: str) -> None:
+        self.policy = self.policy.allowing(entry)
+
+    def revoke(self, entry: str) -> None:
+        self.policy = self.policy.revoking(entry)
+
+    def denials(self) -> tuple[Denial, ...]:
+        return tuple(self._denials)
+
+    # ---------------------------------------------------------------- internals
+
+    def _record(self, host: str, port: int, err: EgressDenied) -> None:
+        if len(self._denials) == self._denials.maxlen:
+            self.denials_dropped += 1
+        self._denials.append(Denial(host[:255], port, err.kind, err.reason, time.time()))
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._writers.add(writer)
+        busy = self.active >= self.limits.max_connections
+        if not busy:
+            self.active += 1
+        try:
+            if busy and len(self._tasks) > 2 * self.limits.max_connections:
+                self._record("", 0, EgressDenied("busy", "too many connections"))
+                return
+            await self._serve(reader, writer, busy)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, EgressDenied):
+            pass
+        finally:
+            if not busy:
+                self.active -= 1
+            self._writers.discard(writer)
+            self._tasks.discard(task)
+            writer.transport.abort()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     busy: bool) -> None:
+        lim = self.limits
+        try:
+            async with asyncio.timeout(lim.header_timeout_s):
+                first = await reader.readexactly(1)
+        except TimeoutError:
+            return
+        socks = first == b"\x05"
+        if busy:
+            err = EgressDenied("busy", "too many connections")
+            self._record("", 0, err)
+            writer.write(b"\x05\xff" if socks else _http_reply(503, "Service Unavailable",
+                                                               err.reason))
+            await writer.drain()
+            return
+        if socks:
+            await self._socks(reader, writer)
+        else:
+            await self._http(first, reader, writer)
+
+    async def _decide(self, policy: EgressPolicy, host: str, port: int) -> _Target:
+        """Check ``host:port`` against ``policy``, resolving a name on the host."""
+        key = normalize_host(host)
+        if not isinstance(key, str):
+            policy.check_address(key, port, by_name=False)
+            return _Target(host, port, (str(key),), "")
+        policy.check_name(key, port)
+        try:
+            async with asyncio.timeout(self.limits.resolve_timeout_s):
+                resolved = await self._resolver(key, port)
+        except (TimeoutError, OSError, UnicodeError) as e:
+            raise EgressDenied("unresolvable", f"{key} does not resolve ({e})") from None
+        ok: list[str] = []
+        first_err: EgressDenied | None = None
+        for s in list(resolved)[:MAX_ADDRESSES]:
+            ip = _plain_ip(s)
+            if ip is None:
+                first_err = first_err or EgressDenied(
+                    "non-public-address", f"{key} resolves to an unusable address {s[:60]!r}")
+                continue
+            try:
+                policy.check_address(ip, port, by_name=True)
+            except EgressDenied as e:
+                first_err = first_err or EgressDenied(
+                    e.kind, f"{key} resolves to {e.reason}")
+                continue
+            if str(ip) not in ok:
+                ok.append(str(ip))
+        if not ok:
+            raise first_err or EgressDenied("unresolvable", f"{key} resolves to no address")
+        return _Target(host, port, tuple(ok), key)
+
+    async def _connect(self, target: _Target) -> tuple[asyncio.StreamReader,
+                                                       asyncio.StreamWriter]:
+        last = "no address"
+        refused = False
+        for addr in target.addresses:
+            try:
+                async with asyncio.timeout(self.limits.connect_timeout_s):
+                    return await asyncio.open_connection(addr, target.port, limit=_CHUNK)
+            except TimeoutError:
+                last = f"connecting to {addr} port {target.port} timed out"
+            except ConnectionRefusedError:
+                refused = True
+                last = f"{addr} port {target.port} refused the connection"
+            except OSError as e:
+                last = f"cannot reach {addr} port {target.port}: {e.strerror or e}"
+        if refused:
+            raise _UpstreamError(0x05, 502, last)
+        raise _UpstreamError(0x04, 504 if "timed out" in last else 502, last)
+
+    async def _check_tls(self, target: _Target, prefix: bytes,
+                         reader: asyncio.StreamReader) -> bytes:
+        """Given the client's first byte(s), read a whole ClientHello if this is TLS and
+        check its SNI against the target; return the bytes to forward first."""
+        if not prefix or prefix[0] != 0x16:
+            return prefix
+        try:
+            async with asyncio.timeout(self.limits.header_timeout_s):
+                rest = await reader.readexactly(5 - len(prefix)) if len(prefix) < 5 else b""
+                wrapped = _PrefixedReader(prefix + rest, reader)
+                raw, msg = await _read_client_hello(wrapped)
+        except TimeoutError:
+            raise EgressDenied("timeout", "TLS ClientHello not received in time") from None
+        except asyncio.IncompleteReadError:
+            raise EgressDenied("bad-request", "connection closed inside the TLS ClientHello") \
+                from None
+        sni = parse_client_hello(msg)
+        if sni is not None and sni != target.tls_host:
+            raise EgressDenied("sni-mismatch",
+                               f"TLS SNI {sni!r} does not match the tunnel host "
+                               f"{target.tls_host or target.host!r}")
+        return raw
+
+    async def _tunnel(self, target: _Target, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter, send_ok: bytes,
+                      on_upstream_error: Callable[[_UpstreamError], bytes]) -> None:
+        """Connect and pump; TLS ports read the ClientHello before connecting."""
+        if target.port in self.limits.tls_ports:
+            writer.write(send_ok)
+            await writer.drain()
+            try:
+                try:
+                    async with asyncio.timeout(self.limits.header_timeout_s):
+                        prefix = await reader.read(1)
+                except TimeoutError:
+                    raise EgressDenied("timeout", "the client sent nothing in time") from None
+                if not prefix:
+                    return
+                first = await self._check_tls(target, prefix, reader)
+            except EgressDenied as e:
+                self._record(target.host, target.port, e)
+                writer.write(_TLS_ALERT_ACCESS_DENIED)
+                await writer.drain()
+                return
+            try:
+                up_r, up_w = await self._connect(target)
+            except _UpstreamError:
+                return
+        else:
+            try:
+                up_r, up_w = await self._connect(target)
+            except _UpstreamError as e:
+                writer.write(on_upstream_error(e))
+                await writer.drain()
+                return
+            writer.write(send_ok)
+            await writer.drain()
+            first = b""
+        self._writers.add(up_w)
+        try:
+            await self._pump(target, reader, writer, up_r, up_w, first)
+        finally:
+            self._writers.discard(up_w)
+            up_w.transport.abort()
+
+    async def _pump(self, target: _Target, c_r: asyncio.StreamReader,
+                    c_w: asyncio.StreamWriter, u_r: asyncio.StreamReader,
+                    u_w: asyncio.StreamWriter, first: bytes) -> None:
+        idle = self.limits.idle_timeout_s
+        loop = asyncio.get_running_loop()
+        last = [loop.time()]
+        sniff = not first
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                       check_tls: bool) -> None:
+            if check_tls:
+                while True:
+                    try:
+                        async with asyncio.timeout(idle):
+                            data = await src.read(1)
+                        break
+                    except TimeoutError:
+                        if loop.time() - last[0] >= idle:
+                            raise
+                if not data:
+                    if dst.can_write_eof():
+                        dst.write_eof()
+                    return
+                data = await self._check_tls(target, data, src)
+                dst.write(data)
+                await dst.drain()
+                last[0] = loop.time()
+            while True:
+                try:
+                    async with asyncio.timeout(idle):
+                        data = await src.read(_CHUNK)
+                except TimeoutError:
+                    if loop.time() - last[0] < idle:
+                        continue
+                    raise
+                if not data:
+                    if dst.can_write_eof():
+                        dst.write_eof()
+                    return
+                dst.write(data)
+                await dst.drain()
+                last[0] = loop.time()
+
+        if first:
+            u_w.write(first)
+            await u_w.drain()
+        up = asyncio.ensure_future(copy(c_r, u_w, sniff))
+        down = asyncio.ensure_future(copy(u_r, c_w, False))
+        try:
+            pending: set[asyncio.Future[None]] = {up, down}
+            while pending:
+                done, pending = await asyncio.wait(pending,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                for d in done:
+                    exc = d.exception()
+                    if isinstance(exc, EgressDenied):
+                        self._record(target.host, target.port, exc)
+                    if exc is not None:
+                        return
+        finally:
+            for t in (up, down):
+                t.cancel()
+            await asyncio.gather(up, down, return_exceptions=True)
+
+    # ---------------------------------------------------------------- SOCKS5
+
+    async def _socks(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host, port = "", 0
+        replied = False
+        try:
+            async with asyncio.timeout(self.limits.header_timeout_s):
+                (n,) = await reader.readexactly(1)
+                methods = await reader.readexactly(n)
+                if 0 not in methods:
+                    writer.write(b"\x05\xff")
+                    replied = True
+                    raise EgressDenied("unsupported", "SOCKS5 client offers no 'no auth'")
+                writer.write(b"\x05\x00")
+                await writer.drain()
+                ver, cmd, _rsv, atyp = await reader.readexactly(4)
+                if ver != 5:
+                    raise EgressDenied("bad-request", "bad SOCKS version")
+                if atyp == 1:
+                    host = str(ipaddress.IPv4Address(await reader.readexactly(4)))
+                elif atyp == 4:
+                    host = "[" + str(ipaddress.IPv6Address(await reader.readexactly(16))) + "]"
+                elif atyp == 3:
+                    (ln,) = await reader.readexactly(1)
+                    raw = await reader.readexactly(ln)
+                    if not raw.isascii() and not _is_utf8(raw):
+                        raise EgressDenied("bad-request", "SOCKS5 host name is not text")
+                    host = raw.decode("utf-8")
+                else:
+                    writer.write(b"\x05\x08\x00\x01" + bytes(6))
+                    replied = True
+                    raise EgressDenied("unsupported", "SOCKS5 address type not supported")
+                (port,) = struct.unpack("!H", await reader.readexactly(2))
+                if cmd != 1:
+                    raise EgressDenied("unsupported",
+                                       f"SOCKS5 command {cmd} not supported (CONNECT only)")
+                if port == 0:
+                    raise EgressDenied("bad-request", "port 0")
+            target = await self._decide(self.policy, host, port)
+        except TimeoutError:
+            self._record(host, port, EgressDenied("timeout", "SOCKS5 negotiation timed out"))
+            return
+        except EgressDenied as e:
+            self._record(host, port, e)
+            code = _SOCKS_CODE[e.kind]
+            with contextlib.suppress(OSError):
+                if not replied:
+                    writer.write(bytes([5, code, 0, 1]) + bytes(6))
+                await writer.drain()
+            return
+        await self._tunnel(target, reader, writer, _SOCKS_OK,
+                           lambda e: bytes([5, e.socks_code, 0, 1]) + bytes(6))
+
+    # ---------------------------------------------------------------- HTTP
+
+    async def _http(self, first: bytes, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter) -> None:
+        host, port = "", 0
+        try:
+            try:
+                async with asyncio.timeout(self.limits.header_timeout_s):
+                    rest = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.LimitOverrunError:
+                raise EgressDenied("too-large", "request header too large") from None
+            except asyncio.IncompleteReadError:
+                raise EgressDenied("bad-request", "connection closed inside the header") \
+                    from None
+            except TimeoutError:
+                raise EgressDenied("timeout", "request header not received in time") from None
+            data = first + rest
+            if len(data) > self.limits.header_bytes:
+                raise EgressDenied("too-large", "request header too large")
+            head = parse_http_head(data)
+            if head.method == "CONNECT":
+                host, port = _split_authority(head.target, None)
+                target = await self._decide(self.policy, host, port)
+            else:
+                host, port, origin = self._absolute(head)
+                target = await self._decide(self.policy, host, port)
+        except EgressDenied as e:
+            self._record(host, port, e)
+            status, text = _HTTP_STATUS[e.kind]
+            with contextlib.suppress(OSError):
+                writer.write(_http_reply(status, text, e.reason))
+                await writer.drain()
+            return
+        if head.method == "CONNECT":
+            await self._tunnel(target, reader, writer,
+                               b"HTTP/1.1 200 Connection Established\r\n\r\n",
+                               lambda e: _http_reply(e.status, "Bad Gateway"
+                                                     if e.status == 502 else "Gateway Timeout",
+                                                     e.reason))
+        else:
+            await self._forward(head, origin, target, reader, writer)
+
+    def _absolute(self, head: HttpHead) -> tuple[str, int, str]:
+        """Check an absolute-form request; return (host, port, origin-form target)."""
+        t = head.target
+        if not t.lower().startswith("http://"):
+            if t.lower().startswith("https://"):
+                raise EgressDenied("unsupported", "https:// through a plain proxy request; "
+                                   "use CONNECT")
+            raise EgressDenied("bad-request", "a proxy request needs an absolute http:// URI")
+        try:
+            u = urllib.parse.urlsplit(t)
+        except ValueError:
+            raise EgressDenied("bad-request", "malformed URI") from None
+        netloc = u.netloc
+        if "@" in netloc:
+            raise EgressDenied("bad-request", "user info in the URI is not allowed")
+        host, port = _split_authority(netloc, 80)
+        origin = u.path or "/"
+        if not origin.startswith("/"):
+            raise EgressDenied("bad-request", "malformed URI path")
+        if u.query:
+            origin += "?" + u.query
+        hosts = head.get_all("host")
+        if len(hosts) > 1:
+            raise EgressDenied("bad-request", "more than one Host header")
+        if hosts:
+            h_host, h_port = _split_authority(hosts[0], 80)
+            if _host_key(h_host) != _host_key(host) or h_port != port:
+                raise EgressDenied("not-allowed",
+                                   f"Host header {hosts[0][:80]!r} does not match the URI")
+        te = head.get_all("transfer-encoding")
+        if te:
+            raise EgressDenied("unsupported", "request bodies with Transfer-Encoding are not "
+                               "carried; send Content-Length")
+        lengths = head.get_all("content-length")
+        if len(set(lengths)) > 1 or any(not v.isdigit() or len(v) > 18 for v in lengths):
+            raise EgressDenied("bad-request", "bad Content-Length")
+        return host, port, origin
+
+    async def _forward(self, head: HttpHead, origin: str, target: _Target,
+                       reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One request per connection: rewrite to origin-form, send the head and exactly
+        Content-Length body bytes, then copy the response until upstream closes."""
+        try:
+            up_r, up_w = await self._connect(target)
+        except _UpstreamError as e:
+            writer.write(_http_reply(e.status, "Bad Gateway" if e.status == 502
+                                     else "Gateway Timeout", e.reason))
+            await writer.drain()
+            return
+        self._writers.add(up_w)
+        try:
+            connection_listed = {t.strip().lower() for v in head.get_all("connection")
+                                 for t in v.split(",")}
+            lines = [f"{head.method} {origin} {head.version}"]
+            has_host = False
+            for k, v in head.headers:
+                if k in _HOP_BY_HOP or k in connection_listed:
+                    continue
+                has_host = has_host or k == "host"
+                lines.append(f"{k}: {v}")
+            if not has_host:
+                lines.insert(1, f"host: {head.target.split('/')[2]}")
+            lines.append("connection: close")
+            up_w.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            remaining = int(head.get_all("content-length")[0]) if head.get_all(
+                "content-length") else 0
+            idle = self.limits.idle_timeout_s
+            while remaining > 0:
+                async with asyncio.timeout(idle):
+                    chunk = await reader.read(min(remaining, _CHUNK))
+                if not chunk:
+                    return
+                remaining -= len(chunk)
+                up_w.write(chunk)
+                await up_w.drain()
+            await up_w.drain()
+            while True:
+                async with asyncio.timeout(idle):
+                    chunk = await up_r.read(_CHUNK)
+                if not chunk:
+                    break
+                writer.write(chunk)
+                await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
+                await writer.drain()
+        finally:
+            self._writers.discard(up_w)
+            up_w.transport.abort()
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@dataclass(slots=True)
+class _PrefixedReader:
+    """A StreamReader that first returns ``prefix`` (for bytes already read)."""
+
+    prefix: bytes
+    inner: asyncio.StreamReader
+    _pos: int = field(default=0)
+
+    async def readexactly(self, n: int) -> bytes:
+        take = self.prefix[self._pos:self._pos + n]
+        self._pos += len(take)
+        if len(take) == n:
+            return take
+        return take + await self.inner.readexactly(n - len(take))
