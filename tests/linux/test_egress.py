@@ -393,8 +393,7 @@ def test_sni_must_match_the_tunnel_host(tls_port: bool) -> None:
                 head, r, w = await http_connect(path, f"b.c.example.test:{port}")
                 assert head.startswith(b"HTTP/1.1 200")
                 w.write(client_hello("a.example.test"))
-                reply = await r.read()
-                assert reply in (b"", b"\x15\x03\x03\x00\x02\x02\x31")
+                assert await r.read() == b"\x15\x03\x03\x00\x02\x02\x31"   # access_denied
                 w.close()
                 [d] = p.denials()
                 assert d.kind == "sni-mismatch" and "a.example.test" in d.reason
@@ -430,6 +429,44 @@ def test_a_client_hello_split_over_records_is_checked_whole() -> None:
                     assert await r.read() == b"\x15\x03\x03\x00\x02\x02\x31"
                 w.close()
             assert conns == [1] and [d.kind for d in p.denials()] == ["sni-mismatch"]
+    run(t)
+
+
+def test_bulk_data_is_delivered_whole_when_the_upstream_closes_at_once() -> None:
+    blob = os.urandom(1 << 20) * 4
+
+    async def t() -> None:
+        async def send_all(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            w.write(blob)
+            await w.drain()
+            w.close()
+
+        srv = await asyncio.start_server(send_all, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            async with proxy(EgressPolicy.allowlist("api.example.test", LOOP)) as (_p, path,
+                                                                                  _r):
+                head, r, w = await http_connect(path, f"api.example.test:{port}")
+                assert head.startswith(b"HTTP/1.1 200")
+                w.write_eof()                     # both directions end: the tunnel is done
+                await asyncio.sleep(0.3)          # with its last bytes still in flight
+                got = b""
+                while chunk := await r.read(1 << 16):
+                    got += chunk
+                assert len(got) == len(blob) and got == blob
+                w.close()
+                # and the plain HTTP path
+                r, w = await asyncio.open_unix_connection(path)
+                w.write(f"GET http://api.example.test:{port}/ HTTP/1.1\r\n\r\n".encode())
+                await asyncio.sleep(0.2)
+                got = b""
+                while chunk := await r.read(1 << 16):
+                    got += chunk
+                assert got == blob
+                w.close()
+        finally:
+            srv.close()
+            await srv.wait_closed()
     run(t)
 
 

@@ -735,9 +735,9 @@ class EgressProxy:
         finally:
             if not busy:
                 self.active -= 1
+            await _shutdown(writer, self.limits.idle_timeout_s)
             self._writers.discard(writer)
             self._tasks.discard(task)
-            writer.transport.abort()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      busy: bool) -> None:
@@ -873,8 +873,8 @@ class EgressProxy:
         try:
             await self._pump(target, reader, writer, up_r, up_w, first)
         finally:
+            await _shutdown(up_w, self.limits.idle_timeout_s)
             self._writers.discard(up_w)
-            up_w.transport.abort()
 
     async def _pump(self, target: _Target, c_r: asyncio.StreamReader,
                     c_w: asyncio.StreamWriter, u_r: asyncio.StreamReader,
@@ -933,6 +933,8 @@ class EgressProxy:
                     exc = d.exception()
                     if isinstance(exc, EgressDenied):
                         self._record(target.host, target.port, exc)
+                        if not c_w.transport.is_closing():
+                            c_w.write(_TLS_ALERT_ACCESS_DENIED)
                     if exc is not None:
                         return
         finally:
@@ -1122,8 +1124,22 @@ class EgressProxy:
                 writer.write_eof()
                 await writer.drain()
         finally:
+            await _shutdown(up_w, self.limits.idle_timeout_s)
             self._writers.discard(up_w)
-            up_w.transport.abort()
+
+
+async def _shutdown(writer: asyncio.StreamWriter, timeout: float) -> None:
+    """Close ``writer`` after what it buffered is sent, waiting at most ``timeout``
+    (a peer that does not read); then (or on any error) drop the connection."""
+    try:
+        if not writer.transport.is_closing():
+            writer.close()
+        async with asyncio.timeout(min(timeout, 30.0)):
+            await writer.wait_closed()
+    except (OSError, TimeoutError):
+        pass
+    finally:
+        writer.transport.abort()
 
 
 def _is_utf8(raw: bytes) -> bool:
