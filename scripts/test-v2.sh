@@ -4,6 +4,7 @@
 # per host shape (scenarios, see scripts/v2/guest.sh):
 #   a root at the root cgroup   b root in a systemd-service leaf that holds processes
 #   c uid 1000 in a delegated cgroup (Delegate=yes)   d root in a private cgroup namespace
+#   e uid 1000 with nothing delegated (what cannot run must skip with its reason)
 # The guest (kernel, busybox initramfs, debootstrap root with a venv holding pytest and
 # hypothesis) is cached in $CORRAL_V2_CACHE (default ~/.cache/corral-v2) and rebuilt only
 # when its inputs change; the checkout goes in on a second ext4 image each run.
@@ -11,12 +12,12 @@
 #
 # Usage: scripts/test-v2.sh [pytest args...]   (default: the cgroup/host-detection files
 #        of tests/linux, see below; `scripts/test-v2.sh tests/linux -m 'not slow'` for all)
-# Env: CORRAL_V2_SCENARIOS="a b c d", CORRAL_V2_TIMEOUT=600 (s per boot), CORRAL_V2_SMP=2
+# Env: CORRAL_V2_SCENARIOS="a b c d e", CORRAL_V2_TIMEOUT=600 (s per boot), CORRAL_V2_SMP=2
 # Exit: 0 when every scenario passed, 1 when one failed, 2 when the guest could not run.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${CORRAL_V2_CACHE:-$HOME/.cache/corral-v2}
-SCENARIOS=${CORRAL_V2_SCENARIOS:-a b c d}
+SCENARIOS=${CORRAL_V2_SCENARIOS:-a b c d e}
 TIMEOUT=${CORRAL_V2_TIMEOUT:-600}
 BOOT_WAIT=${CORRAL_V2_BOOT_WAIT:-120}
 SMP=${CORRAL_V2_SMP:-2}
@@ -161,7 +162,8 @@ done
 echo "== cgroup v2 guest summary (kernel $KVER; $(( $(date +%s) - T0 ))s; logs in $CACHE/logs) =="
 for s in $SCENARIOS; do
   case $s in a) d="root, root cgroup" ;; b) d="root, leaf with processes" ;;
-    c) d="uid 1000, delegated" ;; d) d="root, cgroup namespace" ;; *) d="?" ;; esac
+    c) d="uid 1000, delegated" ;; d) d="root, cgroup namespace" ;;
+    e) d="uid 1000, nothing delegated" ;; *) d="?" ;; esac
   printf '  %s %-30s %s\n' "$s" "($d)" "${RESULT[$s]}"
   cg=$(tr -d '\r' < "$CACHE/logs/scenario-$s.log" 2>/dev/null | sed -n 's/^V2CGROUPS //p' | tail -1)
   [ -z "$cg" ] || printf '    %-30s %s\n' "corral's cgroups:" "$cg"

@@ -8,6 +8,8 @@
 #   c  uid 1000 in a delegated cgroup (systemd Delegate=yes: the dir and its
 #      cgroup.procs/subtree_control/threads chowned to the user), the shell inside it
 #   d  root in a private cgroup namespace with cgroup2 remounted (docker --cgroupns=private)
+#   e  uid 1000 in a login-session leaf with nothing delegated (root owns it), and
+#      CORRAL_REQUIRE_STRICT unset: what cannot run must skip with its reason, not fail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
 mount -t proc proc /proc
 mount -t sysfs sys /sys
@@ -54,6 +56,13 @@ case "$scenario" in
          umount /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup
          mapfile -t extra < /job/pytest-args
          echo "in $(cat /proc/self/cgroup) (private cgroup namespace)"; run_tests' ); rc=$? ;;
+  e) S=$CG/user.slice/user-1000.slice/session-1.scope
+     mkdir -p $S && enable $CG/user.slice && enable $CG/user.slice/user-1000.slice
+     chown 1000:1000 /tmp/home
+     ( echo $BASHPID > $S/cgroup.procs
+       echo "in $(cat /proc/self/cgroup) as uid 1000, nothing delegated"
+       CORRAL_REQUIRE_STRICT=0 run_tests setpriv --reuid 1000 --regid 1000 --clear-groups \
+         --inh-caps=-all ); rc=$? ;;
   *) echo "unknown scenario '$scenario'"; rc=99 ;;
 esac
 secs=$(( $(date +%s) - start ))
