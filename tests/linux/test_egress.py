@@ -640,6 +640,34 @@ def test_revoke_refuses_new_connections() -> None:
     run(t)
 
 
+def test_unrestricted_mode_through_the_proxy() -> None:
+    async def t() -> None:
+        async with echo_server() as (port, conns), \
+                proxy(EgressPolicy.unrestricted(LOOP)) as (p, path, _r):
+            head, _rd, w = await http_connect(path, f"other.test:{port}")
+            assert head.startswith(b"HTTP/1.1 200")
+            w.close()
+            assert b"metadata" in await refused(path, f"meta.example.test:{port}")
+            assert b"private" in await refused(path, "10.0.0.5:80")
+            p.revoke("other.test")
+            assert (await refused(path, f"other.test:{port}")).startswith(b"HTTP/1.1 403")
+            assert conns == [1]
+    run(t)
+
+
+def test_aclose_ends_open_tunnels() -> None:
+    async def t() -> None:
+        async with echo_server() as (port, _), \
+                proxy(EgressPolicy.allowlist("api.example.test", LOOP)) as (p, path, _r):
+            head, r, w = await http_connect(path, f"api.example.test:{port}")
+            assert head.startswith(b"HTTP/1.1 200")
+            await p.aclose()
+            assert await r.read() == b""
+            w.close()
+            assert p.active == 0
+    run(t)
+
+
 # --------------------------------------------------------------------------- limits
 
 
