@@ -69,6 +69,13 @@ import select
 import sys
 import time
 
+from corral.providers.linux.host.cgroupfiles import (
+    limit_writes,
+    read_int,
+    start_ticks,
+    write_text,
+)
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without loading typing (see "Imports" above)
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -370,36 +377,6 @@ class _Limits:
 _MIB: Final = 1024 * 1024
 
 
-def _start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (``host.cgroups._start_ticks``)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
-
-
-def _write_text(path: str, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
-    try:
-        os.write(fd, value.encode("ascii"))
-    finally:
-        os.close(fd)
-
-
-def _read_int(path: str | None) -> int:
-    if path is None:
-        return 0
-    try:
-        with open(path, "rb") as f:
-            s = f.read().strip()
-    except FileNotFoundError:
-        return 0
-    return int(s) if s.isdigit() else 0
-
-
 def _read_keyed(path: str | None) -> dict[str, int]:
     if path is None:
         return {}
@@ -436,7 +413,7 @@ class _Cgroup:
         """``CgroupManager.create(name, limits)``; OSError on any failure (nothing left)."""
         version, parents, oom_source = support
         pid = os.getpid()
-        full = f"corral-{pid}-{_start_ticks(pid) or 0}-{name}"
+        full = f"corral-{pid}-{start_ticks(pid) or 0}-{name}"
         cg = cls(version, oom_source)
         try:
             for key, parent in parents:
@@ -472,23 +449,15 @@ class _Cgroup:
 
     def _apply(self, limits: _Limits) -> None:
         """``SandboxCgroup.apply``: memory+swap and pids (cpu is accounted, not capped)."""
-        v2 = self.version == "v2"
-        if limits.mem_mb is not None:
-            b = str(limits.mem_mb * _MIB)
-            if v2:
-                self._write("memory", "memory.max", b)
-                self._write("memory", "memory.swap.max", "0")
-            else:  # memsw must stay >= memory: raise memory first
-                self._write("memory", "memory.limit_in_bytes", b)
-                self._write("memory", "memory.memsw.limit_in_bytes", b)
-        if limits.max_processes is not None:
-            self._write("pids", "pids.max", str(limits.max_processes))
+        for key, name, value in limit_writes(self.version, limits.mem_mb,
+                                             limits.max_processes):
+            self._write(key, name, value)
 
     def _write(self, key: str, name: str, value: str) -> None:
         path = self._file(key, name)
         if path is None or not os.path.exists(path):
             raise OSError(errno.ENOENT, f"cgroup file {name} ({key}) missing")
-        _write_text(path, value)
+        write_text(path, value)
 
     @property
     def join_files(self) -> list[str]:
@@ -503,7 +472,7 @@ class _Cgroup:
         if self.version == "v2":
             return _read_keyed(self._file("", "cpu.stat")).get("usage_usec", 0) // 1000
         if self.version == "v1":
-            return _read_int(self._file("cpuacct", "cpuacct.usage")) // 1_000_000
+            return read_int(self._file("cpuacct", "cpuacct.usage")) // 1_000_000
         return 0
 
     def oom_kills(self) -> int:
@@ -512,13 +481,13 @@ class _Cgroup:
         if self.version != "v1":
             return 0
         if not self.oom_source.startswith("memory.oom_control"):  # V1_PEAK_FALLBACK
-            lim = _read_int(self._file("memory", "memory.memsw.limit_in_bytes"))
-            top = _read_int(self._file("memory", "memory.memsw.max_usage_in_bytes"))
+            lim = read_int(self._file("memory", "memory.memsw.limit_in_bytes"))
+            top = read_int(self._file("memory", "memory.memsw.max_usage_in_bytes"))
             return int(0 < lim < 1 << 62 and top >= lim)
         return _read_keyed(self._file("memory", "memory.oom_control")).get("oom_kill", 0)
 
     def peak_mb(self) -> int:
-        peak = _read_int(self._file("memory", "memory.peak" if self.version == "v2"
+        peak = read_int(self._file("memory", "memory.peak" if self.version == "v2"
                                     else "memory.max_usage_in_bytes"))
         return -(-peak // _MIB)
 
@@ -634,7 +603,8 @@ _KEY_SOURCES: Final = (
     "providers/linux/_sys_unsafe.py", "providers/linux/policy/plan.py",
     "providers/linux/policy/seccomp.py", "providers/linux/policy/bpf.py",
     "providers/linux/policy/syscall_numbers.py", "providers/linux/init/mounts.py",
-    "providers/linux/host/cgroups.py", "providers/linux/host/cgroupfs.py")
+    "providers/linux/host/cgroups.py", "providers/linux/host/cgroupfs.py",
+    "providers/linux/host/cgroupfiles.py")
 
 def _package_dir() -> str:
     import corral  # the package itself (its __init__ may not have run: see _corral_cli)
@@ -642,29 +612,10 @@ def _package_dir() -> str:
 
 
 def host_facts() -> dict[str, Any]:
-    """``mounts.detect_host_layout()``'s fields, read the same way, without building the
-    ``HostLayout`` (a dataclass of the plan module); a test holds them equal."""
+    """``mounts.detect_host_layout()``'s fields, without building the ``HostLayout`` (a
+    dataclass of the plan module)."""
     from corral.providers.linux.init import mounts
-    dirs: list[str] = []
-    links: list[tuple[str, str]] = []
-    for d in mounts._SYSTEM_DIRS:
-        if os.path.islink(d):
-            links.append((d, os.readlink(d)))
-        elif os.path.isdir(d):
-            dirs.append(d)
-    prefixes: list[str] = []
-    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-              os.path.dirname(os.path.realpath(sys.executable))):
-        for q in (os.path.abspath(p), os.path.realpath(p)):
-            if q not in prefixes and os.path.isdir(q):
-                prefixes.append(q)
-    return {
-        "euid": os.geteuid(), "egid": os.getegid(), "system_dirs": tuple(dirs),
-        "system_links": tuple(links),
-        "etc_files": tuple(f for f in mounts._ETC_FILES if os.path.exists(f)),
-        "prefixes": tuple(prefixes), "package_root": os.path.dirname(_package_dir()),
-        "dev_nodes": tuple(n for n in mounts._DEV_NODES if os.path.exists(f"/dev/{n}")),
-    }
+    return mounts.host_fields()
 
 
 def _read_bytes(path: str) -> bytes:

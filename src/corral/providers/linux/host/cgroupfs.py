@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal, final
 
 from corral.core.errors import ConfigInvalidError, ProviderError
+from corral.providers.linux.host.cgroupfiles import read_int, read_text, write_text
 
 __all__ = [
     "CgroupSupport",
@@ -239,32 +240,6 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
             for c in ctrls.split(","):
                 out[c] = path
     return out
-
-
-def read_text(path: str) -> str:
-    """The whole file as text."""
-    with open(path, encoding="ascii", errors="replace") as f:
-        return f.read()
-
-
-def write_text(path: str, value: str) -> None:
-    """Write ``value`` in a single write(2), as cgroupfs wants."""
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
-    try:
-        os.write(fd, value.encode("ascii"))
-    finally:
-        os.close(fd)
-
-
-def read_int(path: str | None) -> int:
-    """An integer file; 0 when absent or ``max``."""
-    if path is None:
-        return 0
-    try:
-        s = read_text(path).strip()
-    except FileNotFoundError:
-        return 0
-    return int(s) if s.isdigit() else 0
 
 
 def read_keyed(path: str | None) -> dict[str, int]:

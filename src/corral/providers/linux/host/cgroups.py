@@ -39,6 +39,7 @@ from typing import Final, final
 
 from corral.core.errors import ConfigInvalidError, LevelNotSupportedError, ProviderError
 from corral.core.spec import SandboxLimits
+from corral.providers.linux.host.cgroupfiles import limit_writes, start_ticks
 from corral.providers.linux.host.cgroupfs import (
     V1_PEAK_FALLBACK,
     CgroupSupport,
@@ -63,17 +64,6 @@ __all__ = [
 
 _MIB = 1024 * 1024
 _KILL_DEADLINE_S = 5.0
-
-
-def _start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot; None if gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 _NAME_OK = re.compile(r"[A-Za-z0-9_.]{1,64}")
@@ -133,7 +123,7 @@ class CgroupManager:
             raise ConfigInvalidError("cgroups.name", f"must match [A-Za-z0-9_.]{{1,64}}: {name!r}")
         self.require(limits)
         pid = os.getpid() if owner_pid is None else owner_pid
-        full = f"{self.prefix}-{pid}-{_start_ticks(pid) or 0}-{name}"
+        full = f"{self.prefix}-{pid}-{start_ticks(pid) or 0}-{name}"
         s = self.support
         dirs: dict[str, str] = {}
         cg = SandboxCgroup(full, s.version, dirs, s.oom_source)
@@ -191,7 +181,7 @@ class CgroupManager:
             m = self._name_re.fullmatch(name)
             assert m is not None
             pid, ticks = int(m.group(1)), int(m.group(2))
-            now = _start_ticks(pid)
+            now = start_ticks(pid)
             if now is not None and (ticks == 0 or now == ticks):
                 continue  # owner alive (same process, or its start time was unknown)
             SandboxCgroup(name, self.support.version, dirs, self.support.oom_source).remove()
@@ -238,17 +228,9 @@ class SandboxCgroup:
 
     def apply(self, limits: SandboxLimits) -> None:
         """Write ``limits`` (memory+swap and pids; cpu is accounted, not capped)."""
-        v2 = self.version == "v2"
-        if limits.mem_mb is not None:
-            b = str(limits.mem_mb * _MIB)
-            if v2:
-                self._write("memory", "memory.max", b)
-                self._write("memory", "memory.swap.max", "0")
-            else:  # memsw must stay >= memory: raise memory first
-                self._write("memory", "memory.limit_in_bytes", b)
-                self._write("memory", "memory.memsw.limit_in_bytes", b)
-        if limits.max_processes is not None:
-            self._write("pids", "pids.max", str(limits.max_processes))
+        for key, name, value in limit_writes(self.version, limits.mem_mb,
+                                             limits.max_processes):
+            self._write(key, name, value)
 
     def _write(self, key: str, name: str, value: str) -> None:
         path = self._file(key, name)

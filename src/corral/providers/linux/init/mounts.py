@@ -47,6 +47,12 @@ _ST_TO_MS: Final = ((1, su.MS_RDONLY), (2, su.MS_NOSUID), (4, su.MS_NODEV), (8, 
 def detect_host_layout() -> HostLayout:
     """What this host offers: merged-/usr links, system dirs, prefixes, /etc and /dev files."""
     from corral.providers.linux.policy.plan import HostLayout
+    return HostLayout(**host_fields())
+
+
+def host_fields() -> dict[str, Any]:
+    """:func:`detect_host_layout`'s fields as a plain dict (the CLI's one-shot path keys its
+    cache on them without building the dataclass)."""
     dirs: list[str] = []
     links: list[tuple[str, str]] = []
     for d in _SYSTEM_DIRS:
@@ -61,14 +67,14 @@ def detect_host_layout() -> HostLayout:
             if q not in prefixes and os.path.isdir(q):
                 prefixes.append(q)
     import corral  # the import root is the dir above the package
-    package_root = os.path.dirname(os.path.dirname(os.path.realpath(corral.__file__)))
-    return HostLayout(
-        euid=os.geteuid(), egid=os.getegid(), system_dirs=tuple(dirs),
-        system_links=tuple(links),
-        etc_files=tuple(f for f in _ETC_FILES if os.path.exists(f)),
-        prefixes=tuple(prefixes), package_root=package_root,
-        dev_nodes=tuple(n for n in _DEV_NODES if os.path.exists(f"/dev/{n}")),
-    )
+    package_root = os.path.dirname(os.path.dirname(os.path.realpath(str(corral.__file__))))
+    return {
+        "euid": os.geteuid(), "egid": os.getegid(), "system_dirs": tuple(dirs),
+        "system_links": tuple(links),
+        "etc_files": tuple(f for f in _ETC_FILES if os.path.exists(f)),
+        "prefixes": tuple(prefixes), "package_root": package_root,
+        "dev_nodes": tuple(n for n in _DEV_NODES if os.path.exists(f"/dev/{n}")),
+    }
 
 
 def _locked_flags(path: str) -> int:
