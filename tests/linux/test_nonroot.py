@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -111,16 +112,25 @@ def test_limits_by_is_checked() -> None:
     assert ei.value.field == "limits_by"
 
 
-def test_fitted_defaults_are_said() -> None:
-    """On a host with the controllers, the defaults stay; a provider lists what it left
-    out (here: nothing, or what this host lacks)."""
-    p = LinuxProvider(spares=0)
+def test_fitted_defaults_are_said(tmp_path: Path) -> None:
+    """Where no controller is usable (a cgroup root that does not exist stands in for a
+    host without delegation) the memory and process defaults are left out and listed
+    with the reason; asked explicitly, they are kept (and then refused at create)."""
+    p = LinuxProvider(spares=0, cgroup_root={"memory": str(tmp_path / "none"),
+                                             "pids": str(tmp_path / "none")})
     try:
-        for name in p.unenforced_defaults:
-            assert getattr(p.options.default_limits, name) is None
-        assert p.options.default_limits.disk_mb == 256
+        assert set(p.unenforced_defaults) == {"mem_mb", "max_processes"}
+        assert all(p.unenforced_defaults.values())
+        d = p.options.default_limits
+        assert (d.mem_mb, d.max_processes, d.disk_mb) == (None, None, 256)
     finally:
         asyncio.run(p.aclose())
+    q = LinuxProvider(spares=0, cgroup_root={"memory": str(tmp_path / "none")},
+                      default_limits=SandboxLimits(mem_mb=128))
+    try:
+        assert q.unenforced_defaults == {} and q.options.default_limits.mem_mb == 128
+    finally:
+        asyncio.run(q.aclose())
 
 
 def test_refusal_is_level_not_supported_naming_the_field() -> None:

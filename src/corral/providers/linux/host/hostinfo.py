@@ -427,8 +427,10 @@ def _linux_rows(info: HostInfo) -> tuple[tuple[Row, ...], bool, str]:
     summary = (f"boundary complete; refused when asked: {', '.join(lacking)}" if lacking
                else "every boundary and limit enforced")
     # the default spec (no limits asked): the provider's defaults fit the host
-    dropped = [what for ctrls, what in ((("memory", "memsw"), "memory (512 MiB)"),
-                                        (("pids",), "processes (256)"))
+    from corral.providers.linux.policy.plan import DEFAULT_LIMITS
+    dropped = [what for ctrls, what in (
+        (("memory", "memsw"), f"memory ({DEFAULT_LIMITS.mem_mb} MiB)"),
+        (("pids",), f"processes ({DEFAULT_LIMITS.max_processes})"))
                if any(x not in cg.available for x in ctrls)]
     if dropped:
         summary += (f"; the default spec runs without its default {' and '.join(dropped)} "
