@@ -13,6 +13,7 @@ import contextlib
 import ipaddress
 import os
 import shutil
+import socket
 import ssl
 import struct
 import tempfile
@@ -652,6 +653,39 @@ def test_unrestricted_mode_through_the_proxy() -> None:
             p.revoke("other.test")
             assert (await refused(path, f"other.test:{port}")).startswith(b"HTTP/1.1 403")
             assert conns == [1]
+    run(t)
+
+
+def test_add_listener_serves_a_tcp_socket_and_closes_it_at_aclose() -> None:
+    """A listening TCP socket (as a sandbox's netns would hand over by fd) is served
+    like the unix socket, with the same policy and denial list, and closed at aclose."""
+    async def t() -> None:
+        async with echo_server() as (port, conns), \
+                proxy(EgressPolicy.allowlist("api.example.test", LOOP)) as (p, _path, _r):
+            lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            lsock.bind(("127.0.0.1", 0))
+            lsock.listen(16)
+            lport = lsock.getsockname()[1]
+            await p.add_listener(lsock)
+            r, w = await asyncio.open_connection("127.0.0.1", lport)
+            w.write(f"CONNECT api.example.test:{port} HTTP/1.1\r\n\r\n".encode())
+            assert (await r.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            w.write(b"over tcp")
+            assert await r.readexactly(8) == b"over tcp"
+            w.close()
+            r, w = await asyncio.open_connection("127.0.0.1", lport)
+            w.write(f"CONNECT other.test:{port} HTTP/1.1\r\n\r\n".encode())
+            assert (await r.read()).startswith(b"HTTP/1.1 403")
+            w.close()
+            assert [d.host for d in p.denials()] == ["other.test"] and conns == [1]
+            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            with pytest.raises(ConfigInvalidError):
+                await p.add_listener(udp)
+            udp.close()
+            await p.aclose()
+            assert lsock.fileno() == -1
+            with pytest.raises(ConnectionRefusedError):
+                await asyncio.open_connection("127.0.0.1", lport)
     run(t)
 
 

@@ -667,7 +667,7 @@ class EgressProxy:
         self._denials: collections.deque[Denial] = collections.deque(
             maxlen=self.limits.max_denials)
         self.denials_dropped = 0
-        self._server: asyncio.AbstractServer | None = None
+        self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self.path: str | None = None
@@ -677,23 +677,37 @@ class EgressProxy:
 
     async def start(self, path: str) -> None:
         """Listen on the unix socket ``path`` (created here; it must not exist)."""
-        self._server = await asyncio.start_unix_server(
+        server = await asyncio.start_unix_server(
             self._accept, path=path, limit=max(self.limits.header_bytes, _CHUNK))
+        self._servers.append(server)
         self.path = path
 
+    async def add_listener(self, sock: socket.socket) -> None:
+        """Also serve connections accepted on ``sock``, an already-listening stream socket
+        of any family (e.g. a TCP socket on 127.0.0.1 made inside a sandbox's network
+        namespace and passed to the host by fd). The proxy owns ``sock`` from now on and
+        closes it at :meth:`aclose`. Clients on every listener share one policy, one
+        denial list and one connection limit."""
+        if sock.type != socket.SOCK_STREAM:
+            raise ConfigInvalidError("egress.listener", "not a stream socket")
+        sock.setblocking(False)
+        server = await asyncio.start_server(
+            self._accept, sock=sock, limit=max(self.limits.header_bytes, _CHUNK))
+        self._servers.append(server)
+
     async def aclose(self) -> None:
-        """Stop listening and close every connection."""
-        if self._server is not None:
-            self._server.close()
+        """Stop listening (closing every listener) and close every connection."""
+        servers, self._servers = self._servers, []
+        for server in servers:
+            server.close()
         for w in list(self._writers):
             w.transport.abort()
         for t in list(self._tasks):
             t.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        for server in servers:
+            await server.wait_closed()
 
     async def __aenter__(self) -> EgressProxy:
         return self
