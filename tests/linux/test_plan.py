@@ -153,11 +153,15 @@ def test_level_below_strict_is_refused() -> None:
 
 @pytest.mark.parametrize("policy", [NetworkPolicy.allowlist("example.org"),
                                     NetworkPolicy.unrestricted()])
-def test_network_other_than_none_is_refused_naming_it(policy: NetworkPolicy) -> None:
-    with pytest.raises(LevelNotSupportedError) as ei:
-        plan(spec(network=policy))
-    assert policy.kind in ei.value.missing
-    assert ei.value.field == "network"
+def test_network_allowlist_and_unrestricted_are_planned(policy: NetworkPolicy) -> None:
+    # the namespace stays loopback-only; the egress proxy is the way out (issue 13)
+    assert plan(spec(network=policy)).network == policy.kind
+
+
+def test_network_entry_the_proxy_cannot_read_is_config_invalid() -> None:
+    with pytest.raises(ConfigInvalidError) as ei:
+        plan(spec(network=NetworkPolicy.allowlist("example.org:99999")))
+    assert ei.value.field == "network.hosts"
 
 
 def test_image_without_a_handler_mode_is_refused() -> None:

@@ -270,9 +270,9 @@ def test_refusals(linux: Any) -> None:
         from corral.core.spec import NetworkPolicy
         with pytest.raises(LevelNotSupportedError):
             await p.create(SandboxSpec(tenant_id="t", run_id="r", level="context-isolated"))
-        with pytest.raises(LevelNotSupportedError, match="allowlist"):
+        with pytest.raises(ConfigInvalidError, match="network.hosts"):  # issue 13
             await p.create(SandboxSpec(tenant_id="t", run_id="r",
-                                       network=NetworkPolicy.allowlist("example.org")))
+                                       network=NetworkPolicy.allowlist("example.org:0")))
 
     linux(test)
 

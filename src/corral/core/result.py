@@ -40,6 +40,7 @@ __all__ = [
     "OUTCOME_EXIT_STATUS",
     "ExecResult",
     "ExitStatus",
+    "NetworkDenial",
     "Outcome",
     "OutputBuffer",
     "OutputCallback",
@@ -93,6 +94,19 @@ LIMIT_OF: Final[Mapping[Outcome, str]] = {
     Outcome.PROCESSES_LIMIT: "processes", Outcome.DISK_LIMIT: "disk",
 }
 
+@final
+@dataclass(frozen=True, slots=True)
+class NetworkDenial:
+    """One connection a sandbox's network policy refused: the host (name or address)
+    and port asked for, ``kind`` (e.g. ``not-allowed``, ``non-public-address``,
+    ``sni-mismatch``; see docs/network.md) and the reason in words."""
+
+    host: str
+    port: int
+    kind: str
+    reason: str
+
+
 _MISSING_COMMAND_ERRNOS = frozenset(
     {errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ENOEXEC, errno.ELOOP, errno.EISDIR})
 
@@ -128,6 +142,9 @@ class RunResult:
         node_heap_mb_applied: ``--max-old-space-size`` went into ``NODE_OPTIONS``.
         strays_killed: processes outside the child's process group (they had
             called ``setsid`` or ``setpgid``) that the runner found and killed.
+        denials: connections the sandbox's network policy refused while the run
+            went on (by any process of the sandbox), oldest first; empty where
+            the policy is ``none`` (nothing is asked: nothing leaves).
     """
 
     outcome: Outcome = Outcome.EXIT
@@ -146,6 +163,7 @@ class RunResult:
     cwd_owned: bool = False
     node_heap_mb_applied: bool = False
     strays_killed: int = 0
+    denials: tuple[NetworkDenial, ...] = ()
 
     @property
     def stdout_text(self) -> str:
@@ -240,6 +258,8 @@ class RunResult:
             "cwd": self.cwd, "cwd_owned": self.cwd_owned,
             "node_heap_mb_applied": self.node_heap_mb_applied,
             "strays_killed": self.strays_killed,
+            "denials": [{"host": d.host, "port": d.port, "kind": d.kind, "reason": d.reason}
+                        for d in self.denials],
         })
         return doc
 

@@ -168,26 +168,58 @@ NetworkKind = Literal["none", "allowlist", "unrestricted"]
 class NetworkPolicy:
     """Network access. ``none`` (the default) leaves loopback only.
 
+    ``allowlist``: only ``hosts`` (names, ``*.suffix`` wildcards, IP literals or
+    CIDRs, each with an optional ``:port``; see docs/network.md). ``unrestricted``:
+    every public destination; its ``hosts`` can only open non-public ranges (e.g.
+    ``10.0.0.0/8``). ``secret_headers``: ``{host entry: {header: value}}`` that a
+    provider adds at egress to requests for that host only, so the sandbox never
+    sees the values (the entry must also be allowed); ``repr`` shows the header
+    names, never the values.
+
     Providers fail closed: a policy they cannot enforce is refused.
     """
 
     kind: NetworkKind = "none"
     hosts: tuple[str, ...] = ()
+    secret_headers: Mapping[str, Mapping[str, str]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.kind not in ("none", "allowlist", "unrestricted"):
             raise ConfigInvalidError("network.kind", f"unknown value {self.kind!r}")
         hosts = tuple(self.hosts)
         object.__setattr__(self, "hosts", hosts)
-        if self.kind == "allowlist":
-            if not hosts:
-                raise ConfigInvalidError("network.hosts", "an allowlist needs at least one host")
-            for i, h in enumerate(hosts):
-                if not isinstance(h, str) or not h.strip() or any(c.isspace() for c in h):
-                    raise ConfigInvalidError(f"network.hosts[{i}]", f"not a host name: {h!r}")
-        elif hosts:
-            raise ConfigInvalidError(
-                "network.hosts", f"hosts only go with kind 'allowlist', not {self.kind!r}")
+        for i, h in enumerate(hosts):
+            if not isinstance(h, str) or not h.strip() or any(c.isspace() for c in h):
+                raise ConfigInvalidError(f"network.hosts[{i}]", f"not a host name: {h!r}")
+        if self.kind == "allowlist" and not hosts:
+            raise ConfigInvalidError("network.hosts", "an allowlist needs at least one host")
+        if self.kind == "none" and hosts:
+            raise ConfigInvalidError("network.hosts", "hosts do not go with kind 'none'")
+        secrets: dict[str, dict[str, str]] = {}
+        for entry, headers in dict(self.secret_headers).items():
+            if not isinstance(entry, str) or not entry.strip():
+                raise ConfigInvalidError("network.secret_headers", "keys must be host entries")
+            if self.kind == "none":
+                raise ConfigInvalidError("network.secret_headers",
+                                         "secret headers do not go with kind 'none'")
+            hs: dict[str, str] = {}
+            for name, value in dict(headers).items():
+                if not (isinstance(name, str) and isinstance(value, str) and name.strip()
+                        and ":" not in name and not any(c in name + value for c in "\r\n\0")):
+                    raise ConfigInvalidError(f"network.secret_headers[{entry!r}]",
+                                             f"not a usable header: {name!r}")
+                hs[name] = value
+            secrets[entry] = hs
+        object.__setattr__(self, "secret_headers", secrets)
+
+    def __repr__(self) -> str:
+        shown = {e: sorted(h) for e, h in self.secret_headers.items()}
+        extra = f", secret_headers={shown!r} (values hidden)" if shown else ""
+        return f"NetworkPolicy(kind={self.kind!r}, hosts={self.hosts!r}{extra})"
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.hosts, tuple(sorted(
+            (e, tuple(sorted(h.items()))) for e, h in self.secret_headers.items()))))
 
     @classmethod
     def none(cls) -> NetworkPolicy:
@@ -198,8 +230,9 @@ class NetworkPolicy:
         return cls(kind="allowlist", hosts=hosts)
 
     @classmethod
-    def unrestricted(cls) -> NetworkPolicy:
-        return cls(kind="unrestricted")
+    def unrestricted(cls, *listed: str) -> NetworkPolicy:
+        """Every public destination, plus the non-public ranges ``listed``."""
+        return cls(kind="unrestricted", hosts=listed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -69,7 +69,7 @@ async def launch(plan: SandboxPlan, prog: bytes, cancel: CancelToken | None, *,
             raise
         finally:
             sb_end.close()
-        chan = Channel(host_end, what=f"sandbox {sid}")
+        chan = Channel(host_end, what=f"sandbox {sid}", accept_fds=True)
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT_S):
                 hello = await race(chan.hello, cancel)

@@ -22,6 +22,7 @@ from corral.images.cache import ImageCache, UnpackedImage, unreachable_part
 from corral.providers.linux import _sys_unsafe as su
 from corral.providers.linux.host.channel import Zygote
 from corral.providers.linux.host.cpuwatch import CpuWatch
+from corral.providers.linux.host.egress import Resolver
 from corral.providers.linux.host.launch import launch, race
 from corral.providers.linux.host.sandbox import LinuxSandbox
 from corral.providers.linux.host.spares import Launched, Reaper, kill_launched, shape_key
@@ -109,6 +110,15 @@ class LinuxProvider(SandboxProvider):
             be given again). A read-only bind stays read-only (EROFS) even where
             that uid could write.
 
+        egress_resolver: ``async (host, port) -> [address, ...]``, how the egress
+            proxy of a sandbox with network ``allowlist``/``unrestricted`` resolves
+            names on the host (default: the host's resolver, ``getaddrinfo``); tests
+            map names to their loopback servers. See docs/network.md.
+
+    Network: ``none`` (loopback only), ``allowlist`` and ``unrestricted``; the latter
+    two reach out only through the sandbox's egress proxy on the host (see
+    ``netrelay.py``). Every sandbox has ``expose(port)`` (``preview-url``).
+
     Limits the host cannot enforce are refused at ``create`` with
     LevelNotSupportedError naming the missing primitive; so are a missing
     seccomp filter and missing namespaces. ``reaped_orphans`` lists the cgroups
@@ -125,7 +135,8 @@ class LinuxProvider(SandboxProvider):
                  stdout_cap: int = DEFAULT_MAX_STDOUT_BYTES,
                  stderr_cap: int = DEFAULT_MAX_STDERR_BYTES, spares: int = 1,
                  image_cache_dir: str | None = None, ro_binds: Sequence[str] = (),
-                 binds: Sequence[Bind] = ()) -> None:
+                 binds: Sequence[Bind] = (),
+                 egress_resolver: Resolver | None = None) -> None:
         from corral.providers.linux.host.cgroups import CgroupManager
         if isinstance(spares, bool) or not isinstance(spares, int) or not 0 <= spares <= 8:
             raise ConfigInvalidError("spares", f"must be an integer 0..8, got {spares!r}")
@@ -149,7 +160,9 @@ class LinuxProvider(SandboxProvider):
         self.reaped_orphans: tuple[str, ...] = tuple(self._cgroups.reap_orphans())
         self.snapshots = SnapshotStore()
         caps = {"strict", "streaming", "streaming-exec", "warm-fork", "process-count",
-                "snapshot", "restore"}
+                "snapshot", "restore", "network-allowlist", "network-unrestricted",
+                "preview-url"}
+        self._egress_resolver = egress_resolver
         if self._cgroups.support.has("freezer"):
             caps.add("pause")
         self.capabilities = frozenset(caps)
@@ -296,6 +309,12 @@ class LinuxProvider(SandboxProvider):
             await asyncio.shield(kill_launched(item, self._reaper))
             raise
         self._live.add(sb)
+        if spec.network.kind != "none":
+            try:  # before the sandbox is handed out: no command has run in it yet
+                await sb._start_network()
+            except BaseException:
+                await asyncio.shield(sb.destroy())
+                raise
         return sb
 
     async def preload_python(self, modules: Sequence[str], *,

@@ -19,7 +19,7 @@ from corral.core.errors import (
     ProviderError,
     error_from_code,
 )
-from corral.core.result import Outcome, OutputBuffer, RunResult
+from corral.core.result import NetworkDenial, Outcome, OutputBuffer, RunResult
 from corral.core.spec import (
     ExecOpts,
     ProcessOpts,
@@ -29,6 +29,7 @@ from corral.core.spec import (
 )
 from corral.providers.confined import split_relative
 from corral.providers.linux.host.channel import REQUEST_TIMEOUT_S, Channel
+from corral.providers.linux.host.netrelay import SandboxNetwork, proxy_env
 from corral.providers.linux.host.process import (
     ExitInfo,
     LinuxProcess,
@@ -106,6 +107,12 @@ class LinuxSandbox(Sandbox):
         self._cpu_over = 0
         self._resumed = asyncio.Event()
         self._resumed.set()
+        #: the egress proxy (network allowlist/unrestricted) and preview URLs; started
+        #: by the provider's create before the sandbox is handed out
+        self.network = SandboxNetwork(spec.network, self._agent_socket,
+                                      resolver=provider._egress_resolver)
+        #: what every command's env gets for the network (the proxy's variables)
+        self._net_env: dict[str, str] = {}
         channel.set_event_handler(self._on_event)
         channel.on_violation = self._on_violation
         channel.closed.add_done_callback(lambda _f: self._on_agent_gone())
@@ -182,6 +189,33 @@ class LinuxSandbox(Sandbox):
             raise error_from_code(str(h["error"])[:_MAX_REASON], reason)
         return h, p
 
+    async def _agent_socket(self) -> int:
+        """A fresh unbound TCP socket of the sandbox's network namespace, from its agent
+        (checked by the caller: see ``netrelay.check_agent_socket``)."""
+        self._live()
+        await self._resumed.wait()
+        self._live()
+        h, _p, fds = await self._chan.request({"op": "socket"}, max_fds=1,
+                                              timeout=REQUEST_TIMEOUT_S)
+        if "error" in h or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise ProviderError(f"sandbox agent gave no socket: "
+                                f"{str(h.get('reason', h.get('error', '?')))[:_MAX_REASON]}")
+        return fds[0]
+
+    async def _start_network(self) -> None:
+        """Serve the egress proxy inside the sandbox (policy allowlist/unrestricted) and
+        point every command's env at it; called once, by the provider's create."""
+        await self.network.start()
+        if self.network.proxy is None:
+            return
+        bundle = None
+        if self.network.ca_bundle_pem is not None:
+            bundle = f"{self.plan.work_dir}/{CA_BUNDLE_NAME}"
+            await self.write_file(bundle, _system_cas() + self.network.ca_bundle_pem)
+        self._net_env = proxy_env(bundle)
+
     def _payload_cap(self) -> int:
         """The largest payload the agent may send: what it could hold in memory (it
         builds a reply whole), at least the writable area's size."""
@@ -190,6 +224,7 @@ class LinuxSandbox(Sandbox):
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         out = dict(self.plan.env_base)
+        out.update(self._net_env)
         if env:
             out.update(env)
         return out
@@ -387,6 +422,7 @@ class LinuxSandbox(Sandbox):
         opts = opts or ExecOpts()
         loop = asyncio.get_running_loop()
         started = loop.time()
+        denial_mark = self.network.denial_mark()
         # counters before this command (a sandbox that never ran one has none yet)
         before = (self._oom_kills(), self._pids_max_events()) if self._ran else (0, 0)
         run, in_w, out_r, err_r, spawn_err = await self._start(argv, opts.env, opts.cwd)
@@ -415,7 +451,7 @@ class LinuxSandbox(Sandbox):
                 outcome=outcome, exit_code=code, stdout=bufs[0].value(), stderr=bufs[1].value(),
                 stdout_truncated=bufs[0].truncated, stderr_truncated=bufs[1].truncated,
                 duration_ms=float(wall), limit_value=limit, observed=observed, detail=detail,
-                usage=usage)
+                usage=usage, denials=self.network.denials_since(denial_mark))
 
         readers = [PipeReader(out_r, sink(0)), PipeReader(err_r, sink(1))]
         try:
@@ -600,8 +636,39 @@ class LinuxSandbox(Sandbox):
         self._paused = False
         self._resumed.set()
 
+    # -- network: the egress policy at run time and preview URLs -------------------------
+    def allow_host(self, entry: str) -> None:
+        """Allow ``entry`` (a host name, ``*.suffix``, IP literal or CIDR, optional
+        ``:port``; see docs/network.md) for new connections from now on; lifts an
+        earlier :meth:`revoke_host` of the same entry. Open tunnels are not touched.
+        ConfigInvalidError for a bad entry or a sandbox with network ``none``."""
+        self._live()
+        self.network.allow(entry)
+
+    def revoke_host(self, entry: str) -> None:
+        """Refuse ``entry`` for new connections from now on, even under a wider rule
+        (``*.suffix``) or ``unrestricted``; connections already open stay open."""
+        self._live()
+        self.network.revoke(entry)
+
+    def network_denials(self) -> tuple[NetworkDenial, ...]:
+        """Every connection the network policy refused so far (the most recent 1000)."""
+        return self.network.all_denials()
+
+    async def expose(self, port: int) -> str:
+        """The ``preview-url`` capability: a URL on the host's loopback
+        (``http://127.0.0.1:N/``) whose connections are forwarded to TCP ``port`` on
+        the sandbox's loopback (whatever protocol is spoken there). Exposing a port
+        again returns the same URL. Closed by :meth:`unexpose` and at destroy."""
+        self._live()
+        return await self.network.expose(port)
+
+    async def unexpose(self, port: int) -> None:
+        """Stop ``port``'s preview URL and cut its open connections (idempotent)."""
+        await self.network.unexpose(port)
+
     async def destroy(self) -> None:
-        """End the sandbox. Idempotent.
+        """End the sandbox (its egress proxy and preview URLs with it). Idempotent.
 
         The promise: once destroy returns, no process of the sandbox executes
         another instruction of user space, and none can be started. The agent
@@ -617,6 +684,12 @@ class LinuxSandbox(Sandbox):
         """
         if self._destroyed:
             return
+        try:
+            await self._destroy()
+        finally:
+            await self.network.aclose()
+
+    async def _destroy(self) -> None:
         self._destroyed = True
         self._provider._forget(self)
         self._chan.close()
@@ -653,6 +726,26 @@ class LinuxSandbox(Sandbox):
                 self._provider._reaper.submit(cg)
             else:
                 await asyncio.to_thread(kill_and_remove, cg)
+
+
+#: the CA bundle's name under /work when the policy has secrets (system CAs + the
+#: sandbox's own egress CA)
+CA_BUNDLE_NAME = ".corral-ca-bundle.pem"
+
+
+def _system_cas() -> bytes:
+    """The host's system CA bundle (the file OpenSSL's default names), or nothing."""
+    import ssl
+    paths = ssl.get_default_verify_paths()
+    for path in (paths.cafile, paths.openssl_cafile, "/etc/ssl/certs/ca-certificates.crt"):
+        if path:
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+                return data if data.endswith(b"\n") else data + b"\n"
+            except OSError:
+                continue
+    return b""
 
 
 def _to_fd(on_output: Callable[[int, bytes], object] | None, fd: int

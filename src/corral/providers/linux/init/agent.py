@@ -161,6 +161,8 @@ class _Agent:
                 self.send({"id": rid, "ok": True})
             elif op == "ping":
                 self.send({"id": rid, "ok": True})
+            elif op == "socket":
+                self.new_socket(rid, h)
             else:
                 self.send({"id": rid, "error": "config-invalid", "field": "op",
                            "reason": f"unknown op {op!r}"})
@@ -175,6 +177,23 @@ class _Agent:
                            "reason": f"no such file: {e.filename or h.get('path')!r}"})
         except OSError as e:
             self.send({"id": rid, "error": "os", "errno": e.errno or 0, "reason": str(e)})
+
+    def new_socket(self, rid: Any, h: Mapping[str, Any]) -> None:
+        """Reply with a fresh, unbound TCP socket of the sandbox's network namespace
+        (``family``: 4 or 6), passed to the host as SCM_RIGHTS. The host binds or
+        connects it itself: a socket stays in the namespace it was made in, so the
+        host's egress listener on 127.0.0.1 and its preview-URL connections to a port
+        inside live here while the host drives them. The agent keeps no copy."""
+        family = socket.AF_INET6 if h.get("family") == 6 else socket.AF_INET
+        s = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            data = _frames.encode({"id": rid, "ok": True, "nfds": 1})
+            n = self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                            s.fileno().to_bytes(4, sys.byteorder))])
+            if n < len(data):
+                self.sock.sendall(data[n:])
+        finally:
+            s.close()
 
     def _resolve(self, prog: str, path_env: str) -> str:
         if "/" in prog:

@@ -1,0 +1,299 @@
+"""A strict sandbox's way out and way in: its egress proxy and its preview URLs.
+
+**Egress** (network ``allowlist`` / ``unrestricted``). The sandbox keeps its own
+network namespace with loopback only: no interface, no route out. At creation,
+before any command runs, the host asks the sandbox's agent for a fresh, unbound
+TCP socket (``op: socket``): a socket belongs for life to the namespace it was
+made in, so the host binds it to ``127.0.0.1:3128`` *inside the sandbox's
+namespace*, listens, and serves the :class:`~corral.providers.linux.host.egress.EgressProxy`
+on it (``add_listener``). A connection from inside to 127.0.0.1:3128 lands
+directly in the host's proxy: no relay process in the sandbox, nothing to kill
+or starve there, the same for a root or non-root sandbox. ``HTTP_PROXY``,
+``HTTPS_PROXY`` (HTTP CONNECT and plain HTTP) and ``ALL_PROXY`` (SOCKS5 with
+host names, ``socks5h://``) and their lower-case forms point there. A program that
+ignores them has no route and gets no connection at all. The proxy decides on
+the host: names resolved on the host, ranges checked, SNI checked (see
+``egress.py`` and docs/network.md).
+
+**Preview URLs** (``expose``). The host listens on its own loopback
+(``127.0.0.1``, a free port); for each connection it asks the agent for another
+fresh socket, connects it to ``127.0.0.1:PORT`` (the sandbox's loopback: the
+socket lives there) and copies bytes both ways. Every listener and connection is
+closed at ``unexpose`` or destroy.
+
+Sockets from the agent are checked before use (a socket, ``AF_INET``, TCP, not
+bound, not connected, not listening): the agent is pid 1 of a sandbox and is
+read as hostile like every frame from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import stat
+from collections.abc import Awaitable, Callable
+from typing import Final, final
+
+from corral.core.errors import ConfigInvalidError, ProviderError
+from corral.core.result import NetworkDenial
+from corral.core.spec import NetworkPolicy
+from corral.providers.linux.host.egress import EgressPolicy, EgressProxy, Resolver
+
+__all__ = ["PROXY_HOST", "PROXY_PORT", "SandboxNetwork", "check_agent_socket", "proxy_env"]
+
+#: where the egress proxy listens inside every sandbox with network allowlist/unrestricted
+PROXY_HOST: Final = "127.0.0.1"
+PROXY_PORT: Final = 3128
+#: preview URLs open at once per sandbox, at most
+MAX_EXPOSED: Final = 16
+#: connections through one preview URL at once, at most (more wait in the backlog)
+MAX_PREVIEW_CONNECTIONS: Final = 64
+_CHUNK: Final = 256 * 1024
+
+#: asks the sandbox's agent for one fresh unbound TCP socket of its namespace (its fd)
+NewSocket = Callable[[], Awaitable[int]]
+
+
+def proxy_env(ca_bundle: str | None = None) -> dict[str, str]:
+    """The variables that point a sandbox's programs at its egress proxy (and, with
+    ``ca_bundle``, at the CA bundle that trusts the proxy's per-sandbox CA).
+
+    ``NO_PROXY`` lists the sandbox's own loopback: a client talking to a server
+    inside the sandbox must not go through the proxy (which would refuse
+    loopback anyway); it opens nothing, since loopback is all the namespace has.
+    """
+    http = f"http://{PROXY_HOST}:{PROXY_PORT}"
+    socks = f"socks5h://{PROXY_HOST}:{PROXY_PORT}"
+    env = {"HTTP_PROXY": http, "HTTPS_PROXY": http, "ALL_PROXY": socks,
+           "NO_PROXY": "localhost,127.0.0.1,::1"}
+    env.update({k.lower(): v for k, v in env.items()})
+    if ca_bundle is not None:
+        for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "NODE_EXTRA_CA_CERTS",
+                     "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"):
+            env[name] = ca_bundle
+    return env
+
+
+def check_agent_socket(fd: int) -> socket.socket:
+    """``fd`` (from the agent) as a socket object, if it is what was asked for: an
+    ``AF_INET`` TCP socket, not bound, not connected, not listening. Otherwise it is
+    closed and ProviderError raised."""
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise ProviderError("the sandbox agent passed a descriptor that is not a socket")
+        sock = socket.socket(fileno=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        ok = (sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM
+              and sock.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) == socket.IPPROTO_TCP
+              and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 0
+              and sock.getsockname()[1] == 0)
+        if ok:
+            try:
+                sock.getpeername()
+                ok = False
+            except OSError:
+                pass
+        if not ok:
+            raise ProviderError("the sandbox agent passed a socket that is not a fresh "
+                                "unbound TCP/IPv4 socket")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+@final
+class SandboxNetwork:
+    """One sandbox's egress proxy (when its policy is not ``none``) and preview URLs.
+
+    ``new_socket`` asks the sandbox's agent for a fresh socket of its namespace.
+    ``resolver`` replaces the host's resolver (tests map names to loopback).
+    """
+
+    def __init__(self, policy: NetworkPolicy, new_socket: NewSocket, *,
+                 resolver: Resolver | None = None) -> None:
+        self.policy = policy
+        self._new_socket = new_socket
+        self._resolver = resolver
+        self.proxy: EgressProxy | None = None
+        #: port inside -> (host listener, its open connections)
+        self._exposed: dict[int, tuple[asyncio.Server, set[asyncio.Task[None]]]] = {}
+        self._closed = False
+        self.ca_bundle_pem: bytes | None = None
+
+    @staticmethod
+    def egress_policy(policy: NetworkPolicy) -> EgressPolicy:
+        """The proxy's policy for a spec's network policy (allowlist / unrestricted)."""
+        if policy.kind == "allowlist":
+            out = EgressPolicy.allowlist(*policy.hosts)
+        else:
+            out = EgressPolicy.unrestricted(*policy.hosts)
+        if policy.secret_headers:
+            with_secret = getattr(out, "with_secret", None)
+            if with_secret is None:
+                raise ConfigInvalidError(
+                    "network.secret_headers",
+                    "this build's egress proxy cannot add headers at egress")
+            for entry, headers in policy.secret_headers.items():
+                out = with_secret(entry, dict(headers))
+        return out
+
+    async def start(self) -> None:
+        """Serve the egress proxy inside the sandbox on 127.0.0.1:3128 (policy not
+        ``none``); nothing to do for ``none``."""
+        if self.policy.kind == "none":
+            return
+        proxy = EgressProxy(self.egress_policy(self.policy), resolver=self._resolver)
+        try:
+            sock = check_agent_socket(await self._new_socket())
+            try:
+                sock.bind((PROXY_HOST, PROXY_PORT))
+                sock.listen(128)
+            except BaseException:
+                sock.close()
+                raise
+            await proxy.add_listener(sock)
+        except BaseException:
+            await proxy.aclose()
+            raise
+        self.proxy = proxy
+        self.ca_bundle_pem = getattr(proxy, "ca_bundle_pem", None)
+
+    # -- the policy at run time ---------------------------------------------------------
+    def _need_proxy(self) -> EgressProxy:
+        if self.proxy is None:
+            raise ConfigInvalidError(
+                "network", "the sandbox's network policy is 'none': it has no egress proxy "
+                "whose allowlist could change; create it with 'allowlist' or 'unrestricted'")
+        return self.proxy
+
+    def allow(self, entry: str) -> None:
+        self._need_proxy().allow(entry)
+
+    def revoke(self, entry: str) -> None:
+        self._need_proxy().revoke(entry)
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        return () if self.proxy is None else self.proxy.policy.entries
+
+    def denial_mark(self) -> int:
+        """How many denials were recorded so far (for :meth:`denials_since`)."""
+        if self.proxy is None:
+            return 0
+        return self.proxy.denials_dropped + len(self.proxy.denials())
+
+    def denials_since(self, mark: int) -> tuple[NetworkDenial, ...]:
+        """The denials recorded after :meth:`denial_mark` returned ``mark`` (those
+        still kept: the proxy keeps the most recent 1000)."""
+        if self.proxy is None:
+            return ()
+        kept = self.proxy.denials()
+        new = self.denial_mark() - mark
+        if new <= 0:
+            return ()
+        return tuple(NetworkDenial(d.host, d.port, d.kind, d.reason)
+                     for d in kept[max(len(kept) - new, 0):])
+
+    def all_denials(self) -> tuple[NetworkDenial, ...]:
+        """Every denial still kept (the most recent 1000), oldest first."""
+        if self.proxy is None:
+            return ()
+        return tuple(NetworkDenial(d.host, d.port, d.kind, d.reason)
+                     for d in self.proxy.denials())
+
+    # -- preview URLs -------------------------------------------------------------------
+    async def expose(self, port: int) -> str:
+        """A URL on the host's loopback forwarding to ``port`` on the sandbox's loopback."""
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ConfigInvalidError("port", f"not a TCP port: {port!r}")
+        if self._closed:
+            raise ProviderError("the sandbox was destroyed")
+        if port in self._exposed:
+            return self._url(self._exposed[port][0])
+        if len(self._exposed) >= MAX_EXPOSED:
+            raise ConfigInvalidError("port", f"at most {MAX_EXPOSED} ports exposed at once")
+        conns: set[asyncio.Task[None]] = set()
+        gate = asyncio.Semaphore(MAX_PREVIEW_CONNECTIONS)
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            conns.add(task)
+            try:
+                async with gate:
+                    await self._forward(port, reader, writer)
+            except (OSError, ProviderError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                writer.transport.abort()
+                conns.discard(task)
+
+        server = await asyncio.start_server(serve, host="127.0.0.1", port=0,
+                                            limit=_CHUNK)
+        self._exposed[port] = (server, conns)
+        return self._url(server)
+
+    @staticmethod
+    def _url(server: asyncio.Server) -> str:
+        host, hport = server.sockets[0].getsockname()[:2]
+        return f"http://{host}:{hport}/"
+
+    def exposed(self) -> dict[int, str]:
+        """Ports exposed now -> their URLs."""
+        return {p: self._url(s) for p, (s, _c) in self._exposed.items()}
+
+    async def unexpose(self, port: int) -> None:
+        """Stop the preview URL of ``port`` and cut its open connections (idempotent)."""
+        got = self._exposed.pop(port, None)
+        if got is None:
+            return
+        server, conns = got
+        server.close()
+        for t in list(conns):
+            t.cancel()
+        if conns:
+            await asyncio.gather(*conns, return_exceptions=True)
+        await server.wait_closed()
+
+    async def _forward(self, port: int, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> None:
+        sock = check_agent_socket(await self._new_socket())
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(10):
+                await loop.sock_connect(sock, ("127.0.0.1", port))
+        except BaseException:
+            sock.close()
+            raise
+        in_r, in_w = await asyncio.open_connection(sock=sock, limit=_CHUNK)
+        try:
+            await asyncio.gather(_copy(reader, in_w), _copy(in_r, writer))
+        finally:
+            in_w.transport.abort()
+
+    async def aclose(self) -> None:
+        """Close the proxy (its listener inside the sandbox and every tunnel) and every
+        preview URL. Idempotent."""
+        self._closed = True
+        for port in list(self._exposed):
+            await self.unexpose(port)
+        if self.proxy is not None:
+            await self.proxy.aclose()
+
+
+async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    """Bytes from ``src`` to ``dst`` until EOF, then half-close ``dst``."""
+    try:
+        while data := await src.read(_CHUNK):
+            dst.write(data)
+            await dst.drain()
+        if dst.can_write_eof():
+            dst.write_eof()
+    except (OSError, RuntimeError):
+        dst.transport.abort()
