@@ -1,0 +1,472 @@
+"""The MCP server: corral's front doors as tools, on the official ``mcp`` SDK (v2).
+
+:func:`build_server` makes an ``MCPServer`` whose tools call corral through its public
+front doors only (``run_snippet``, ``run_strict_async`` / ``run_bounded_async``, the
+provider contract); :func:`serve_stdio` and :func:`serve_http` run it on a transport.
+
+Errors: a corral error (the closed set of :mod:`corral.core.errors`) comes back as a
+tool error (``isError: true``) whose structured content is ``{"error": err.to_dict()}``
+(its ``code``, ``message`` and facts) and whose text is the same JSON; a command that
+ended by timeout or a limit also carries its ``result`` (output so far). A snippet that
+raised or was refused by the validator is not a tool error: its transcript says so, as
+seed 02's ``run_in_sandbox`` does.
+
+Sessions: named sandboxes live in the caller's session. Over stdio the server has one
+client; its sandboxes end when it disconnects (the server exits). Over streamable HTTP
+with the handshake protocol the session is the ``mcp-session-id``: a ``DELETE`` of the
+session destroys its sandboxes. The sessionless protocol (2026-07-28) has no session:
+its sandboxes share the server's one ``http`` scope (the server listens on loopback, for
+one user, by default) and end on ``sandbox_destroy``, the idle timeout or server stop.
+
+Importing this module imports the SDK: it is the only module of corral that does
+(``corral.mcp`` and the CLI import it on use).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Annotated, Any, TypeVar
+
+from corral.core.contract import SandboxProvider
+from corral.core.errors import ConfigInvalidError, CorralError
+from corral.core.result import RunResult
+from corral.core.spec import ExecOpts, Level, SandboxLimits, SandboxSpec
+from corral.mcp.config import McpConfig, level_at_least
+from corral.mcp.registry import SandboxRegistry
+
+try:
+    from mcp.server.mcpserver import Context, MCPServer
+    from mcp.types import CallToolResult, TextContent, ToolAnnotations
+    from pydantic import Field
+except ImportError as exc:  # pragma: no cover - the extra is installed with the tests
+    raise ConfigInvalidError(
+        "mcp", f"corral mcp needs the MCP SDK (v2): pip install corral[mcp] ({exc})") from None
+
+__all__ = ["Backend", "build_server", "scope_of", "serve_http", "serve_stdio"]
+
+T = TypeVar("T")
+
+#: the tenant id snippet runs and one-shot commands carry (slots are per tenant)
+TENANT = "mcp"
+#: the default wall clock of run_command and sandbox_exec
+DEFAULT_COMMAND_TIMEOUT_MS = 10_000
+INSTRUCTIONS = (
+    "corral runs code nobody trusts behind a real boundary (by default the strict level: "
+    "namespaces, seccomp, cgroup limits, no network). run_in_sandbox runs a Python snippet "
+    "(allow-listed stdlib imports; the last expression is the result) and returns its "
+    "transcript: logs, facts (top-level names), result, errors. run_command runs one "
+    "command (an absolute path, e.g. /usr/bin/python3) in a fresh sandbox. For work "
+    "across calls, sandbox_create a named sandbox, then sandbox_exec / sandbox_write_file "
+    "/ sandbox_read_file in it (paths relative to its /work), and sandbox_destroy it; "
+    "idle sandboxes are destroyed after a timeout. Errors carry a stable code "
+    "(config-invalid, timeout, limits-exceeded, level-not-supported, ...).")
+
+
+class Backend:
+    """What the tools share for the server's life: the providers (one per level, made on
+    first use), the snippet pool and the named-sandbox registry. Closed by the lifespan."""
+
+    def __init__(self, config: McpConfig) -> None:
+        self.config = config
+        self.registry = SandboxRegistry(idle_timeout_s=config.idle_timeout_s,
+                                        max_per_scope=config.max_sandboxes,
+                                        max_total=config.max_total_sandboxes)
+        self._providers: dict[Level, SandboxProvider] = {}
+        self._lock = asyncio.Lock()
+        self._pool: Any = None  # a SnippetPool, made on first snippet
+
+    async def start(self) -> None:
+        self.registry.start()
+
+    async def provider(self, level: Level) -> SandboxProvider:
+        """The server's provider for ``level`` (made once; LevelNotSupportedError when this
+        host cannot give it)."""
+        async with self._lock:
+            made = self._providers.get(level)
+            if made is None:
+                from corral.providers import provider
+                made = self._providers[level] = provider(level=level)
+            return made
+
+    async def snippet_pool(self) -> Any:
+        provider = await self.provider(self.config.level)
+        async with self._lock:
+            if self._pool is None:
+                from corral.snippets.host.pool import SnippetPool
+                self._pool = SnippetPool(providers={self.config.level: provider},
+                                         max_workers=self.config.snippet_workers)
+            return self._pool
+
+    async def aclose(self) -> None:
+        """Destroy every named sandbox, close the pool and the providers."""
+        try:
+            await self.registry.aclose()
+        finally:
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                await pool.aclose()
+            providers, self._providers = list(self._providers.values()), {}
+            for p in providers:
+                await p.aclose()
+
+
+# -- results --------------------------------------------------------------------------
+def _result(doc: dict[str, Any], *, is_error: bool = False) -> CallToolResult:
+    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+    return CallToolResult(content=[TextContent(type="text", text=text)],
+                          structured_content=doc, is_error=is_error)
+
+
+def _error(err: CorralError) -> CallToolResult:
+    doc: dict[str, Any] = {"error": err.to_dict()}
+    if err.result is not None:
+        doc["result"] = err.result.to_dict()
+    return _result(doc, is_error=True)
+
+
+async def _guard(call: Callable[[], Awaitable[CallToolResult]]) -> CallToolResult:
+    """``call()``, with a corral error turned into a tool error carrying its code."""
+    try:
+        return await call()
+    except CorralError as err:
+        return _error(err)
+
+
+def _run_doc(result: RunResult) -> CallToolResult:
+    """A finished command: its result; one that did not end by exiting (timeout, a limit,
+    output cap) is a tool error with the contract's error for it and the result."""
+    err = result.error()
+    if err is None:
+        return _result(result.to_dict())
+    doc = {"error": err.to_dict(), "result": result.to_dict()}
+    return _result(doc, is_error=True)
+
+
+def scope_of(headers: Mapping[str, str] | None) -> str:
+    """The session a call belongs to: ``stdio`` (no headers: the one stdio client),
+    ``http:<mcp-session-id>``, or ``http`` (a sessionless HTTP call)."""
+    if headers is None:
+        return "stdio"
+    sid = headers.get("mcp-session-id")
+    return f"http:{sid}" if sid else "http"
+
+
+def _timeout(config: McpConfig, timeout_ms: int | None) -> int:
+    if timeout_ms is None:
+        return min(DEFAULT_COMMAND_TIMEOUT_MS, config.max_command_timeout_ms)
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms <= 0:
+        raise ConfigInvalidError("timeout_ms", "must be a positive integer (milliseconds)")
+    if timeout_ms > config.max_command_timeout_ms:
+        raise ConfigInvalidError("timeout_ms", f"at most {config.max_command_timeout_ms} ms "
+                                 "on this server")
+    return timeout_ms
+
+
+def _argv(argv: list[str]) -> list[str]:
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise ConfigInvalidError("argv", "a non-empty list of strings")
+    if not argv[0].startswith("/"):
+        raise ConfigInvalidError("argv", f"argv[0] must be an absolute path (e.g. "
+                                 f"/usr/bin/python3), got {argv[0]!r}")
+    return argv
+
+
+def _decode(content: str, encoding: str) -> bytes:
+    if encoding == "utf-8":
+        return content.encode("utf-8", "surrogatepass")
+    if encoding == "base64":
+        try:
+            return base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigInvalidError("content", "not valid base64") from None
+    raise ConfigInvalidError("encoding", "'utf-8' or 'base64'")
+
+
+# -- the server -----------------------------------------------------------------------
+FileItem = dict[str, str]
+
+
+def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backend]:
+    """An ``MCPServer`` with corral's tools, and the backend its lifespan opens and closes
+    (every sandbox is destroyed when the server stops)."""
+    from corral import __version__
+    cfg = config or McpConfig()
+    backend = Backend(cfg)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: MCPServer[Any]) -> AsyncIterator[Backend]:
+        await backend.start()
+        try:
+            yield backend
+        finally:
+            await asyncio.shield(backend.aclose())
+
+    server: MCPServer[Any] = MCPServer(
+        "corral", title="corral sandboxes", version=__version__, instructions=INSTRUCTIONS,
+        lifespan=lifespan, log_level="WARNING")
+
+    async def run_in_sandbox(
+        source: Annotated[str | None, Field(
+            description="Python source, run as main.py (the last expression is the result)"
+        )] = None,
+        files: Annotated[list[FileItem] | None, Field(
+            description="instead of source: [{path, source}], main.py runs, the others import"
+        )] = None,
+        timeout_ms: Annotated[int, Field(description="wall clock, clamped to [100, 10000]")
+                              ] = 5000,
+    ) -> CallToolResult:
+        """Validate and run a Python snippet in a strict sandbox; return its transcript
+        (logs, facts, result, errors, duration_ms, timed_out, truncated, level). A snippet
+        the validator refuses is not run: its errors are ValidationError entries."""
+        async def call() -> CallToolResult:
+            from corral.snippets.host.runner import run_snippet
+            pool = await backend.snippet_pool()
+            transcript = await run_snippet(source, files=files, timeout_ms=timeout_ms,
+                                           level=cfg.level, tenant_id=TENANT, pool=pool)
+            return _result(transcript.to_dict())
+        return await _guard(call)
+
+    async def run_command(
+        argv: Annotated[list[str], Field(description="the command: argv[0] an absolute path")],
+        level: Annotated[str | None, Field(
+            description="strict or context-isolated (default: the server's level)")] = None,
+        timeout_ms: Annotated[int | None, Field(description="wall clock in ms (default 10000)")
+                              ] = None,
+        stdin: Annotated[str | None, Field(description="text written to stdin")] = None,
+        env: Annotated[dict[str, str] | None, Field(description="environment (allowlist)")
+                       ] = None,
+    ) -> CallToolResult:
+        """Run one bounded command in a fresh sandbox at a level and return how it ended:
+        outcome, exit_code, stdout, stderr, duration and usage."""
+        async def call() -> CallToolResult:
+            lv = level_at_least(level, cfg.level)
+            args, timeout = _argv(argv), _timeout(cfg, timeout_ms)
+            cap = cfg.max_output_bytes
+            if lv == Level.STRICT:
+                from corral.run.strict import run_strict_async
+                result = await run_strict_async(
+                    args[0], args[1:], timeout_ms=timeout, env=env, stdin=stdin,
+                    max_stdout_bytes=cap, max_stderr_bytes=cap,
+                    provider=await backend.provider(lv), tenant_id=TENANT)
+            else:
+                from corral.run.bounded import run_bounded_async
+                result = await run_bounded_async(
+                    args[0], args[1:], timeout_ms=timeout, env=env, stdin=stdin,
+                    max_stdout_bytes=cap, max_stderr_bytes=cap)
+            return _run_doc(result)
+        return await _guard(call)
+
+    async def sandbox_create(
+        ctx: Context,
+        name: Annotated[str, Field(description="the sandbox's name in this session")],
+        level: Annotated[str | None, Field(
+            description="strict or context-isolated (default: the server's level)")] = None,
+        mem_mb: Annotated[int | None, Field(description="memory limit, MiB")] = None,
+        max_processes: Annotated[int | None, Field(description="processes at once")] = None,
+        disk_mb: Annotated[int | None, Field(description="size of /work and /tmp, MiB")
+                           ] = None,
+        cpu_ms: Annotated[int | None, Field(description="CPU time limit, ms")] = None,
+    ) -> CallToolResult:
+        """Create a named sandbox that lives across calls in this session (until
+        sandbox_destroy, the session's end, or the idle timeout)."""
+        async def call() -> CallToolResult:
+            lv = level_at_least(level, cfg.level)
+            limits = SandboxLimits(mem_mb=mem_mb, max_processes=max_processes,
+                                   disk_mb=disk_mb, cpu_ms=cpu_ms)
+            spec = SandboxSpec(tenant_id=TENANT, run_id=uuid.uuid4().hex, level=lv,
+                               limits=limits)
+            provider = await backend.provider(lv)
+            entry = await backend.registry.create(scope_of(ctx.headers), name, spec,
+                                                  provider.create)
+            return _result({"name": entry.name, "id": entry.sandbox.id, "level": lv.value,
+                            "provider": provider.name,
+                            "idle_timeout_s": cfg.idle_timeout_s})
+        return await _guard(call)
+
+    async def sandbox_exec(
+        ctx: Context,
+        name: Annotated[str, Field(description="a sandbox made by sandbox_create")],
+        argv: Annotated[list[str], Field(description="the command: argv[0] an absolute path")],
+        timeout_ms: Annotated[int | None, Field(description="wall clock in ms (default 10000)")
+                              ] = None,
+        stdin: Annotated[str | None, Field(description="text written to stdin")] = None,
+        cwd: Annotated[str | None, Field(description="working dir, relative to /work")
+                       ] = None,
+        env: Annotated[dict[str, str] | None, Field(description="environment (allowlist)")
+                       ] = None,
+    ) -> CallToolResult:
+        """Run a command to completion in a named sandbox; its files persist between calls."""
+        async def call() -> CallToolResult:
+            args, timeout = _argv(argv), _timeout(cfg, timeout_ms)
+            opts = ExecOpts(timeout_ms=timeout, env=env, cwd=cwd,
+                            stdin=None if stdin is None else stdin.encode(),
+                            max_stdout_bytes=cfg.max_output_bytes,
+                            max_stderr_bytes=cfg.max_output_bytes)
+            async with backend.registry.use(scope_of(ctx.headers), name) as sb:
+                try:
+                    result = await sb.exec(args, opts)
+                except CorralError as err:
+                    if err.result is None:
+                        raise
+                    result = err.result
+            return _run_doc(result)
+        return await _guard(call)
+
+    async def sandbox_write_file(
+        ctx: Context,
+        name: Annotated[str, Field(description="a sandbox made by sandbox_create")],
+        path: Annotated[str, Field(description="relative to the sandbox's /work")],
+        content: Annotated[str, Field(description="the file's content")],
+        encoding: Annotated[str, Field(description="utf-8 (default) or base64")] = "utf-8",
+    ) -> CallToolResult:
+        """Create or replace a file in a named sandbox (parents are created)."""
+        async def call() -> CallToolResult:
+            data = _decode(content, encoding)
+            if len(data) > cfg.max_file_bytes:
+                raise ConfigInvalidError("content", f"at most {cfg.max_file_bytes} bytes")
+            async with backend.registry.use(scope_of(ctx.headers), name) as sb:
+                await sb.write_file(path, data)
+            return _result({"name": name, "path": path, "size": len(data)})
+        return await _guard(call)
+
+    async def sandbox_read_file(
+        ctx: Context,
+        name: Annotated[str, Field(description="a sandbox made by sandbox_create")],
+        path: Annotated[str, Field(description="relative to the sandbox's /work")],
+    ) -> CallToolResult:
+        """Read a file of a named sandbox: UTF-8 text, or base64 when it is not text."""
+        async def call() -> CallToolResult:
+            async with backend.registry.use(scope_of(ctx.headers), name) as sb:
+                try:
+                    data = await sb.read_file(path)
+                except FileNotFoundError:
+                    raise ConfigInvalidError("path", f"no such file: {path!r}") from None
+            if len(data) > cfg.max_file_bytes:
+                raise ConfigInvalidError("path", f"the file has {len(data)} bytes; this "
+                                         f"server moves at most {cfg.max_file_bytes}")
+            try:
+                text, enc = data.decode("utf-8"), "utf-8"
+            except UnicodeDecodeError:
+                text, enc = base64.b64encode(data).decode("ascii"), "base64"
+            return _result({"name": name, "path": path, "size": len(data),
+                            "encoding": enc, "content": text})
+        return await _guard(call)
+
+    async def sandbox_list(ctx: Context) -> CallToolResult:
+        """The named sandboxes alive in this session."""
+        return _result({"sandboxes": backend.registry.names(scope_of(ctx.headers)),
+                        "idle_timeout_s": cfg.idle_timeout_s})
+
+    async def sandbox_destroy(
+        ctx: Context,
+        name: Annotated[str, Field(description="a sandbox made by sandbox_create")],
+    ) -> CallToolResult:
+        """Destroy a named sandbox: every process, file and limit of it is released."""
+        async def call() -> CallToolResult:
+            backend.registry.check_name(name)
+            done = await backend.registry.destroy(scope_of(ctx.headers), name)
+            if not done:
+                raise ConfigInvalidError("name", f"no sandbox named {name!r} in this session")
+            return _result({"name": name, "destroyed": True})
+        return await _guard(call)
+
+    writes = ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                             open_world_hint=False)
+    reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    tools: list[tuple[Callable[..., Awaitable[CallToolResult]], ToolAnnotations]] = [
+        (run_in_sandbox, writes), (run_command, writes), (sandbox_create, writes),
+        (sandbox_exec, writes), (sandbox_write_file, writes), (sandbox_read_file, reads),
+        (sandbox_list, reads)]
+    for fn, notes in tools:
+        server.add_tool(fn, annotations=notes)
+    server.add_tool(sandbox_destroy, annotations=ToolAnnotations(
+        read_only_hint=False, destructive_hint=True, idempotent_hint=False,
+        open_world_hint=False))
+    return server, backend
+
+
+# -- transports -----------------------------------------------------------------------
+async def _cancel_on_sigterm(main: Awaitable[T]) -> T:
+    """``main``, cancelled by SIGTERM or SIGINT so the lifespan destroys every sandbox."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(main)
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+def serve_stdio(config: McpConfig | None = None) -> None:
+    """Serve over stdin/stdout until the client closes stdin (or SIGTERM); every
+    sandbox is destroyed before this returns."""
+    server, _ = build_server(config)
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(_cancel_on_sigterm(server.run_stdio_async()))
+
+
+class _SessionEnd:
+    """ASGI wrapper: a ``DELETE`` of an MCP session (the client closing it) destroys the
+    session's named sandboxes once the SDK has answered."""
+
+    def __init__(self, app: Any, backend: Backend, path: str) -> None:
+        self.app, self.backend, self.path = app, backend, path
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+        if scope.get("type") == "http" and scope.get("method") == "DELETE" \
+                and scope.get("path", "").rstrip("/") == self.path.rstrip("/"):
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                       for k, v in scope.get("headers", [])}
+            sid = headers.get("mcp-session-id")
+            if sid:
+                await self.backend.registry.end_scope(f"http:{sid}")
+
+
+def http_app(config: McpConfig | None = None, *, host: str = "127.0.0.1",
+             path: str = "/mcp") -> tuple[Any, Backend]:
+    """The streamable HTTP ASGI app (its lifespan runs the server) and its backend."""
+    server, backend = build_server(config)
+    cfg = backend.config
+    app = server.streamable_http_app(streamable_http_path=path, host=host,
+                                     session_idle_timeout=cfg.idle_timeout_s)
+    return _SessionEnd(app, backend, path), backend
+
+
+def serve_http(config: McpConfig | None = None, *, host: str = "127.0.0.1", port: int = 8765,
+               path: str = "/mcp", announce: Callable[[str], None] | None = None) -> None:
+    """Serve streamable HTTP at ``http://host:port/path`` until SIGTERM or SIGINT (uvicorn
+    stops accepting, ends the sessions, and the lifespan destroys every sandbox).
+    ``announce(url)`` is called once listening (port 0: the port the kernel chose)."""
+    import uvicorn
+
+    app, _ = http_app(config, host=host, path=path)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           lifespan="on"))
+
+    async def main() -> None:
+        task = asyncio.ensure_future(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started and announce is not None:
+            sock = server.servers[0].sockets[0]
+            bound = sock.getsockname()[1]
+            shown = f"[{host}]" if ":" in host else host
+            announce(f"http://{shown}:{bound}{path}")
+        await task
+
+    asyncio.run(main())
+    if not server.started:
+        print("corral mcp: could not start the HTTP server (see above)", file=sys.stderr)
+        raise SystemExit(70)
