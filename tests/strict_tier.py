@@ -20,8 +20,8 @@ from typing import NoReturn
 
 import pytest
 
-__all__ = ["ENV", "host_can_sandbox", "needs_strict", "pytest_configure",
-           "pytest_runtest_setup", "required", "unavailable"]
+__all__ = ["ENV", "cgroup_limits_reason", "host_can_sandbox", "needs_cgroup_limits",
+           "needs_strict", "pytest_configure", "pytest_runtest_setup", "required", "unavailable"]
 
 #: set to 1 to turn every strict-tier skip into a failure
 ENV = "CORRAL_REQUIRE_STRICT"
@@ -75,3 +75,30 @@ def host_can_sandbox() -> str:
             os._exit(1)
     _, status = os.waitpid(pid, 0)
     return "" if os.waitstatus_to_exitcode(status) == 0 else "cannot create namespaces"
+
+
+_cgroup_reason: str | None = None
+
+
+def cgroup_limits_reason() -> str:
+    """"" if this host's cgroups can enforce the limits tests ask for (memory with swap,
+    pids, cpu) for this uid, else why not. A non-root user with nothing delegated is
+    such a host: the provider refuses those limits there (LevelNotSupportedError), so
+    a test that needs them is skipped with this reason (failed under
+    ``CORRAL_REQUIRE_STRICT=1``). Computed once."""
+    global _cgroup_reason
+    if _cgroup_reason is None:
+        _cgroup_reason = host_can_sandbox()
+        if not _cgroup_reason:
+            from corral.providers.linux.host.cgroups import detect
+            support = detect(prefix="corraltest")
+            if not support.available >= {"memory", "memsw", "pids", "cpu"}:
+                _cgroup_reason = ("needs cgroup limits (memory+swap, pids, cpu): "
+                                  + support.describe())
+    return _cgroup_reason
+
+
+def needs_cgroup_limits() -> pytest.MarkDecorator:
+    """Mark a test that asks for ``mem_mb``, ``max_processes`` or ``cpu_ms`` at strict
+    (or counts the processes a provider's cgroups hold)."""
+    return needs_strict(cgroup_limits_reason())

@@ -25,6 +25,7 @@ from cgroup_view import sandbox_cgroup
 from corral.core.errors import LimitsExceededError
 from corral.core.spec import ExecOpts, ProcessOpts, SandboxLimits, SandboxSpec
 from corral.providers.linux.host.cpuwatch import CpuWatch
+from strict_tier import needs_cgroup_limits
 
 pytestmark = pytest.mark.linux
 PY = sys.executable
@@ -165,6 +166,7 @@ def test_running_process_wait_reports_the_cap(linux: Any) -> None:
     linux(test)
 
 
+@needs_cgroup_limits()
 def test_sandbox_under_its_cap_keeps_working(linux: Any) -> None:
     async def test(p: Any) -> None:
         sb = await p.create(spec())

@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 import corral
+from strict_tier import needs_cgroup_limits
 
 SRC = os.path.dirname(os.path.dirname(corral.__file__))
 
@@ -46,6 +47,7 @@ def _with_token(token: str) -> list[int]:
     return pids
 
 
+@needs_cgroup_limits()
 def test_killed_host_leaves_nothing_running_and_is_reaped(linux: Any) -> None:
     from corral.providers.linux import LinuxProvider
 

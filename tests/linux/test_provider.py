@@ -30,6 +30,7 @@ from corral.core.errors import (
     SandboxTimeoutError,
 )
 from corral.core.spec import ExecOpts, ProcessOpts, SandboxLimits, SandboxSpec, SnapshotHandle
+from strict_tier import needs_cgroup_limits
 
 pytestmark = pytest.mark.linux
 PY = sys.executable
@@ -152,6 +153,7 @@ def test_timeout_kills_the_command_tree_and_keeps_partial_output(linux: Any) -> 
     linux(test)
 
 
+@needs_cgroup_limits()
 def test_memory_bomb_is_bounded(linux: Any) -> None:
     async def test(p: Any) -> None:
         async with await p.create(make_spec(mem_mb=64)) as sb:
@@ -167,6 +169,7 @@ def test_memory_bomb_is_bounded(linux: Any) -> None:
     linux(test)
 
 
+@needs_cgroup_limits()
 def test_fork_bomb_is_bounded(linux: Any) -> None:
     async def test(p: Any) -> None:
         async with await p.create(make_spec(max_processes=16)) as sb:
@@ -200,6 +203,7 @@ def test_output_flood_is_capped(linux: Any) -> None:
     linux(test, stdout_cap=1 << 20)
 
 
+@needs_cgroup_limits()
 def test_cpu_and_disk_limits(linux: Any) -> None:
     async def test(p: Any) -> None:
         async with await p.create(make_spec(cpu_ms=300, disk_mb=8)) as sb:
@@ -277,6 +281,7 @@ def test_refusals(linux: Any) -> None:
     linux(test)
 
 
+@needs_cgroup_limits()
 def test_cancel_of_create_rolls_back(linux: Any) -> None:
     async def test(p: Any) -> None:
         tok = CancelToken()

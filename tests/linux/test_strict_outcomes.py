@@ -15,6 +15,7 @@ from corral.core.errors import LimitsExceededError
 from corral.core.result import Outcome
 from corral.core.spec import ExecOpts, Level, SandboxLimits, SandboxSpec
 from corral.run.strict import run_strict
+from strict_tier import needs_cgroup_limits
 
 PY = os.path.realpath(sys.executable)
 HOG = "x = bytearray(200 << 20); x[::4096] = b'a' * len(x[::4096])"
@@ -26,6 +27,7 @@ def _sandbox_available(linux: object) -> None:
     """The linux fixture (tests/linux/conftest.py) skips where the host cannot sandbox."""
 
 
+@needs_cgroup_limits()
 def test_memory_limit_names_the_signal_usage_and_observed_peak() -> None:
     r = run_strict(PY, ["-I", "-S", "-c", HOG], timeout_ms=20_000,
                    limits=SandboxLimits(mem_mb=64))
@@ -39,6 +41,7 @@ def test_memory_limit_names_the_signal_usage_and_observed_peak() -> None:
     assert "SIGKILL" in err.message and "nothing" not in err.message
 
 
+@needs_cgroup_limits()
 def test_cpu_limit_names_the_signal_usage_and_observed_time() -> None:
     r = run_strict(PY, ["-I", "-S", "-c", SPIN], timeout_ms=20_000,
                    limits=SandboxLimits(cpu_ms=500))
@@ -49,6 +52,7 @@ def test_cpu_limit_names_the_signal_usage_and_observed_time() -> None:
     assert r.usage.cpu_ms >= 500  # the sandbox's CPU time, from its cgroup
 
 
+@needs_cgroup_limits()
 def test_exec_error_carries_the_same_result() -> None:
     """Sandbox.exec raises the contract's error; ``err.result`` is the run as a value."""
     import asyncio
@@ -69,6 +73,7 @@ def test_exec_error_carries_the_same_result() -> None:
     asyncio.run(go())
 
 
+@needs_cgroup_limits()
 def test_cli_json_has_the_facts(capsys: pytest.CaptureFixture[str]) -> None:
     status = main(["run", "--level", "strict", "--mem-mb", "64", "--json", "--", PY, "-I",
                    "-S", "-c", HOG])
