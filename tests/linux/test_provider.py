@@ -274,7 +274,7 @@ def test_refusals(linux: Any) -> None:
         from corral.core.spec import NetworkPolicy
         with pytest.raises(LevelNotSupportedError):
             await p.create(SandboxSpec(tenant_id="t", run_id="r", level="context-isolated"))
-        with pytest.raises(ConfigInvalidError, match="network.hosts"):  # issue 13
+        with pytest.raises(ConfigInvalidError, match=r"network\.hosts"):  # issue 13
             await p.create(SandboxSpec(tenant_id="t", run_id="r",
                                        network=NetworkPolicy.allowlist("example.org:0")))
 
