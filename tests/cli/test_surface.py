@@ -123,17 +123,19 @@ def test_run_json_gives_non_utf8_bytes_back(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_network_refusal_names_the_cause() -> None:
-    from corral.core.errors import LevelNotSupportedError
+    # issue 13: strict enforces allowlist/unrestricted now; what it refuses is an entry
+    # its egress proxy cannot read, naming the field
+    from corral.core.errors import ConfigInvalidError
     from corral.core.spec import Level, NetworkPolicy, SandboxSpec
     from corral.providers.linux.policy.plan import _check_level_and_network
 
-    spec = SandboxSpec(level=Level.STRICT, network=NetworkPolicy.unrestricted())
-    with pytest.raises(LevelNotSupportedError) as info:
+    _check_level_and_network(SandboxSpec(level=Level.STRICT,
+                                         network=NetworkPolicy.unrestricted()))
+    spec = SandboxSpec(level=Level.STRICT, network=NetworkPolicy.allowlist("a.example:0"))
+    with pytest.raises(ConfigInvalidError) as info:
         _check_level_and_network(spec)
-    msg = str(info.value)
-    assert info.value.field == "network"
-    assert "network policy 'unrestricted' is not offered by the linux provider yet" in msg
-    assert "level 'strict' not supported" not in msg
+    assert info.value.field == "network.hosts"
+    assert "a.example:0" in str(info.value)
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

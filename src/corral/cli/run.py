@@ -42,6 +42,7 @@ from corral.cli._common import EXIT_CANNOT_EXECUTE, duration_ms
 from corral.cli._terminal import TerminalSanitizer
 from corral.core.cancel import CancelToken
 from corral.core.errors import ConfigInvalidError
+from corral.core.spec import NetworkPolicy
 from corral.run.bounded import (
     DEFAULT_MAX_STDERR_BYTES,
     DEFAULT_MAX_STDOUT_BYTES,
@@ -129,6 +130,15 @@ def add_parser(subparsers: Any) -> None:
                         "cgroup (default; the whole sandbox; refused where there is no usable "
                         "cgroup) or rlimit (per process RLIMIT_AS / RLIMIT_CPU and the "
                         "sandbox's RLIMIT_NPROC: for a user without a delegated cgroup)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="let the strict sandbox reach HOST through its egress proxy (a name, "
+                        "*.suffix, IP literal or CIDR, optional :PORT; repeatable); implies "
+                        "--network allowlist. See docs/network.md")
+    p.add_argument("--network", choices=("none", "allowlist", "unrestricted"), default=None,
+                   help="network policy of the strict sandbox: none (default: loopback only), "
+                        "allowlist (the --allow-host entries), unrestricted (every public "
+                        "destination; --allow-host entries open non-public ranges). Out "
+                        "only through HTTP_PROXY/HTTPS_PROXY/ALL_PROXY")
     p.add_argument("--level", choices=_LEVELS, default="context-isolated",
                    help="isolation level: context-isolated (default; a bounded child process, "
                         "NOT a security boundary) or strict (the Linux sandbox: namespaces, "
@@ -155,6 +165,18 @@ def _env(args: argparse.Namespace) -> dict[str, str]:
             raise ConfigInvalidError("--env", f"expected KEY=VALUE, got {item!r}")
         env[key] = value
     return env
+
+
+def _network(args: argparse.Namespace) -> NetworkPolicy:
+    """The network policy ``--network`` and ``--allow-host`` ask for."""
+    kind = args.network or ("allowlist" if args.allow_host else "none")
+    if kind == "none" and args.allow_host:
+        raise ConfigInvalidError("--allow-host", "does not go with --network none")
+    if kind == "allowlist" and not args.allow_host:
+        raise ConfigInvalidError("--network", "allowlist needs at least one --allow-host")
+    return NetworkPolicy(kind="allowlist" if kind == "allowlist" else
+                         "unrestricted" if kind == "unrestricted" else "none",
+                         hosts=tuple(args.allow_host))
 
 
 def _command(argv: list[str], *, strict: bool) -> tuple[str, list[str]] | RunResult:
@@ -340,6 +362,10 @@ def run(args: argparse.Namespace) -> int:
         result = _with_signals_cancelling(
             token, lambda: _run_strict(args, cmd, cmd_args, token, out, copies, wanted, saved))
         return _finish(args, result, out, saved)
+    if _network(args).kind != "none":
+        raise ConfigInvalidError("--network/--allow-host",
+                                 "need --level strict (the only level that enforces a network "
+                                 "policy; context-isolated shares the host's network)")
     if args.max_processes is not None or args.disk_mb is not None or args.ro_bind or args.bind:
         raise ConfigInvalidError("--max-processes/--disk-mb/--bind",
                                  "need --level strict (a cgroup, a private disk, a root)")
@@ -467,7 +493,7 @@ def _strict_on(provider: LinuxProvider, args: argparse.Namespace, cmd: str,
         command, cmd_args, timeout_ms=args.timeout, env=_env(args),
         cwd=args.cwd, stdin=_stdin(args.stdin), max_stdout_bytes=args.max_stdout,
         max_stderr_bytes=args.max_stderr, limits=limits, cancel=token,
-        provider=provider, make_cwd=args.cwd is not None,
+        provider=provider, make_cwd=args.cwd is not None, network=_network(args),
         files_in={inside(d): data for d, data in copies.items()},
         files_out=[inside(src) for src, _ in wanted], on_file_out=on_file_out,
         on_stdout=out[0].write if out else None,
@@ -493,6 +519,9 @@ def _finish(args: argparse.Namespace, result: RunResult,
         # message starts on a line of its own
         nl = "\n" if out is not None and not _Output.at_line_start else ""
         print(f"{nl}corral: {result.outcome}: {detail}", file=sys.stderr)
+    if not args.json:
+        for d in result.denials:
+            _note(f"network refused {d.host}:{d.port} ({d.kind}): {d.reason}")
     return status
 
 

@@ -46,7 +46,14 @@ from corral.core.result import (
     OutputCallback,
     RunResult,
 )
-from corral.core.spec import Capability, ExecOpts, Level, SandboxLimits, SandboxSpec
+from corral.core.spec import (
+    Capability,
+    ExecOpts,
+    Level,
+    NetworkPolicy,
+    SandboxLimits,
+    SandboxSpec,
+)
 from corral.core.sync import sync_twin
 
 if TYPE_CHECKING:
@@ -77,6 +84,7 @@ async def run_strict_async(
     files_out: Sequence[str] = (),
     on_file_out: Callable[[str, bytes | None], object] | None = None,
     make_cwd: bool = False,
+    network: NetworkPolicy | None = None,
 ) -> RunResult:
     """Run ``command args`` once in a fresh strict sandbox; return how it ended.
 
@@ -109,6 +117,8 @@ async def run_strict_async(
         make_cwd: create ``cwd`` (``mkdir -p`` in the sandbox, relative to
             ``/work``) before the command starts, so a fresh sandbox's empty
             ``/work`` does not refuse it.
+        network: the sandbox's network policy (default ``none``: loopback only); the
+            result's ``denials`` list what it refused (see docs/network.md).
 
     Raises:
         LevelNotSupportedError: ``provider`` does not offer the strict level, or
@@ -154,7 +164,8 @@ async def run_strict_async(
 
     try:
         spec = SandboxSpec(tenant_id=tenant_id, run_id=uuid.uuid4().hex, level=Level.STRICT,
-                           limits=limits or SandboxLimits())
+                           limits=limits or SandboxLimits(),
+                           network=network or NetworkPolicy())
         try:
             sandbox = await provider.create(spec, cancel=cancel)
         except CreateCancelledError:  # the cancel came while the sandbox was being made

@@ -401,6 +401,12 @@ def _linux_rows(info: HostInfo) -> tuple[tuple[Row, ...], bool, str]:
         n("mount", "private /work and /tmp, disk_mb", "tmpfs with size=disk_mb"),
         n("pid", "pid namespace: host processes invisible", "sandbox init is pid 1"),
         n("net", "network none (loopback only)", "empty network namespace, lo up"),
+        n("net", "network allowlist / unrestricted",
+          "egress proxy on the host (HTTP CONNECT, plain HTTP, SOCKS5; names resolved "
+          "on the host), listening inside the sandbox on 127.0.0.1:3128, which "
+          "HTTP_PROXY/HTTPS_PROXY/ALL_PROXY name; no route out otherwise"),
+        n("net", "preview URLs (expose)",
+          "host loopback port forwarded to a port on the sandbox's loopback"),
         n("ipc", "ipc namespace", "private SysV IPC and POSIX queues"),
         n("uts", "uts namespace", "hostname 'sandbox'"),
         n("cgroup", "cgroup namespace", "host cgroup paths hidden"),
