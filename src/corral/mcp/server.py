@@ -38,7 +38,7 @@ from typing import Annotated, Any, TypeVar
 from corral.core.contract import SandboxProvider
 from corral.core.errors import ConfigInvalidError, CorralError
 from corral.core.result import RunResult
-from corral.core.spec import ExecOpts, Level, SandboxLimits, SandboxSpec
+from corral.core.spec import ExecOpts, Level, NetworkPolicy, SandboxLimits, SandboxSpec
 from corral.mcp.config import McpConfig, level_at_least
 from corral.mcp.registry import SandboxRegistry
 
@@ -281,8 +281,11 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
             lv = level_at_least(level, cfg.level)
             limits = SandboxLimits(mem_mb=mem_mb, max_processes=max_processes,
                                    disk_mb=disk_mb, cpu_ms=cpu_ms)
+            # context-isolated is no network boundary: say so instead of asking for none
+            network = (NetworkPolicy.unrestricted() if lv == Level.CONTEXT_ISOLATED
+                       else NetworkPolicy())
             spec = SandboxSpec(tenant_id=TENANT, run_id=uuid.uuid4().hex, level=lv,
-                               limits=limits)
+                               limits=limits, network=network)
             provider = await backend.provider(lv)
             entry = await backend.registry.create(scope_of(ctx.headers), name, spec,
                                                   provider.create)

@@ -1,0 +1,191 @@
+"""``corral mcp`` over stdio, driven by the MCP SDK's own client (``mcp.Client`` starting
+``python -m corral mcp`` as a subprocess): every tool, typed errors, named sandboxes
+across calls, and their end with the session or after the idle timeout."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from mcp_support import STRICT, cgroup_gone, cgroup_of, doc, stdio_params
+
+from mcp import Client
+
+TOOLS = {"run_in_sandbox", "run_command", "sandbox_create", "sandbox_exec",
+         "sandbox_write_file", "sandbox_read_file", "sandbox_list", "sandbox_destroy"}
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+@STRICT
+def test_tools_and_a_snippet_transcript() -> None:
+    async def main() -> None:
+        async with Client(stdio_params()) as c:
+            listed = await c.list_tools()
+            assert {t.name for t in listed.tools} == TOOLS
+            schema = next(t for t in listed.tools if t.name == "run_in_sandbox").input_schema
+            assert {"source", "files", "timeout_ms"} <= set(schema["properties"])
+
+            r = await c.call_tool("run_in_sandbox", {"source": "x = 6 * 7\nprint('hi')\nx"})
+            t = doc(r)
+            assert not r.is_error
+            assert t["result"] == "42" and t["facts"] == {"x": 42} and t["errors"] == []
+            assert t["logs"] == [{"stream": "stdout", "text": "hi"}]
+            assert t["level"] == "strict" and t["timed_out"] is False
+
+            files = [{"path": "main.py", "source": "import helper\nhelper.twice(21)"},
+                     {"path": "helper.py", "source": "def twice(n):\n    return 2 * n\n"}]
+            t = doc(await c.call_tool("run_in_sandbox", {"files": files}))
+            assert t["result"] == "42", t
+
+            # a hostile snippet is refused by the validator, unrun: its transcript says so
+            r = await c.call_tool("run_in_sandbox", {"source": "import os\nos.system('id')"})
+            t = doc(r)
+            assert not r.is_error and t["level"] is None
+            assert (t["errors"][0]["type"], t["errors"][0]["code"]) == \
+                ("ValidationError", "forbidden-import")
+
+            # a snippet that raises: the transcript carries the error and the facts so far
+            t = doc(await c.call_tool("run_in_sandbox", {"source": "a = 1\n1 / 0"}))
+            assert t["facts"] == {"a": 1}
+            assert t["errors"][0]["type"] == "ZeroDivisionError"
+
+            # a corral error is a tool error with its code
+            r = await c.call_tool("run_in_sandbox", {"source": "1", "files": files})
+            assert r.is_error and doc(r)["error"]["code"] == "config-invalid"
+    run(main())
+
+
+@STRICT
+def test_run_command_results_and_typed_errors() -> None:
+    async def main() -> None:
+        async with Client(stdio_params()) as c:
+            r = await c.call_tool("run_command", {
+                "argv": ["/bin/sh", "-c", "read x; echo got $x; echo oops >&2; exit 3"],
+                "stdin": "it\n"})
+            d = doc(r)
+            assert not r.is_error
+            assert (d["outcome"], d["exit_code"], d["stdout"], d["stderr"]) == \
+                ("exit", 3, "got it\n", "oops\n")
+
+            # inside the strict boundary: its own pid namespace
+            d = doc(await c.call_tool("run_command", {"argv": ["/bin/sh", "-c", "echo $$"]}))
+            assert int(d["stdout"]) < 10  # a pid of a fresh pid namespace
+
+            r = await c.call_tool("run_command", {"argv": ["/bin/sleep", "10"],
+                                                  "timeout_ms": 300})
+            d = doc(r)
+            assert r.is_error and d["error"]["code"] == "timeout"
+            assert d["result"]["outcome"] == "timeout"
+
+            for args, field in ((["sleep", "1"], "argv"), ([], "argv")):
+                r = await c.call_tool("run_command", {"argv": args})
+                assert r.is_error and doc(r)["error"]["code"] == "config-invalid"
+                assert doc(r)["error"]["field"] == field
+            r = await c.call_tool("run_command", {"argv": ["/bin/true"], "level": "none"})
+            assert r.is_error and doc(r)["error"]["field"] == "level"
+            r = await c.call_tool("run_command", {"argv": ["/bin/true"], "timeout_ms": 10**9})
+            assert r.is_error and doc(r)["error"]["field"] == "timeout_ms"
+    run(main())
+
+
+@STRICT
+def test_named_sandbox_lives_across_calls_and_ends_with_the_session() -> None:
+    async def main() -> str:
+        async with Client(stdio_params()) as c:
+            made = doc(await c.call_tool("sandbox_create", {"name": "work", "mem_mb": 128}))
+            assert (made["name"], made["level"], made["provider"]) == ("work", "strict", "linux")
+            r = await c.call_tool("sandbox_create", {"name": "work"})
+            assert r.is_error and doc(r)["error"]["field"] == "name"
+            r = await c.call_tool("sandbox_create", {"name": "../bad"})
+            assert r.is_error and doc(r)["error"]["code"] == "config-invalid"
+
+            w = doc(await c.call_tool("sandbox_write_file", {
+                "name": "work", "path": "src/job.py",
+                "content": "open('out.txt', 'w').write(str(sum(range(10))))\n"}))
+            assert w["size"] > 0
+            r = await c.call_tool("sandbox_exec", {
+                "name": "work", "argv": ["/usr/bin/python3", "src/job.py"]})
+            assert not r.is_error and doc(r)["exit_code"] == 0, doc(r)
+            got = doc(await c.call_tool("sandbox_read_file", {"name": "work", "path": "out.txt"}))
+            assert (got["content"], got["encoding"]) == ("45", "utf-8")
+
+            # bytes round-trip through base64
+            await c.call_tool("sandbox_write_file", {"name": "work", "path": "b.bin",
+                                                     "content": "AP8=", "encoding": "base64"})
+            got = doc(await c.call_tool("sandbox_read_file", {"name": "work", "path": "b.bin"}))
+            assert (got["content"], got["encoding"], got["size"]) == ("AP8=", "base64", 2)
+
+            # files stay inside; a missing file and a missing sandbox are typed errors
+            for args in ({"name": "work", "path": "../../etc/passwd"},
+                         {"name": "work", "path": "nope.txt"},
+                         {"name": "ghost", "path": "out.txt"}):
+                r = await c.call_tool("sandbox_read_file", args)
+                assert r.is_error and doc(r)["error"]["code"] == "config-invalid", args
+
+            # a command past its timeout in the sandbox: timeout, with its output so far
+            r = await c.call_tool("sandbox_exec", {
+                "name": "work", "argv": ["/bin/sh", "-c", "echo started; sleep 10"],
+                "timeout_ms": 400})
+            assert r.is_error and doc(r)["error"]["code"] == "timeout"
+            assert doc(r)["result"]["stdout"] == "started\n"
+
+            gone = doc(await c.call_tool("sandbox_create", {"name": "gone"}))
+            assert doc(await c.call_tool("sandbox_list", {}))["sandboxes"] == ["gone", "work"]
+            assert cgroup_of(gone["id"]) is not None
+            d = doc(await c.call_tool("sandbox_destroy", {"name": "gone"}))
+            assert d == {"name": "gone", "destroyed": True}
+            assert cgroup_gone(gone["id"])
+            r = await c.call_tool("sandbox_destroy", {"name": "gone"})
+            assert r.is_error
+            assert doc(await c.call_tool("sandbox_list", {}))["sandboxes"] == ["work"]
+            return str(made["id"])
+
+    kept = run(main())
+    # the client left: the server exited and destroyed what was still alive
+    assert cgroup_gone(kept)
+
+
+@STRICT
+def test_an_idle_sandbox_is_destroyed_after_the_timeout() -> None:
+    async def main() -> None:
+        async with Client(stdio_params("--idle-timeout", "600ms")) as c:
+            a = doc(await c.call_tool("sandbox_create", {"name": "a"}))
+            b = doc(await c.call_tool("sandbox_create", {"name": "b"}))
+            # b is used while a idles: only a is reaped
+            for _ in range(6):
+                await asyncio.sleep(0.25)
+                r = await c.call_tool("sandbox_exec", {"name": "b", "argv": ["/bin/true"]})
+                assert not r.is_error
+            assert doc(await c.call_tool("sandbox_list", {}))["sandboxes"] == ["b"]
+            assert cgroup_gone(a["id"]) and cgroup_of(b["id"]) is not None
+            r = await c.call_tool("sandbox_exec", {"name": "a", "argv": ["/bin/true"]})
+            assert r.is_error and "reaped when idle" in doc(r)["error"]["message"]
+    run(main())
+
+
+def test_context_isolated_server_runs_without_the_strict_provider() -> None:
+    """``--level context-isolated``: the subproc provider; per-sandbox limits it cannot
+    enforce are refused with level-not-supported, never ignored."""
+    async def main() -> None:
+        async with Client(stdio_params("--level", "context-isolated")) as c:
+            t = doc(await c.call_tool("run_in_sandbox", {"source": "sum(range(5))"}))
+            assert (t["result"], t["level"]) == ("10", "context-isolated")
+            made = doc(await c.call_tool("sandbox_create", {"name": "s"}))
+            assert made["provider"] == "subproc"
+            r = await c.call_tool("sandbox_exec", {"name": "s", "argv": ["/bin/echo", "hi"]})
+            assert doc(r)["stdout"] == "hi\n"
+            r = await c.call_tool("sandbox_create", {"name": "t", "mem_mb": 64})
+            assert r.is_error and doc(r)["error"]["code"] == "level-not-supported"
+            d = doc(await c.call_tool("run_command", {"argv": ["/bin/echo", "x"]}))
+            assert d["stdout"] == "x\n"
+    run(main())
+
+
+@pytest.mark.parametrize("argv", [["--level", "none"], ["--idle-timeout", "soon"]])
+def test_bad_options_exit_64(argv: list[str]) -> None:
+    from corral.cli import main
+    assert main(["mcp", *argv]) == 64
