@@ -469,7 +469,15 @@ def serve_http(config: McpConfig | None = None, *, host: str = "127.0.0.1", port
             announce(f"http://{shown}:{bound}{path}")
         await task
 
-    asyncio.run(main())
+    # uvicorn re-raises the signal that stopped it once it has shut down gracefully; a
+    # stop we asked for is a clean exit (0), so the re-raised signal is ignored here
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM,
+                                                                     signal.SIGINT)}
+    try:
+        asyncio.run(main())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if not server.started:
         print("corral mcp: could not start the HTTP server (see above)", file=sys.stderr)
         raise SystemExit(70)
