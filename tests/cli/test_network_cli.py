@@ -90,3 +90,22 @@ def test_doctor_names_the_proxy_path(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "network allowlist / unrestricted" in out and "127.0.0.1:3128" in out
+
+
+def test_python_takes_a_network_policy(strict: Any) -> None:
+    with http_server({"*": b"hello snippet"}) as srv:
+        # urllib skips the proxy for 127.0.0.1 (NO_PROXY: the sandbox's own loopback), so
+        # the snippet speaks SOCKS5 to the proxy itself, naming the host's 127.0.0.1
+        code = ("import struct, socket\n"
+                "s = socket.create_connection(('127.0.0.1', 3128))\n"
+                "s.sendall(b'\\x05\\x01\\x00'); s.recv(2)\n"
+                f"s.sendall(b'\\x05\\x01\\x00\\x01' + bytes([127, 0, 0, 1]) + "
+                f"struct.pack('!H', {srv.port}))\n"
+                "print(s.recv(10)[1])\n")
+        r = corral("python", "--allow-host", f"127.0.0.1/32:{srv.port}",
+                   "--allow-import", "socket", "-c", code)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "0" in r.stdout.split()
+        r = corral("python", "--allow-import", "socket", "-c", code)
+        assert r.returncode != 0
+    assert main(["python", "--network", "none", "--allow-host", "a.example", "-c", "1"]) == 64

@@ -65,6 +65,14 @@ def add_parser(subparsers: Any) -> None:
                         "allows [100 ms, 10 s]: a value outside is clamped, and said on "
                         "stderr (default 5s)")
     p.add_argument("--tenant", default="cli", help="tenant id (default cli)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="let the strict snippet reach HOST through its egress proxy "
+                        "(repeatable; implies --network allowlist; see docs/network.md)")
+    p.add_argument("--network", choices=("none", "allowlist", "unrestricted"), default=None,
+                   help="network policy of the strict snippet's sandbox (default none)")
+    p.add_argument("--allow-import", action="append", default=[], metavar="MODULE",
+                   help="allow importing MODULE besides the default stdlib allowlist "
+                        "(repeatable; e.g. urllib.request to use the network)")
     p.set_defaults(handler=run)
 
 
@@ -149,9 +157,15 @@ def run(args: argparse.Namespace) -> int:
         notes.append(f"--timeout {args.timeout} ms is outside the snippet runner's range "
                      f"[{MIN_TIMEOUT_MS}, {MAX_TIMEOUT_MS}] ms: clamped to {used} ms")
         print(f"corral: note: {notes[-1]}", file=sys.stderr)
+    from corral.cli.run import _network
+    from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS
+    network = _network(args)
+    allowed = (DEFAULT_ALLOWED_IMPORTS | frozenset(args.allow_import)
+               if args.allow_import else None)
     try:
         transcript = run_snippet_sync(files=files, level=args.level, timeout_ms=used,
-                                      tenant_id=args.tenant)
+                                      tenant_id=args.tenant, allowed_imports=allowed,
+                                      network=network if network.kind != "none" else None)
     finally:
         shutdown_snippet_pool()
     if args.json:

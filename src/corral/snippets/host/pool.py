@@ -339,8 +339,12 @@ class SnippetPool:
     def __init__(self, *, providers: Mapping[Level | str, SandboxProvider] | None = None,
                  max_workers: int | None = None, mem_mb: int = 256, spares: int = 1,
                  max_idle: int | None = None, idle_ttl_s: float = 60.0,
-                 preload: frozenset[str] | None = None) -> None:
+                 preload: frozenset[str] | None = None,
+                 network: NetworkPolicy | None = None) -> None:
         from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS
+        #: the network policy of every strict slot (default ``none``); a pool's slots all
+        #: share it, so a pool serves one policy (``run_snippet(network=)`` makes its own)
+        self.network = network or NetworkPolicy.none()
         self._providers = {Level(k): v for k, v in (providers or {}).items()}
         self._owned: list[SandboxProvider] = []
         self._limiter = FifoLimiter(max_workers or os.cpu_count() or 1)
@@ -394,6 +398,7 @@ class SnippetPool:
         if level == Level.STRICT:
             limits = SandboxLimits(mem_mb=self.mem_mb + _TEMPLATE_MB, max_processes=64,
                                    disk_mb=16)
+            network = self.network
         else:  # context-isolated shares the host's network by definition (subproc refuses
             network = NetworkPolicy.unrestricted()  # 'none'); the snippet has no socket
         spec = SandboxSpec(tenant_id=tenant or "corral-snippet-spare", level=level,

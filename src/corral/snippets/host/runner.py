@@ -21,7 +21,7 @@ from typing import Any, Final, ParamSpec, TypeVar
 from corral.core.cancel import CancelScope, CancelToken
 from corral.core.contract import SandboxProvider
 from corral.core.errors import ConfigInvalidError, LevelNotSupportedError, SandboxCancelledError
-from corral.core.spec import Level
+from corral.core.spec import Level, NetworkPolicy
 from corral.core.sync import background_loop, sync_twin
 from corral.snippets.host.pool import GRACE_MS, PoolStatistics, SnippetPool
 from corral.snippets.host.transcript import (
@@ -167,11 +167,15 @@ def _from_wire(output: Any, level: Level) -> Transcript:
     return transcript_from_wire(output, sandbox_paths=_SANDBOX_PATHS, level=level)
 
 
-async def _on_provider(provider: SandboxProvider, level: Level,
-                       run: Callable[[SnippetPool], Awaitable[T]]) -> T:
-    """``run`` in a short-lived pool on ``provider`` (one slot, no spare), closed after
-    it on every path; the provider is not closed (the caller owns it)."""
-    pool = SnippetPool(providers={level: provider}, max_workers=1, spares=0)
+async def _on_provider(provider: SandboxProvider | None, level: Level,
+                       run: Callable[[SnippetPool], Awaitable[T]], *,
+                       network: NetworkPolicy | None = None) -> T:
+    """``run`` in a short-lived pool on ``provider`` (one slot, no spare; None: a
+    provider of the pool's own, closed with it), closed after it on every path; a
+    given provider is not closed (the caller owns it)."""
+    extra: dict[str, Any] = {} if network is None else {"network": network}
+    pool = SnippetPool(providers={level: provider} if provider is not None else None,
+                       max_workers=1, spares=0, **extra)
     try:
         return await run(pool)
     finally:
@@ -184,6 +188,7 @@ async def run_snippet(
     tenant_id: str = "default", cancel: CancelToken | None = None,
     allowed_imports: frozenset[str] | None = None, pool: SnippetPool | None = None,
     provider: SandboxProvider | None = None, _unsafe_skip_validation: bool = False,
+    network: NetworkPolicy | None = None,
 ) -> Transcript:
     """Validate and run a Python snippet; return what it did.
 
@@ -203,6 +208,12 @@ async def run_snippet(
     :class:`~corral.core.errors.LevelNotSupportedError` before anything runs.
     ``pool`` (a pool of the calling event loop) and ``provider`` exclude each other.
     ``Transcript.level`` says the level the snippet ran at.
+
+    ``network``: the sandbox's network policy at ``strict`` (default ``none``). Another
+    policy runs in a short-lived pool of its own (a slot never outlives the policy it
+    was made with), on ``provider`` or a fresh one; ``pool`` does not go with it. The
+    snippet still needs ``allowed_imports`` that let it use a client (``urllib``...);
+    it reaches out only through the egress proxy (docs/network.md).
     """
     payload = _files(source, files)
     if pool is not None and provider is not None:
@@ -219,6 +230,16 @@ async def run_snippet(
         return rejected
     kw: dict[str, Any] = dict(tenant_id=tenant_id, level=lv, timeout_ms=timeout,
                               allowed=allowed, guard=not _unsafe_skip_validation)
+    if network is not None and network.kind != "none":
+        if pool is not None:
+            raise ConfigInvalidError("network", "pass network= or pool=, not both (a "
+                                     "pool's slots have the network policy it was made with)")
+        if lv != Level.STRICT:
+            raise LevelNotSupportedError(
+                str(lv), ("strict",), "a snippet's network policy is enforced at strict only",
+                field="network", missing=f"network policy {network.kind!r}")
+        return await _with_token(cancel, lambda: _on_provider(
+            provider, lv, lambda p: _run_in(p, payload, **kw), network=network))
     if provider is not None:
         return await _with_token(cancel, lambda: _on_provider(
             provider, lv, lambda p: _run_in(p, payload, **kw)))
