@@ -388,10 +388,11 @@ def compile_sources() -> None:
     """Byte-compile corral (and the entry module) as an install does."""
     import corral
     root = Path(corral.__file__).resolve().parent
-    compileall.compile_dir(str(root), quiet=1)
+    compileall.compile_dir(str(root), quiet=1, force=True)  # an mtime check alone misses
+    # a file rewritten within the second its .pyc was written (then every run compiles it)
     entry = root.parent / "_corral_cli.py"
     if entry.exists():
-        compileall.compile_file(str(entry), quiet=1)
+        compileall.compile_file(str(entry), quiet=1, force=True)
 
 
 async def exec_table(provider: LinuxProvider, rounds: int, py: Interp) -> list[Row]:
