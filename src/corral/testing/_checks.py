@@ -13,7 +13,7 @@ from collections.abc import Awaitable
 
 from corral.core.errors import ProviderError, SandboxTimeoutError
 from corral.core.result import RunResult
-from corral.core.spec import ExecOpts, ProcessOpts
+from corral.core.spec import ExecOpts, NetworkPolicy, ProcessOpts
 from corral.testing._kit import (
     Kit,
     drain,
@@ -24,7 +24,7 @@ from corral.testing._kit import (
 )
 
 __all__ = ["check_destroy", "check_exec", "check_files", "check_isolation", "check_kill",
-           "check_path_escape", "check_streaming", "check_timeout"]
+           "check_network_allowlist", "check_path_escape", "check_streaming", "check_timeout"]
 
 # A child that forks a grandchild holding stdout/stderr, then prints ``up`` and sleeps:
 # a provider that kills only the direct child never sees EOF on the pipes.
@@ -296,3 +296,103 @@ async def check_destroy(k: Kit) -> None:
     await _provider_error("read_file (after `async with`)", sb2.read_file("f.txt"))
     await k.check_leaks("destroy")
 
+
+
+# Inside the sandbox: GET argv[1] with urllib and the standard proxy variables (NO_PROXY
+# dropped: the URL means the host's loopback, which a provider lists as its own);
+# prints the body, or how it was refused.
+_PROXIED_GET = (
+    "import os, sys, urllib.request, urllib.error\n"
+    "for name in ('NO_PROXY', 'no_proxy'):\n    os.environ.pop(name, None)\n"
+    "try:\n"
+    "    print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n"
+    "except urllib.error.HTTPError as e:\n    print('refused', e.code)\n"
+    "except OSError as e:\n    print('blocked', type(e).__name__)\n")
+# Inside the sandbox: a TCP connect straight to 127.0.0.1:argv[1], no proxy.
+_DIRECT = ("import socket, sys\n"
+           "try:\n"
+           "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3).close()\n"
+           "except OSError as e:\n    print('blocked', type(e).__name__)\n"
+           "else:\n    print('connected')\n")
+
+
+class _KitServer:
+    """An HTTP/1.0 server on the host's 127.0.0.1 that answers every request with a
+    token and counts its connections (the check's own; never reachable otherwise)."""
+
+    def __init__(self) -> None:
+        self.token = f"kit-ok-{uuid.uuid4().hex[:12]}"
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> _KitServer:
+        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            try:
+                async with asyncio.timeout(10):
+                    await r.readuntil(b"\r\n\r\n")
+                w.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s"
+                        % (len(self.token), self.token.encode()))
+                await w.drain()
+            except (OSError, TimeoutError, asyncio.IncompleteReadError,
+                    asyncio.LimitOverrunError):
+                pass
+            finally:
+                w.close()
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        return self
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def check_network_allowlist(k: Kit) -> None:
+    """A provider advertising ``network-allowlist`` lets a command reach a listed host
+    (a loopback server the check starts, listed as ``127.0.0.1/32:PORT``) with an HTTP
+    client that honours the standard proxy variables, refuses an unlisted one (another
+    loopback server: no connection reaches it) and lists that refusal in the run's
+    ``denials``; a command that ignores the proxy reaches neither. With
+    ``network-unrestricted`` too, that policy still refuses the host's loopback."""
+    caps = k.provider.capabilities
+    if "network-allowlist" not in caps:
+        return
+    async with _KitServer() as listed, _KitServer() as unlisted:
+        policy = NetworkPolicy.allowlist(f"127.0.0.1/32:{listed.port}")
+        async with k.sandbox(k.spec(network=policy)) as sb:
+            r = await within(
+                sb.exec([*k.py(_PROXIED_GET), f"http://127.0.0.1:{listed.port}/"]), 30.0,
+                "exec of a GET of a listed host")
+            expect(listed.token in r.stdout_text,
+                   f"a GET of the listed 127.0.0.1:{listed.port} did not get the server's "
+                   f"answer: {_brief(r)}")
+            r = await within(
+                sb.exec([*k.py(_PROXIED_GET), f"http://127.0.0.1:{unlisted.port}/"]), 30.0,
+                "exec of a GET of an unlisted host")
+            expect(unlisted.token not in r.stdout_text and unlisted.connections == 0,
+                   f"a GET of the unlisted 127.0.0.1:{unlisted.port} reached it: {_brief(r)}")
+            expect(any(d.port == unlisted.port for d in r.denials),
+                   f"the refusal of 127.0.0.1:{unlisted.port} is not in the run's denials "
+                   f"({r.denials!r})")
+            before = listed.connections
+            r = await within(sb.exec([*k.py(_DIRECT), str(listed.port)]), 20.0,
+                             "exec of a direct connect")
+            expect("connected" not in r.stdout_text and listed.connections == before,
+                   "a command ignoring the proxy variables connected straight to a listed "
+                   f"host's 127.0.0.1:{listed.port}")
+        if "network-unrestricted" in caps:
+            before = listed.connections
+            async with k.sandbox(k.spec(network=NetworkPolicy.unrestricted())) as sb:
+                r = await within(
+                    sb.exec([*k.py(_PROXIED_GET), f"http://127.0.0.1:{listed.port}/"]), 30.0,
+                    "exec of a GET of the host's loopback under unrestricted")
+            expect(listed.connections == before and listed.token not in r.stdout_text,
+                   "network 'unrestricted' let a command reach the host's loopback "
+                   f"(127.0.0.1:{listed.port}, not listed): {_brief(r)}")
