@@ -28,6 +28,7 @@ VERBS: dict[str, str] = {
     "mcp": "mcp",
     "python": "python",
     "run": "run",
+    "serve": "serve",
 }
 
 

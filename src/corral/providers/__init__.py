@@ -25,6 +25,7 @@ __all__ = ["DEFAULT_FOR_LEVEL", "PROVIDERS", "get_provider_class", "provider", "
 PROVIDERS: dict[str, str] = {
     "inprocess": ".inprocess",
     "linux": ".linux",
+    "remote": ".remote",
     "subproc": ".subproc",
 }
 
@@ -40,9 +41,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def provider(name: str | None = None, *, level: Level | str | None = None) -> SandboxProvider:
+def provider(name: str | None = None, *, level: Level | str | None = None,
+             **options: Any) -> SandboxProvider:
     """A provider with its default options: by registry ``name``, or the one that gives
-    ``level`` (default: ``strict``, the linux provider).
+    ``level`` (default: ``strict``, the linux provider). ``options`` go to the provider's
+    class (``corral.provider("remote", url=..., token=...)``).
 
     With both, the named provider must give ``level`` on this host. Providers are
     async context managers (``async with corral.provider() as p:``; leaving it calls
@@ -66,7 +69,7 @@ def provider(name: str | None = None, *, level: Level | str | None = None) -> Sa
     if name is None:
         defaults: dict[Level, str] = __getattr__("DEFAULT_FOR_LEVEL")  # made once
         name = defaults[want or Level.STRICT]
-    made: SandboxProvider = get_provider_class(name)()
+    made: SandboxProvider = get_provider_class(name)(**options)
     if want is not None and want not in made.levels:
         raise LevelNotSupportedError(
             want.value, tuple(sorted(lv.value for lv in made.levels)),

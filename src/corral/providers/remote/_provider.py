@@ -1,0 +1,425 @@
+"""The remote provider: the provider contract, implemented against ``corral serve``.
+
+``RemoteProvider(url, token)`` asks the server which levels it offers and with which
+capabilities (``GET /v1/info``, once, at construction), then maps every contract method
+onto one HTTP call of the ``/v1`` API (httpx, HTTP/1.1 with keep-alive). The server does
+the isolation; this class only relays, so a sandbox here is exactly as strong as the
+server's provider for its level, and every refusal is the server's own error, rebuilt
+with its class and facts (:mod:`.wire`).
+
+Cancellation crosses the wire: cancelling an awaiting task aborts its request, and the
+server cancels the run when its client goes away. A ``create`` that is cancelled (a
+token or a task) destroys the sandbox by the id the client chose for it, so nothing is
+left on the server even when the cancel and the server's answer cross.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Final, final
+
+from corral.core.cancel import CancelScope, CancelToken
+from corral.core.contract import ProcessHandle, ProcessStdin, Sandbox, SandboxProvider
+from corral.core.errors import (
+    ConfigInvalidError,
+    CorralError,
+    CreateCancelledError,
+    LevelNotSupportedError,
+    ProviderError,
+)
+from corral.core.result import RunResult
+from corral.core.spec import (
+    Capability,
+    ExecOpts,
+    Level,
+    ProcessOpts,
+    SandboxSpec,
+    SnapshotHandle,
+)
+from corral.providers.remote import wire
+
+__all__ = ["RemoteProcess", "RemoteProvider", "RemoteSandbox"]
+
+#: the capabilities a remote sandbox can relay (the others need the server's process:
+#: warm-fork and process-count stay on the server, where its snippet pool uses them)
+_RELAYED: Final = frozenset({
+    Capability.STREAMING.value, Capability.STREAMING_EXEC.value, Capability.SNAPSHOT.value,
+    Capability.RESTORE.value, Capability.PAUSE.value, Capability.STRICT.value,
+    Capability.CONTEXT_ISOLATED.value})
+
+
+def _httpx() -> Any:
+    try:
+        import httpx
+    except ImportError:  # pragma: no cover - the extra is missing
+        raise ProviderError("the remote provider needs httpx: pip install corral[serve]"
+                            ) from None
+    return httpx
+
+
+def _error_of(status: int, body: bytes) -> BaseException:
+    """The error a non-2xx answer carries (corral's error, or FileNotFoundError)."""
+    try:
+        doc = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return ProviderError(f"corral serve answered {status}: {body[:200]!r}")
+    if doc.get("code") == "not-found" and doc.get("what") == "file":
+        return FileNotFoundError(2, str(doc.get("message", "no such file")))
+    if doc.get("code") == "not-found" and doc.get("what") == "sandbox":
+        return ProviderError("the sandbox is gone (destroyed, or the server restarted)")
+    return wire.error_from_json(doc)
+
+
+@final
+class RemoteProvider(SandboxProvider):
+    """A provider whose sandboxes live on a ``corral serve`` server.
+
+    Args:
+        url: the server's base URL (``http://127.0.0.1:8580``).
+        token: the tenant's bearer token.
+        level: offer only this level of the server's (then the capabilities are that
+            level's provider's); default every level the server offers, with the
+            capabilities all of them share.
+        timeout_s: connect timeout, and the bound on calls that do not run code (a run's
+            own deadline is its ``timeout_ms``).
+        verify: TLS verification (a CA bundle path, or False for a test server).
+
+    Raises:
+        ProviderError: the server cannot be reached or refused the token.
+        LevelNotSupportedError: ``level`` is not offered by the server.
+    """
+
+    name = "remote"
+
+    def __init__(self, url: str, token: str, *, level: Level | str | None = None,
+                 timeout_s: float = 30.0, verify: bool | str = True) -> None:
+        httpx = _httpx()
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigInvalidError("url", f"must be an http(s) URL, got {url!r}")
+        if not isinstance(token, str) or not token:
+            raise ConfigInvalidError("token", "must be a non-empty string")
+        self.url = url.rstrip("/")
+        self._headers = {"authorization": f"Bearer {token}"}
+        self._timeout_s = timeout_s
+        self._verify = verify
+        try:
+            with httpx.Client(base_url=self.url, headers=self._headers, verify=verify,
+                              timeout=timeout_s) as c:
+                r = c.get(f"{wire.API_PREFIX}/info")
+        except httpx.HTTPError as e:
+            raise ProviderError(f"cannot reach corral serve at {self.url}: {e}", e) from None
+        if r.status_code != 200:
+            err = _error_of(r.status_code, r.content)
+            raise err if isinstance(err, CorralError) else ProviderError(str(err))
+        self.info: dict[str, Any] = r.json()
+        offered = {Level(lv): frozenset(p["capabilities"])
+                   for lv, p in self.info["providers"].items()}
+        if level is not None:
+            want = Level(level)
+            if want not in offered:
+                raise LevelNotSupportedError(want.value, tuple(lv.value for lv in offered),
+                                             f"the server at {self.url} does not offer it")
+            offered = {want: offered[want]}
+        self.levels: frozenset[Level] = frozenset(offered)
+        shared = frozenset.intersection(*offered.values()) if offered else frozenset()
+        self.capabilities = frozenset(shared & _RELAYED)
+        self._clients: dict[int, Any] = {}
+        self._live: dict[str, RemoteSandbox] = {}
+        self._closed = False
+
+    # -- the client ------------------------------------------------------------------
+    def client(self) -> Any:
+        """The AsyncClient of the running loop (one per loop: httpx's pool is loop-bound)."""
+        loop = asyncio.get_running_loop()
+        c = self._clients.get(id(loop))
+        if c is None or c.is_closed:
+            httpx = _httpx()
+            c = httpx.AsyncClient(
+                base_url=self.url, headers=self._headers, verify=self._verify,
+                timeout=httpx.Timeout(self._timeout_s, read=None, write=self._timeout_s),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
+            self._clients[id(loop)] = c
+        return c
+
+    async def call(self, method: str, path: str, *, json_body: Any = None,
+                   content: bytes | None = None, params: Mapping[str, str] | None = None,
+                   ok: tuple[int, ...] = (200, 201, 204)) -> Any:
+        """One request; the answer (``httpx.Response``) or the error it carries."""
+        httpx = _httpx()
+        try:
+            r = await self.client().request(method, f"{wire.API_PREFIX}{path}", json=json_body,
+                                            content=content, params=params)
+        except httpx.HTTPError as e:
+            raise ProviderError(f"corral serve {method} {path}: {type(e).__name__}: {e}",
+                                e) from None
+        if r.status_code not in ok:
+            raise _error_of(r.status_code, r.content)
+        return r
+
+    # -- the contract ------------------------------------------------------------------
+    async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None) -> Sandbox:
+        if not isinstance(spec, SandboxSpec):
+            raise ConfigInvalidError("spec", f"must be a SandboxSpec, not {type(spec).__name__}")
+        if self._closed:
+            raise ProviderError("the remote provider is closed")
+        if spec.level not in self.levels:
+            raise LevelNotSupportedError(spec.level.value, tuple(lv.value for lv in self.levels),
+                                         f"not offered by {self.url}")
+        if cancel is not None and cancel.cancelled:
+            raise CreateCancelledError(f"create cancelled: {cancel.reason}")
+        sid = f"rc-{secrets.token_hex(16)}"
+        body = {"spec": wire.spec_to_json(spec), "id": sid}
+        done = False
+        try:
+            async with CancelScope(cancel) as scope:
+                await self.call("POST", "/sandboxes", json_body=body)
+                done = True
+        except asyncio.CancelledError:
+            await asyncio.shield(self._forget(sid))
+            raise
+        except CreateCancelledError:
+            await asyncio.shield(self._forget(sid))
+            raise
+        if scope.cancelled or not done:
+            await asyncio.shield(self._forget(sid))
+            raise CreateCancelledError("create cancelled; the sandbox was destroyed")
+        sb = _sandbox_class(self.capabilities)(self, sid, spec)
+        self._live[sid] = sb
+        return sb
+
+    async def _forget(self, sid: str) -> None:
+        """Destroy ``sid`` on the server, made or not (the server remembers the id, so a
+        create still in flight is rolled back when it lands)."""
+        with contextlib.suppress(Exception):
+            await self.call("DELETE", f"/sandboxes/{sid}")
+
+    async def aclose(self) -> None:
+        """Destroy the sandboxes this provider made that are still alive, and close its
+        connections."""
+        self._closed = True
+        live, self._live = list(self._live.values()), {}
+        await asyncio.gather(*(sb.destroy() for sb in live), return_exceptions=True)
+        clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            with contextlib.suppress(Exception):
+                await c.aclose()
+
+
+class RemoteSandbox(Sandbox):
+    """A sandbox on the server. Which optional methods it has follows the provider's
+    capabilities (see :func:`_sandbox_class`)."""
+
+    def __init__(self, provider: RemoteProvider, sid: str, spec: SandboxSpec) -> None:
+        self._p = provider
+        self.id = sid
+        self.spec = spec
+        self._destroyed = False
+        self._procs: list[RemoteProcess] = []
+
+    def _path(self, tail: str = "") -> str:
+        if self._destroyed:
+            raise ProviderError(f"sandbox {self.id} is destroyed")
+        return f"/sandboxes/{self.id}{tail}"
+
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> RunResult:
+        r = await self._p.call("POST", self._path("/exec"), json_body={
+            "argv": list(argv), "opts": wire.exec_opts_to_json(opts)})
+        return wire.result_from_json(r.json()["result"])
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        await self._p.call("PUT", self._path("/files"), content=bytes(data),
+                           params={"path": path})
+
+    async def read_file(self, path: str) -> bytes:
+        r = await self._p.call("GET", self._path("/files"), params={"path": path})
+        return bytes(r.content)
+
+    async def start_process(self, argv: Sequence[str],
+                            opts: ProcessOpts | None = None) -> ProcessHandle:
+        r = await self._p.call("POST", self._path("/processes"), json_body={
+            "argv": list(argv), "opts": wire.process_opts_to_json(opts)})
+        proc = RemoteProcess(self._p, self._path(f"/processes/{r.json()['id']}"))
+        self._procs.append(proc)
+        return proc
+
+    async def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._p._live.pop(self.id, None)
+        await self._p.call("DELETE", f"/sandboxes/{self.id}", ok=(204, 404))
+        for proc in self._procs:
+            await proc.settle()
+
+
+class _StreamingExec:
+    async def exec_streaming(self, argv: Sequence[str], opts: ExecOpts | None = None, *,
+                             on_output: Any) -> RunResult:
+        """exec, with each chunk of output handed to ``on_output(fd, chunk)`` as it comes."""
+        me: Any = self
+        httpx = _httpx()
+        body = {"argv": list(argv), "opts": wire.exec_opts_to_json(opts), "stream": True}
+        try:
+            async with me._p.client().stream("POST", f"{wire.API_PREFIX}{me._path('/exec')}",
+                                             json=body) as resp:
+                if resp.status_code != 200:
+                    raise _error_of(resp.status_code, await resp.aread())
+                async for line in resp.aiter_lines():
+                    if not line:
+                        continue
+                    ev = json.loads(line)
+                    if ev["event"] == "output":
+                        on_output(ev["fd"], _chunk(ev))
+                    elif ev["event"] == "result":
+                        return wire.result_from_json(ev["result"])
+                    elif ev["event"] == "error":
+                        raise _error_of(int(ev.get("status", 500)),
+                                        json.dumps({"error": ev["error"]}).encode())
+        except httpx.HTTPError as e:
+            raise ProviderError(f"corral serve exec stream: {e}", e) from None
+        raise ProviderError("corral serve ended the exec stream without a result")
+
+
+class _Pause:
+    async def pause(self) -> None:
+        me: Any = self
+        await me._p.call("POST", me._path("/pause"))
+
+    async def resume(self) -> None:
+        me: Any = self
+        await me._p.call("POST", me._path("/resume"))
+
+
+class _Snapshot:
+    async def snapshot(self) -> SnapshotHandle:
+        me: Any = self
+        r = await me._p.call("POST", me._path("/snapshot"))
+        return wire.handle_from_json(r.json()["handle"])
+
+
+class _Restore:
+    async def restore(self, handle: SnapshotHandle) -> None:
+        me: Any = self
+        if not isinstance(handle, SnapshotHandle):
+            raise ConfigInvalidError("handle", "must be a SnapshotHandle")
+        await me._p.call("POST", me._path("/restore"),
+                         json_body={"handle": wire.handle_to_json(handle)})
+
+
+_CLASSES: dict[frozenset[str], type[RemoteSandbox]] = {}
+
+
+def _sandbox_class(caps: frozenset[str]) -> type[RemoteSandbox]:
+    """RemoteSandbox with exactly the optional methods the capabilities advertise (the
+    contract: a sandbox has ``pause`` iff ``pause`` is advertised, and so on)."""
+    key = caps & frozenset({"streaming-exec", "pause", "snapshot", "restore"})
+    cls = _CLASSES.get(key)
+    if cls is None:
+        bases: list[type] = []
+        for cap, mixin in (("streaming-exec", _StreamingExec), ("pause", _Pause),
+                           ("snapshot", _Snapshot), ("restore", _Restore)):
+            if cap in key:
+                bases.append(mixin)
+        cls = type("RemoteSandbox", (*bases, RemoteSandbox), {"__module__": __name__})
+        _CLASSES[key] = cls
+    return cls
+
+
+def _chunk(ev: Mapping[str, Any]) -> bytes:
+    if "b64" in ev:
+        return wire.unb64(ev["b64"], "b64")
+    return str(ev.get("text", "")).encode("utf-8")
+
+
+class _Queue:
+    """An async iterator over chunks put by the reader; ``None`` ends it."""
+
+    def __init__(self) -> None:
+        self.q: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._ended = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._ended:
+            raise StopAsyncIteration
+        item = await self.q.get()
+        if item is None:
+            self._ended = True
+            raise StopAsyncIteration
+        return item
+
+
+class _Stdin(ProcessStdin):
+    def __init__(self, provider: RemoteProvider, path: str) -> None:
+        self._p, self._path = provider, path
+        self._closed = False
+
+    async def write(self, data: bytes) -> None:
+        await self._p.call("POST", f"{self._path}/stdin", content=bytes(data))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(ProviderError):
+            await self._p.call("POST", f"{self._path}/stdin/close")
+
+
+class RemoteProcess(ProcessHandle):
+    """A process on the server: one NDJSON stream of its output, read from the start
+    by a background task and split into ``stdout`` and ``stderr``; its last event is
+    how it ended (``wait()``)."""
+
+    def __init__(self, provider: RemoteProvider, path: str) -> None:
+        self._p, self._path = provider, path
+        self.stdin = _Stdin(provider, path)
+        self._out, self._err = _Queue(), _Queue()
+        self.stdout = self._out
+        self.stderr = self._err
+        self._result: RunResult | None = None
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async with self._p.client().stream(
+                    "GET", f"{wire.API_PREFIX}{self._path}/output") as resp:
+                if resp.status_code != 200:
+                    return
+                async for line in resp.aiter_lines():
+                    if not line:
+                        continue
+                    ev = json.loads(line)
+                    if ev["event"] == "output":
+                        (self._out if ev["fd"] == 1 else self._err).q.put_nowait(_chunk(ev))
+                    elif ev["event"] == "exit" and ev.get("result") is not None:
+                        self._result = wire.result_from_json(ev["result"])
+        except Exception:
+            pass
+        finally:
+            self._out.q.put_nowait(None)
+            self._err.q.put_nowait(None)
+
+    async def settle(self, seconds: float = 10.0) -> None:
+        """Wait (bounded) for the output stream to end."""
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(self._reader), seconds)
+
+    async def wait(self) -> RunResult:
+        await asyncio.shield(self._reader)
+        if self._result is not None:
+            return self._result
+        r = await self._p.call("GET", f"{self._path}/wait")
+        self._result = wire.result_from_json(r.json()["result"])
+        return self._result
+
+    async def kill(self) -> None:
+        with contextlib.suppress(ProviderError):
+            await self._p.call("POST", f"{self._path}/kill")

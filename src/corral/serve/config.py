@@ -1,0 +1,210 @@
+"""``corral serve``'s configuration: frozen values, read from a TOML file (``tomllib``).
+
+::
+
+    [server]
+    host = "127.0.0.1"          # loopback by default; another address only when asked
+    port = 8580
+    max_body_bytes = 16777216   # larger request bodies get 413
+    grace_s = 10.0              # SIGTERM: how long in-flight requests may finish
+    snippet_workers = 2         # snippet runs at once (the pool's bound)
+    default_sandbox_mem_mb = 256  # what a sandbox without limits.mem_mb counts against a cap
+    tls_certfile = ""           # both set: HTTPS
+    tls_keyfile = ""
+
+    [levels]                    # level -> provider name; a level left out is not offered
+    strict = "linux"
+    context-isolated = "subproc"
+
+    [provider_options.linux]    # keyword arguments of a provider's class
+    spares = 1
+
+    [[tenants]]
+    name = "alice"
+    token_sha256 = "<hex sha-256 of the bearer token>"   # or token = "..." (plain)
+    max_sandboxes = 8           # sandboxes alive at once
+    max_runs = 4                # runs, execs, snippets and invokes in flight at once
+    max_memory_mb = 4096        # the sum of the memory of the tenant's live sandboxes
+
+Only the standard library here, so the CLI can read a config without starlette.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from corral.core.errors import ConfigInvalidError
+from corral.core.spec import Level
+
+__all__ = ["DEFAULT_LEVELS", "DEFAULT_PORT", "ServeConfig", "TenantConfig", "load_config",
+           "token_digest"]
+
+DEFAULT_PORT: Final = 8580
+#: the levels offered unless the config says otherwise; ``none`` (the inprocess provider,
+#: no boundary at all) is never offered unless named
+DEFAULT_LEVELS: Final[Mapping[str, str]] = {"strict": "linux", "context-isolated": "subproc"}
+_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def token_digest(token: str) -> bytes:
+    """The SHA-256 digest tokens are compared by (in constant time)."""
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def _count(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigInvalidError(name, f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TenantConfig:
+    """One tenant: a name, the digest of its bearer token, and its caps.
+
+    Attributes:
+        name: shown in logs and metrics, and the ``tenant_id`` of its sandboxes.
+        token_sha256: SHA-256 of the bearer token (the token itself is never kept).
+        max_sandboxes: sandboxes alive at once (a ``/v1/runs`` run holds one while it runs).
+        max_runs: runs in flight at once: execs, ``/v1/runs`` runs, snippets, invokes.
+        max_memory_mb: the sum of ``limits.mem_mb`` of its live sandboxes (a sandbox
+            without one counts ``ServeConfig.default_sandbox_mem_mb``).
+    """
+
+    name: str
+    token_sha256: bytes
+    max_sandboxes: int = 8
+    max_runs: int = 4
+    max_memory_mb: int = 4096
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise ConfigInvalidError("tenants.name", f"not a tenant name: {self.name!r} "
+                                     "(letters, digits, _ . -; at most 64)")
+        if len(self.token_sha256) != 32:
+            raise ConfigInvalidError("tenants.token_sha256", "must be a SHA-256 digest")
+        _count("tenants.max_sandboxes", self.max_sandboxes)
+        _count("tenants.max_runs", self.max_runs)
+        _count("tenants.max_memory_mb", self.max_memory_mb)
+
+    def matches(self, token: str) -> bool:
+        """Whether ``token`` is this tenant's (constant-time comparison of digests)."""
+        return hmac.compare_digest(token_digest(token), self.token_sha256)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeConfig:
+    """Everything ``corral serve`` runs with. See the module docstring for the file."""
+
+    tenants: tuple[TenantConfig, ...]
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    max_body_bytes: int = 16 * 1024 * 1024
+    grace_s: float = 10.0
+    snippet_workers: int = 2
+    default_sandbox_mem_mb: int = 256
+    levels: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_LEVELS))
+    provider_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
+    #: JSON-lines logs of every request (on stderr)
+    access_log: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.tenants:
+            raise ConfigInvalidError("tenants", "at least one tenant is needed")
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ConfigInvalidError("tenants.name", "tenant names must be unique")
+        digests = [t.token_sha256 for t in self.tenants]
+        if len(set(digests)) != len(digests):
+            raise ConfigInvalidError("tenants.token", "two tenants share a token")
+        _count("port", self.port, 0)
+        if self.port > 65535:
+            raise ConfigInvalidError("port", "must be <= 65535")
+        _count("max_body_bytes", self.max_body_bytes, 1024)
+        _count("snippet_workers", self.snippet_workers)
+        _count("default_sandbox_mem_mb", self.default_sandbox_mem_mb)
+        if isinstance(self.grace_s, bool) or not isinstance(self.grace_s, int | float) \
+                or self.grace_s < 0:
+            raise ConfigInvalidError("grace_s", "must be a number of seconds >= 0")
+        for lv, name in self.levels.items():
+            try:
+                Level(lv)
+            except ValueError:
+                raise ConfigInvalidError(f"levels.{lv}", "not a level") from None
+            if not isinstance(name, str) or not name:
+                raise ConfigInvalidError(f"levels.{lv}", "must name a provider")
+        if not self.levels:
+            raise ConfigInvalidError("levels", "at least one level must be offered")
+        if (self.tls_certfile is None) != (self.tls_keyfile is None):
+            raise ConfigInvalidError("tls_certfile", "TLS needs both tls_certfile and "
+                                     "tls_keyfile")
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_certfile is not None
+
+
+def _tenant(doc: Mapping[str, Any], i: int) -> TenantConfig:
+    known = {"name", "token", "token_sha256", "max_sandboxes", "max_runs", "max_memory_mb"}
+    extra = sorted(set(doc) - known)
+    if extra:
+        raise ConfigInvalidError(f"tenants[{i}].{extra[0]}", "unknown key")
+    token, hexd = doc.get("token"), doc.get("token_sha256")
+    if (token is None) == (hexd is None):
+        raise ConfigInvalidError(f"tenants[{i}]", "give exactly one of token or token_sha256")
+    if token is not None:
+        if not isinstance(token, str) or len(token) < 16:
+            raise ConfigInvalidError(f"tenants[{i}].token", "must be a string of 16+ chars")
+        digest = token_digest(token)
+    else:
+        try:
+            digest = bytes.fromhex(str(hexd))
+        except ValueError:
+            raise ConfigInvalidError(f"tenants[{i}].token_sha256", "not hex") from None
+    caps = {k: doc[k] for k in ("max_sandboxes", "max_runs", "max_memory_mb") if k in doc}
+    return TenantConfig(name=doc.get("name", ""), token_sha256=digest, **caps)
+
+
+def config_from_dict(doc: Mapping[str, Any]) -> ServeConfig:
+    """A config from the parsed TOML document."""
+    extra = sorted(set(doc) - {"server", "levels", "provider_options", "tenants"})
+    if extra:
+        raise ConfigInvalidError(extra[0], "unknown table")
+    server = dict(doc.get("server", {}))
+    known = {"host", "port", "max_body_bytes", "grace_s", "snippet_workers",
+             "default_sandbox_mem_mb", "tls_certfile", "tls_keyfile", "access_log"}
+    bad = sorted(set(server) - known)
+    if bad:
+        raise ConfigInvalidError(f"server.{bad[0]}", "unknown key")
+    for k in ("tls_certfile", "tls_keyfile"):
+        if not server.get(k):
+            server.pop(k, None)
+    tenants = tuple(_tenant(t, i) for i, t in enumerate(doc.get("tenants", ())))
+    kw: dict[str, Any] = dict(server)
+    if "levels" in doc:
+        kw["levels"] = dict(doc["levels"])
+    if "provider_options" in doc:
+        kw["provider_options"] = {k: dict(v) for k, v in doc["provider_options"].items()}
+    return ServeConfig(tenants=tenants, **kw)
+
+
+def load_config(path: str) -> ServeConfig:
+    """Read and check the TOML config at ``path``."""
+    import tomllib
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigInvalidError("config", f"no such file: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigInvalidError("config", f"{path}: {e}") from None
+    return config_from_dict(doc)
+
+
+__all__ += ["config_from_dict"]

@@ -1,0 +1,580 @@
+"""What ``corral serve`` does, without HTTP: the providers per level, the tenants, the
+snippet pool, metrics and logs, and one method per API operation. :mod:`.app` maps
+requests onto these methods; the methods take a tenant and values of corral's own types
+and raise corral's errors (or :class:`ApiError` for the API's own cases).
+
+Everything goes through the provider contract (``corral.core.contract``) and the front
+doors (``run_snippet``, ``invoke_in``), never a provider's class: a level is served by
+whichever provider the config names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Final
+
+from corral.core.contract import (
+    Sandbox,
+    SandboxProvider,
+    SupportsStreamingExec,
+    pause,
+    restore,
+    resume,
+    snapshot,
+)
+from corral.core.errors import (
+    ConfigInvalidError,
+    CorralError,
+    CreateCancelledError,
+    InvalidSnapshotHandleError,
+    LevelNotSupportedError,
+)
+from corral.core.result import RunResult
+from corral.core.spec import (
+    ExecOpts,
+    HandlerRef,
+    InvocationMode,
+    Level,
+    NetworkPolicy,
+    ProcessOpts,
+    SandboxLimits,
+    SandboxSpec,
+    SnapshotHandle,
+)
+from corral.providers.remote import wire
+from corral.serve.config import ServeConfig
+from corral.serve.logs import JsonLog
+from corral.serve.metrics import Metrics
+from corral.serve.state import ProcessEntry, SandboxEntry, TenantState, new_id
+
+__all__ = ["ApiError", "Event", "RunStream", "Service"]
+
+Event = dict[str, Any]
+_CLIENT_ID: Final = re.compile(r"[A-Za-z0-9_-]{16,80}")
+#: the levels snippets run at (never ``none``)
+_SNIPPET_LEVELS: Final = (Level.STRICT, Level.CONTEXT_ISOLATED)
+#: how long close() waits for cancelled requests to finish unwinding before it destroys
+_UNWIND_S: Final = 10.0
+
+
+class RunStream:
+    """The events of one streamed run, and what it holds (cap slots): ``release()``
+    gives them back, once, whether or not the events were ever read."""
+
+    def __init__(self, events: Callable[[], AsyncIterator[Event]],
+                 releases: list[Callable[[], None]]) -> None:
+        self._events, self._releases = events, releases
+
+    async def events(self) -> AsyncIterator[Event]:
+        try:
+            async for ev in self._events():
+                yield ev
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        releases, self._releases = self._releases, []
+        for r in reversed(releases):
+            r()
+
+
+class ApiError(Exception):
+    """An answer of the API's own (not one of corral's errors): 401, 404, 405, 413, 503.
+    ``code`` is one of :data:`corral.providers.remote.wire.HTTP_CODES`."""
+
+    def __init__(self, code: str, message: str, **facts: Any) -> None:
+        super().__init__(message)
+        self.code, self.message, self.facts = code, message, facts
+        self.status = wire.HTTP_CODES[code]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, **self.facts}
+
+
+def _handle_key(handle: SnapshotHandle) -> str:
+    doc = json.dumps(handle.to_json(), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+class Service:
+    """The service's state and operations. ``start()`` makes the providers (those not
+    passed in), ``close()`` drains: it refuses new work, lets in-flight work unwind,
+    destroys every sandbox and closes what it made."""
+
+    def __init__(self, config: ServeConfig, *,
+                 providers: Mapping[Level | str, SandboxProvider] | None = None,
+                 log: JsonLog | None = None) -> None:
+        self.config = config
+        self.log = log or JsonLog(enabled=config.access_log)
+        self.tenants = {t.name: TenantState(t) for t in config.tenants}
+        self.providers: dict[Level, SandboxProvider] = {
+            Level(k): v for k, v in (providers or {}).items()}
+        self._owned: list[SandboxProvider] = []
+        self._pool: Any = None  # SnippetPool, made on the first snippet
+        self.draining = False
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.started = time.time()
+        self.metrics = m = Metrics()
+        m.counter("corral_requests_total", "HTTP requests answered, by route and status")
+        m.counter("corral_runs_total", "runs finished (exec, run, snippet, invoke), by kind "
+                  "and how they ended")
+        m.counter("corral_cancelled_total", "requests whose client went away mid-run")
+        m.counter("corral_refused_total", "requests refused by a tenant cap, by cap")
+        m.counter("corral_sandboxes_created_total", "sandboxes created, by level")
+        m.gauge("corral_sandboxes_alive", "live sandboxes, by tenant", lambda: [
+            ({"tenant": t.name}, float(len(t.sandboxes))) for t in self.tenants.values()])
+        m.gauge("corral_runs_in_flight", "runs in flight, by tenant", lambda: [
+            ({"tenant": t.name}, float(t.runs)) for t in self.tenants.values()])
+        m.gauge("corral_memory_reserved_mb", "memory counted against tenant caps, MiB",
+                lambda: [({"tenant": t.name}, float(t.mem_mb)) for t in self.tenants.values()])
+        m.gauge("corral_draining", "1 while the server drains", lambda: [
+            ({}, 1.0 if self.draining else 0.0)])
+        m.gauge("corral_uptime_seconds", "seconds since start", lambda: [
+            ({}, round(time.time() - self.started, 3))])
+
+    # -- life ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Make the configured providers (those not passed in)."""
+        from corral.providers import get_provider_class
+        for lv_name, pname in self.config.levels.items():
+            lv = Level(lv_name)
+            if lv in self.providers:
+                continue
+            options = dict(self.config.provider_options.get(pname, {}))
+            made: SandboxProvider = get_provider_class(pname)(**options)
+            if lv not in made.levels:
+                await made.aclose()
+                raise LevelNotSupportedError(lv.value, tuple(v.value for v in made.levels),
+                                             f"provider {pname!r} does not give it here")
+            self.providers[lv] = made
+            self._owned.append(made)
+        self.log.event("providers", levels={lv.value: p.name for lv, p in self.providers.items()})
+
+    async def close(self) -> None:
+        """Drain: refuse new work, wait (bounded) for in-flight work to unwind, destroy
+        every sandbox, close the snippet pool and the providers this service made."""
+        self.draining = True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_UNWIND_S):
+                await self._idle.wait()
+        entries = [e for t in self.tenants.values() for e in t.sandboxes.values()]
+        for t in self.tenants.values():
+            t.sandboxes.clear()
+        await asyncio.gather(*(self._destroy_entry(e) for e in entries), return_exceptions=True)
+        if self._pool is not None:
+            with contextlib.suppress(Exception):
+                await self._pool.aclose()
+        for p in self._owned:
+            with contextlib.suppress(Exception):
+                await p.aclose()
+        self._owned.clear()
+        self.log.event("drained", sandboxes_destroyed=len(entries))
+
+    @contextlib.contextmanager
+    def operation(self) -> Any:
+        """Count one request's work in flight (close() waits for it to unwind); refuses
+        with 503 while draining."""
+        self._enter_op()
+        try:
+            yield
+        finally:
+            self._exit_op()
+
+    def _enter_op(self) -> None:
+        if self.draining:
+            raise ApiError("unavailable", "the server is draining (shutting down)")
+        self._active += 1
+        self._idle.clear()
+
+    def _exit_op(self) -> None:
+        self._active -= 1
+        if self._active == 0:
+            self._idle.set()
+
+    # -- tenants and lookups -----------------------------------------------------------
+    def authenticate(self, token: str) -> TenantState | None:
+        found = None
+        for t in self.tenants.values():  # every digest compared: no early exit to time
+            if t.config.matches(token):
+                found = t
+        return found
+
+    def provider_for(self, level: Level) -> SandboxProvider:
+        p = self.providers.get(level)
+        if p is None:
+            raise LevelNotSupportedError(
+                level.value, tuple(sorted(lv.value for lv in self.providers)),
+                "this server does not offer it")
+        return p
+
+    def info(self, tenant: TenantState) -> dict[str, Any]:
+        from corral import __version__
+        c = tenant.config
+        return {
+            "version": __version__, "api": wire.API_PREFIX, "tenant": tenant.name,
+            "levels": sorted(lv.value for lv in self.providers),
+            "providers": {lv.value: {"name": p.name,
+                                     "capabilities": sorted(p.capabilities)}
+                          for lv, p in self.providers.items()},
+            "caps": {"max_sandboxes": c.max_sandboxes, "max_runs": c.max_runs,
+                     "max_memory_mb": c.max_memory_mb},
+            "usage": {"sandboxes": tenant.sandbox_count, "runs": tenant.runs,
+                      "memory_mb": tenant.mem_mb},
+            "max_body_bytes": self.config.max_body_bytes,
+            "default_sandbox_mem_mb": self.config.default_sandbox_mem_mb,
+        }
+
+    def entry(self, tenant: TenantState, sandbox_id: str) -> SandboxEntry:
+        e = tenant.sandboxes.get(sandbox_id)
+        if e is None:
+            raise ApiError("not-found", "no such sandbox", what="sandbox")
+        return e
+
+    def process(self, tenant: TenantState, sandbox_id: str, pid: str) -> ProcessEntry:
+        p = self.entry(tenant, sandbox_id).processes.get(pid)
+        if p is None:
+            raise ApiError("not-found", "no such process", what="process")
+        return p
+
+    def _mem(self, spec: SandboxSpec) -> int:
+        return spec.limits.mem_mb or self.config.default_sandbox_mem_mb
+
+    def _refused(self, err: CorralError) -> None:
+        cap = getattr(err, "cap", None)
+        if cap is not None:
+            self.metrics.inc("corral_refused_total", cap=cap)
+
+    @contextlib.contextmanager
+    def run_slot(self, tenant: TenantState) -> Any:
+        try:
+            cm = tenant.run_slot()
+            cm.__enter__()
+        except CorralError as e:
+            self._refused(e)
+            raise
+        try:
+            yield
+        finally:
+            cm.__exit__(None, None, None)
+
+    @contextlib.contextmanager
+    def sandbox_slot(self, tenant: TenantState, mem_mb: int) -> Any:
+        try:
+            cm = tenant.sandbox_slot(mem_mb)
+            cm.__enter__()
+        except CorralError as e:
+            self._refused(e)
+            raise
+        try:
+            yield
+        finally:
+            cm.__exit__(None, None, None)
+
+    # -- sandboxes -----------------------------------------------------------------------
+    async def create(self, tenant: TenantState, spec: SandboxSpec,
+                     client_id: str | None = None) -> SandboxEntry:
+        """Create a sandbox for ``tenant`` (its ``tenant_id`` is the tenant's name).
+
+        ``client_id``: an id the client chose, so it can destroy the sandbox even when
+        the answer to this request never reaches it (a cancelled create). A create
+        whose id was destroyed meanwhile is rolled back (CreateCancelledError)."""
+        if client_id is not None:
+            if not _CLIENT_ID.fullmatch(client_id):
+                raise ConfigInvalidError("id", "must be 16-80 of [A-Za-z0-9_-]")
+            if client_id in tenant.sandboxes:
+                raise ConfigInvalidError("id", "a sandbox with this id exists")
+            if client_id in tenant.tombstones:
+                raise CreateCancelledError("the sandbox was destroyed before it was created")
+        provider = self.provider_for(spec.level)
+        mem = self._mem(spec)
+        with self.sandbox_slot(tenant, mem):
+            sb = await provider.create(spec)
+            sid = client_id or new_id("sb")
+            if sid in tenant.tombstones:  # its DELETE came while it was being made
+                await asyncio.shield(self._destroy_sandbox(sb))
+                raise CreateCancelledError("the sandbox was destroyed while being created")
+            entry = SandboxEntry(id=sid, sandbox=sb, level=spec.level.value,
+                                 provider=provider.name, mem_mb=mem)
+            tenant.sandboxes[sid] = entry
+        self.metrics.inc("corral_sandboxes_created_total", level=spec.level.value)
+        self.log.event("sandbox-created", tenant=tenant.name, id=sid, level=spec.level.value)
+        return entry
+
+    async def _destroy_sandbox(self, sb: Sandbox) -> None:
+        try:
+            await sb.destroy()
+        except Exception as e:
+            self.log.event("destroy-failed", sev="error", error=repr(e))
+
+    async def _destroy_entry(self, entry: SandboxEntry) -> None:
+        procs = list(entry.processes.values())
+        entry.processes.clear()
+        await asyncio.gather(*(p.close() for p in procs), return_exceptions=True)
+        await self._destroy_sandbox(entry.sandbox)
+
+    async def destroy(self, tenant: TenantState, sandbox_id: str) -> bool:
+        """Destroy a sandbox; idempotent (an unknown id is remembered, so a create of it
+        still in flight is rolled back). Whether it existed."""
+        tenant.bury(sandbox_id)
+        entry = tenant.sandboxes.pop(sandbox_id, None)
+        if entry is None:
+            return False
+        await asyncio.shield(self._destroy_entry(entry))
+        self.log.event("sandbox-destroyed", tenant=tenant.name, id=sandbox_id)
+        return True
+
+    def _count_run(self, kind: str, result: RunResult | None, err: BaseException | None
+                   ) -> None:
+        if isinstance(err, asyncio.CancelledError):
+            how = "cancelled"
+        elif err is not None:
+            how = str(getattr(err, "code", "error"))
+        else:
+            how = str(result.outcome) if result is not None else "ok"
+        self.metrics.inc("corral_runs_total", kind=kind, outcome=how)
+
+    async def exec(self, tenant: TenantState, sandbox_id: str, argv: Sequence[str],
+                   opts: ExecOpts) -> RunResult:
+        entry = self.entry(tenant, sandbox_id)
+        with self.run_slot(tenant):
+            try:
+                r = await entry.sandbox.exec(argv, opts)
+            except BaseException as e:
+                self._count_run("exec", None, e)
+                raise
+            self._count_run("exec", r, None)
+            return r
+
+    def exec_stream(self, tenant: TenantState, sandbox_id: str, argv: Sequence[str],
+                    opts: ExecOpts) -> RunStream:
+        """Take the run slot now (a refusal is an HTTP status), and return the events of
+        the run: ``output`` events as the output arrives, then ``result`` or ``error``."""
+        entry = self.entry(tenant, sandbox_id)
+        sb = entry.sandbox
+        return self._streamed(tenant, "exec", lambda on_output: _exec_with(sb, argv, opts,
+                                                                           on_output))
+
+    def _streamed(self, tenant: TenantState, kind: str,
+                  run: Callable[[Callable[[int, bytes], None]], Any],
+                  releases: list[Callable[[], None]] | None = None) -> RunStream:
+        releases = releases if releases is not None else []
+        slot = self.run_slot(tenant)
+        try:
+            self._enter_op()  # a stream outlives its request handler: close() waits for it
+            releases.append(self._exit_op)
+            slot.__enter__()  # refuses (LimitsExceededError) before any byte is sent
+        except BaseException:
+            for r in reversed(releases):
+                r()
+            raise
+        releases.append(lambda: _exit(slot))
+
+        async def events() -> AsyncIterator[Event]:
+            q: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
+
+            async def go() -> RunResult:
+                try:
+                    return await run(lambda fd, chunk: q.put_nowait((fd, bytes(chunk))))  # type: ignore[no-any-return]
+                finally:
+                    q.put_nowait(None)
+
+            task = asyncio.ensure_future(go())
+            try:
+                while (item := await q.get()) is not None:
+                    yield _output_event(*item)
+                try:
+                    result = await task
+                except CorralError as e:
+                    self._count_run(kind, None, e)
+                    yield {"event": "error", "status": e.http_status,
+                           "error": wire.error_to_json(e)}
+                else:
+                    self._count_run(kind, result, None)
+                    yield {"event": "result", "result": wire.result_to_json(result)}
+            finally:
+                if not task.done():
+                    task.cancel()
+                    self._count_run(kind, None, asyncio.CancelledError())
+                    with contextlib.suppress(BaseException):
+                        await task
+
+        return RunStream(events, releases)
+
+    async def write_file(self, tenant: TenantState, sandbox_id: str, path: str,
+                         data: bytes) -> None:
+        await self.entry(tenant, sandbox_id).sandbox.write_file(path, data)
+
+    async def read_file(self, tenant: TenantState, sandbox_id: str, path: str) -> bytes:
+        return await self.entry(tenant, sandbox_id).sandbox.read_file(path)
+
+    async def start_process(self, tenant: TenantState, sandbox_id: str, argv: Sequence[str],
+                            opts: ProcessOpts) -> ProcessEntry:
+        entry = self.entry(tenant, sandbox_id)
+        handle = await entry.sandbox.start_process(argv, opts)
+        proc = ProcessEntry(id=new_id("p"), handle=handle)
+        proc.start_pumps()
+        entry.processes[proc.id] = proc
+        return proc
+
+    async def lifecycle(self, tenant: TenantState, sandbox_id: str, op: str,
+                        handle: SnapshotHandle | None = None) -> dict[str, Any] | None:
+        """pause / resume / snapshot / restore, through the contract's functions (which
+        raise the matching not-supported error where the provider has none). A handle is
+        restored only into a sandbox of the tenant whose sandbox made it."""
+        sb = self.entry(tenant, sandbox_id).sandbox
+        if op == "pause":
+            await pause(sb)
+        elif op == "resume":
+            await resume(sb)
+        elif op == "snapshot":
+            h = await snapshot(sb)
+            tenant.handles.add(_handle_key(h))
+            return wire.handle_to_json(h)
+        elif op == "restore":
+            assert handle is not None
+            if _handle_key(handle) not in tenant.handles:
+                raise InvalidSnapshotHandleError(
+                    "not a snapshot handle this tenant's sandboxes made (or it was changed)")
+            await restore(sb, handle)
+        return None
+
+    # -- runs, snippets, invokes ---------------------------------------------------------
+    def _run_spec(self, tenant: TenantState, level: Level, limits: SandboxLimits,
+                  network: NetworkPolicy | None) -> SandboxSpec:
+        if network is None:  # context-isolated shares the host network by definition
+            network = (NetworkPolicy.unrestricted() if level == Level.CONTEXT_ISOLATED
+                       else NetworkPolicy.none())
+        return SandboxSpec(tenant_id=tenant.name, run_id=new_id("run"), level=level,
+                           limits=limits, network=network)
+
+    def run_stream(self, tenant: TenantState, level: Level, limits: SandboxLimits,
+                   network: NetworkPolicy | None, argv: Sequence[str], opts: ExecOpts,
+                   files: Mapping[str, bytes]) -> RunStream:
+        """One bounded command in a fresh sandbox at ``level``, destroyed after it: the
+        events of the run (``output``..., then ``result``, whatever the outcome, or
+        ``error`` when it could not run). Caps are taken now."""
+        spec = self._run_spec(tenant, level, limits, network)
+        provider = self.provider_for(level)
+        mem = self._mem(spec)
+        box = self.sandbox_slot(tenant, mem)
+        box.__enter__()
+        return self._streamed(tenant, "run", lambda on_output: _one_run(
+            provider, spec, argv, opts, files, on_output),
+            [lambda: _exit(box)])
+
+    def _snippet_pool(self) -> Any:
+        if self._pool is None:
+            from corral.snippets import SnippetPool
+            levels: dict[Level | str, SandboxProvider] = {
+                lv: p for lv, p in self.providers.items() if lv in _SNIPPET_LEVELS}
+            self._pool = SnippetPool(providers=levels, max_workers=self.config.snippet_workers)
+        return self._pool
+
+    async def snippet(self, tenant: TenantState, *, source: str | None, files: Any,
+                      timeout_ms: int, level: Level | None) -> dict[str, Any]:
+        """Validate and run a snippet in the service's pool; its transcript as JSON."""
+        from corral.snippets import run_snippet
+        lv = level or next((x for x in _SNIPPET_LEVELS if x in self.providers), None)
+        if lv is None or lv not in self.providers:
+            raise LevelNotSupportedError((level or Level.STRICT).value,
+                                         tuple(sorted(x.value for x in self.providers)),
+                                         "this server offers no snippet level")
+        with self.run_slot(tenant):
+            try:
+                t = await run_snippet(source, files=files, timeout_ms=timeout_ms, level=lv,
+                                      tenant_id=tenant.name, pool=self._snippet_pool())
+            except BaseException as e:
+                self._count_run("snippet", None, e)
+                raise
+            outcome = ("rejected" if t.rejected else "timeout" if t.timed_out
+                       else "ok" if t.ok else "error")
+            self.metrics.inc("corral_runs_total", kind="snippet", outcome=outcome)
+            return t.to_dict()
+
+    async def invoke(self, tenant: TenantState, sandbox_id: str | None, spec: SandboxSpec | None,
+                     ref: HandlerRef, payload: Any, *, mode: str | None,
+                     resumed: Mapping[str, Any] | None, files: Mapping[str, bytes] | None,
+                     timeout_ms: int | None) -> dict[str, Any]:
+        """Handler dispatch: in the tenant's sandbox ``sandbox_id`` (``invoke_in``), or in
+        a fresh sandbox for ``spec`` (``invoke``). Mode ``in-context`` (the handler in
+        the server's own process) is refused."""
+        from corral.dispatch import DEFAULT_INVOKE_TIMEOUT_MS, invoke, invoke_in
+        the_mode = mode if mode is not None else (spec.mode if spec is not None else None)
+        if the_mode is not None and InvocationMode(the_mode) == InvocationMode.IN_CONTEXT:
+            raise ConfigInvalidError("mode", "in-context runs the handler in the server's "
+                                     "process; the service refuses it")
+        kw: dict[str, Any] = dict(resumed=resumed, files=files,
+                                  timeout_ms=timeout_ms or DEFAULT_INVOKE_TIMEOUT_MS)
+        with self.run_slot(tenant):
+            try:
+                if sandbox_id is not None:
+                    entry = self.entry(tenant, sandbox_id)
+                    if the_mode is None and entry.sandbox.spec.mode == InvocationMode.IN_CONTEXT:
+                        raise ConfigInvalidError("mode", "in-context is refused by the service")
+                    reply = await invoke_in(entry.sandbox, ref, payload, mode=the_mode, **kw)
+                else:
+                    assert spec is not None
+                    with self.sandbox_slot(tenant, self._mem(spec)):
+                        reply = await invoke(self.provider_for(spec.level), spec, ref, payload,
+                                             **kw)
+            except BaseException as e:
+                self._count_run("invoke", None, e)
+                raise
+        self.metrics.inc("corral_runs_total", kind="invoke", outcome=reply.kind)
+        if reply.kind == "output":
+            return {"kind": "output", "value": reply.value}
+        return {"kind": "suspended", "token_id": reply.token_id}
+
+
+def _exit(cm: Any) -> None:
+    cm.__exit__(None, None, None)
+
+
+def _output_event(fd: int, chunk: bytes) -> Event:
+    ev: Event = {"event": "output", "fd": fd}
+    try:
+        ev["text"] = chunk.decode("utf-8")
+    except UnicodeDecodeError:
+        ev["b64"] = wire.b64(chunk)
+    return ev
+
+
+async def _exec_with(sb: Sandbox, argv: Sequence[str], opts: ExecOpts,
+                     on_output: Callable[[int, bytes], None]) -> RunResult:
+    """exec, streaming where the sandbox can (``streaming-exec``); elsewhere the output
+    is sent when the command ends. A non-exit outcome raises its error, as exec does."""
+    if isinstance(sb, SupportsStreamingExec):
+        return await sb.exec_streaming(argv, opts, on_output=on_output)
+    r = await sb.exec(argv, opts)
+    for fd, data in ((1, r.stdout), (2, r.stderr)):
+        if data:
+            on_output(fd, data)
+    return r
+
+
+async def _one_run(provider: SandboxProvider, spec: SandboxSpec, argv: Sequence[str],
+                   opts: ExecOpts, files: Mapping[str, bytes],
+                   on_output: Callable[[int, bytes], None]) -> RunResult:
+    """A fresh sandbox, the files written, the command run, the sandbox destroyed. A run
+    that ended otherwise than by exiting is returned as its value (as ``run_strict``)."""
+    sb = await provider.create(spec)
+    try:
+        for path, data in files.items():
+            await sb.write_file(path, data)
+        try:
+            return await _exec_with(sb, argv, opts, on_output)
+        except CorralError as e:
+            if e.result is not None:
+                return e.result
+            raise
+    finally:
+        await asyncio.shield(sb.destroy())
+
