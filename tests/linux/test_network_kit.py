@@ -39,3 +39,11 @@ def test_the_check_fails_a_provider_that_only_claims_an_allowlist(tmp_path: Path
 
     with pytest.raises(AssertionError, match=r"unlisted 127\.0\.0\.1:[0-9]+ reached it"):
         asyncio.run(go())
+
+
+def test_linux_sandboxes_satisfy_the_network_protocols() -> None:
+    from corral.core.contract import SupportsNetworkPolicy, SupportsPreviewUrl
+    from corral.providers.linux import LinuxSandbox
+    for proto in (SupportsNetworkPolicy, SupportsPreviewUrl):
+        for name in (n for n in dir(proto) if not n.startswith("_")):
+            assert callable(getattr(LinuxSandbox, name)), name

@@ -97,7 +97,7 @@ from corral.core.errors import (
     RestoreNotSupportedError,
     SnapshotNotSupportedError,
 )
-from corral.core.result import RunResult
+from corral.core.result import NetworkDenial, RunResult
 from corral.core.spec import (
     ExecOpts,
     Level,
@@ -113,7 +113,9 @@ __all__ = [
     "Sandbox",
     "SandboxProvider",
     "SupportsForkEntry",
+    "SupportsNetworkPolicy",
     "SupportsPause",
+    "SupportsPreviewUrl",
     "SupportsProcessCount",
     "SupportsRestore",
     "SupportsSnapshot",
@@ -285,6 +287,29 @@ class SupportsProcessCount(Protocol):
         """How many live processes the sandbox holds now besides that serving process
         (0 once it no longer serves); cheap enough to call after every job."""
         ...
+
+
+@runtime_checkable
+class SupportsPreviewUrl(Protocol):
+    """The sandbox side of ``preview-url``: a URL the host can open that reaches a TCP
+    port inside the sandbox, until ``unexpose`` or destroy."""
+
+    async def expose(self, port: int) -> str: ...
+
+    async def unexpose(self, port: int) -> None: ...
+
+
+@runtime_checkable
+class SupportsNetworkPolicy(Protocol):
+    """The sandbox side of ``network-allowlist``: the policy changed for new connections
+    (``ConfigInvalidError`` for a bad entry or a sandbox with network ``none``), and the
+    refusals so far (each ``exec``'s own are in ``RunResult.denials``)."""
+
+    def allow_host(self, entry: str) -> None: ...
+
+    def revoke_host(self, entry: str) -> None: ...
+
+    def network_denials(self) -> tuple[NetworkDenial, ...]: ...
 
 
 class SandboxProvider(abc.ABC):
