@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from mcp_support import STRICT, cgroup_gone, cgroup_of, doc, stdio_params
+from mcp_support import STRICT, cgroup_gone, cgroup_of, cgroups_of_pid, doc, stdio_params
 
 from mcp import Client
 
@@ -189,3 +189,33 @@ def test_context_isolated_server_runs_without_the_strict_provider() -> None:
 def test_bad_options_exit_64(argv: list[str]) -> None:
     from corral.cli import main
     assert main(["mcp", *argv]) == 64
+
+
+@STRICT
+def test_sigterm_to_a_stdio_server_destroys_its_sandboxes_and_exits() -> None:
+    """The server is told to stop while its client is still connected: it destroys every
+    sandbox first (its pid is in its sandboxes' cgroup names: corral-<pid>-...)."""
+    import os
+    import signal
+
+    async def main() -> None:
+        async with Client(stdio_params()) as c:
+            made = doc(await c.call_tool("sandbox_create", {"name": "x"}))
+            name = cgroup_of(made["id"])
+            assert name is not None
+            pid = int(name.split("-")[1])
+            os.kill(pid, signal.SIGTERM)  # the server this test's client started
+            assert cgroup_gone(made["id"])
+            for _ in range(200):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the server did not exit after SIGTERM")
+            assert cgroups_of_pid(pid) == []
+            from mcp import MCPError
+            with pytest.raises(MCPError):  # the server is gone
+                await c.call_tool("sandbox_list", {})
+    run(main())

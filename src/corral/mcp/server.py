@@ -29,11 +29,12 @@ import base64
 import binascii
 import contextlib
 import json
+import os
 import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from corral.core.contract import SandboxProvider
 from corral.core.errors import ConfigInvalidError, CorralError
@@ -52,7 +53,6 @@ except ImportError as exc:  # pragma: no cover - the extra is installed with the
 
 __all__ = ["Backend", "build_server", "scope_of", "serve_http", "serve_stdio"]
 
-T = TypeVar("T")
 
 #: the tenant id snippet runs and one-shot commands carry (slots are per tenant)
 TENANT = "mcp"
@@ -82,6 +82,8 @@ class Backend:
         self._providers: dict[Level, SandboxProvider] = {}
         self._lock = asyncio.Lock()
         self._pool: Any = None  # a SnippetPool, made on first snippet
+        #: set once aclose has released everything
+        self.closed = asyncio.Event()
 
     async def start(self) -> None:
         self.registry.start()
@@ -114,8 +116,11 @@ class Backend:
             if pool is not None:
                 await pool.aclose()
             providers, self._providers = list(self._providers.values()), {}
-            for p in providers:
-                await p.aclose()
+            try:
+                for p in providers:
+                    await p.aclose()
+            finally:
+                self.closed.set()
 
 
 # -- results --------------------------------------------------------------------------
@@ -397,26 +402,46 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
 
 
 # -- transports -----------------------------------------------------------------------
-async def _cancel_on_sigterm(main: Awaitable[T]) -> T:
-    """``main``, cancelled by SIGTERM or SIGINT so the lifespan destroys every sandbox."""
+async def _stdio_main(server: MCPServer[Any], backend: Backend) -> int:
+    """Serve stdio until the client closes stdin (0), or SIGTERM / SIGINT: then the
+    server's task is cancelled, its lifespan destroys every sandbox, and the process
+    leaves at once (0 once everything is released, 70 if that took over 30 s) without
+    waiting for the SDK's thread that reads stdin: it blocks until the client closes
+    stdin, which a client still connected never does."""
     loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(main)
+    task = asyncio.ensure_future(server.run_stdio_async())
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        stop.set()
+        task.cancel()
+
     signals = (signal.SIGTERM, signal.SIGINT)
     for sig in signals:
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, on_signal)
+    stopping = asyncio.ensure_future(stop.wait())
     try:
-        return await task
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
+    if not stop.is_set():
+        stopping.cancel()
+        await task  # the client left: the lifespan has destroyed every sandbox
+        return 0
+    try:
+        await asyncio.wait_for(backend.closed.wait(), 30)
+    except TimeoutError:
+        pass
+    sys.stderr.flush()
+    os._exit(0 if backend.closed.is_set() else 70)
 
 
 def serve_stdio(config: McpConfig | None = None) -> None:
-    """Serve over stdin/stdout until the client closes stdin (or SIGTERM); every
-    sandbox is destroyed before this returns."""
-    server, _ = build_server(config)
-    with contextlib.suppress(asyncio.CancelledError):
-        asyncio.run(_cancel_on_sigterm(server.run_stdio_async()))
+    """Serve over stdin/stdout until the client closes stdin (or SIGTERM / SIGINT);
+    every sandbox is destroyed before this returns (or the process exits)."""
+    server, backend = build_server(config)
+    asyncio.run(_stdio_main(server, backend))
 
 
 class _SessionEnd:
