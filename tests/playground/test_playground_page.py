@@ -203,6 +203,21 @@ def test_type_run_and_see_the_transcript_in_chromium() -> None:
             assert text_of(page, "output") == "before\n"
             assert json.loads(text_of(page, "facts")) == {"a": [1]}
 
+            # Stop: the page drops the request, the server cancels the run and frees its
+            # slot at once (one snippet worker: the next run would wait out the 10 s loop)
+            set_source(page, "while True:\npass")
+            page.eval("document.getElementById('timeout').value = '10000'")
+            page.click("#run")
+            page.wait_for("document.body.dataset.state === 'running'")
+            time.sleep(0.5)
+            page.click("#stop")
+            page.wait_for("document.body.dataset.state === 'error'", timeout=5)
+            assert text_of(page, "status").startswith("stopped")
+            set_source(page, "6 * 7")
+            t0 = time.monotonic()
+            assert run_and_wait(page) == "done" and text_of(page, "result") == "42"
+            assert time.monotonic() - t0 < 5, "the stopped run still held the only slot"
+
             # a wrong token: the API's error, with its code
             page.eval("document.getElementById('token').value = 'not-the-token'")
             assert run_and_wait(page) == "error"
