@@ -16,7 +16,8 @@ from typing import Any
 
 import httpx
 
-__all__ = ["ALICE", "BOB", "CAROL", "Server", "config_text", "running"]
+__all__ = ["ALICE", "BOB", "CAROL", "Server", "config_text", "metric", "running",
+           "wait_metric"]
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef00"
@@ -133,3 +134,23 @@ def running(tmp: Path, config: str, **kw: Any) -> Iterator[Server]:
     finally:
         if server.proc.poll() is None:
             server.stop()
+
+
+def metric(server: Server, series: str) -> float | None:
+    """The value of one series (``name{labels}``) on ``/metrics`` now."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def wait_metric(server: Server, series: str, value: float, seconds: float = 10.0) -> float:
+    """Poll ``/metrics`` until ``series`` equals ``value``; the seconds it took."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        if metric(server, series) == value:
+            return time.monotonic() - t0
+        time.sleep(0.005)
+    raise AssertionError(f"{series} did not reach {value} within {seconds} s "
+                         f"(it is {metric(server, series)})")

@@ -379,7 +379,8 @@ class _Api:
 
     async def destroy_sandbox(self, request: Request, tenant: TenantState, body: bytes
                               ) -> Response:
-        await self.s.destroy(tenant, request.path_params["sid"])
+        if not await self.s.destroy(tenant, request.path_params["sid"]):
+            raise ApiError("not-found", "no such sandbox", what="sandbox")
         return Response(status_code=204)
 
     async def exec(self, request: Request, tenant: TenantState, body: bytes) -> Response:

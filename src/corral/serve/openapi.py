@@ -201,7 +201,8 @@ def document() -> dict[str, Any]:
                                 "answer is lost"}}}))},
         "/v1/sandboxes/{sid}": {
             "get": _op("one sandbox", _ok(_ref("Sandbox")), params=sid),
-            "delete": _op("destroy (idempotent)", _ok(None, "Destroyed", "204"), params=sid)},
+            "delete": _op("destroy (an unknown id: 404, and remembered: a create of it still in "
+                          "flight is rolled back)", _ok(None, "Destroyed", "204"), params=sid)},
         "/v1/sandboxes/{sid}/exec": {"post": _op(
             "run a command to completion: its RunResult (exit), or the error for any other "
             "outcome with the run as error.result (stream: output events, then result or "
