@@ -219,3 +219,26 @@ def test_sigterm_to_a_stdio_server_destroys_its_sandboxes_and_exits() -> None:
             with pytest.raises(MCPError):  # the server is gone
                 await c.call_tool("sandbox_list", {})
     run(main())
+
+
+@STRICT
+def test_a_call_the_client_gives_up_on_is_cancelled_in_the_sandbox() -> None:
+    """The client's request timeout cancels the call (``notifications/cancelled``): the
+    command is killed at once; the named sandbox lives on."""
+    from mcp import MCPError
+
+    async def main() -> None:
+        async with Client(stdio_params()) as c:
+            await c.call_tool("sandbox_create", {"name": "s"})
+            with pytest.raises(MCPError, match="timed out"):
+                await c.call_tool("sandbox_exec", {
+                    "name": "s", "argv": ["/bin/sleep", "30"], "timeout_ms": 30_000},
+                    read_timeout_seconds=1)
+            listing = ["/bin/sh", "-c", "for p in /proc/[0-9]*; do cat $p/comm; done"]
+            for _ in range(50):
+                r = await c.call_tool("sandbox_exec", {"name": "s", "argv": listing})
+                if "sleep" not in doc(r)["stdout"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert "sleep" not in doc(r)["stdout"], doc(r)["stdout"]
+    run(main())
