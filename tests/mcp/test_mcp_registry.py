@@ -159,3 +159,14 @@ def test_importing_corral_mcp_does_not_import_the_sdk() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_without_the_sdk_corral_mcp_names_the_extra() -> None:
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['mcp'] = None  # as if not installed\n"
+            "from corral.cli import main; sys.exit(main(['mcp']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 64, out.stderr
+    assert "config-invalid" in out.stderr and "pip install corral[mcp]" in out.stderr
