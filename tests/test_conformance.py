@@ -90,4 +90,4 @@ def test_every_check_runs_for_every_provider_that_can_run_it() -> None:
     assert names == list(dict.fromkeys(names))  # unique, stable order
     without = {c.name for c in provider_checks(processes=False)}
     assert without < set(names)
-    assert {"exec", "streaming", "kill", "timeout"} == set(names) - without
+    assert {"exec", "streaming", "kill", "timeout", "network-allowlist"} == set(names) - without
