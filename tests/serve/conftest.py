@@ -10,7 +10,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("httpx")
 
-from servehelp import Server, config_text, running  # noqa: E402
+from servehelp import Server, config_text, running
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from servehelp import ALICE, Server, config_text, running
 
 import corral
 from corral.core.spec import NetworkPolicy
 from corral.providers.remote import RemoteProvider
 from corral.testing import KitOptions, check_provider
-from servehelp import ALICE, Server, config_text, running
 from strict_tier import host_can_sandbox, needs_strict
 
 

@@ -37,7 +37,7 @@ from corral.providers.remote import wire
 from corral.serve.config import ServeConfig
 from corral.serve.logs import JsonLog
 from corral.serve.metrics import CONTENT_TYPE
-from corral.serve.service import ApiError, Event, RunStream, Service
+from corral.serve.service import EARLY_RELEASE, ApiError, Event, RunStream, Service
 from corral.serve.state import TenantState
 
 __all__ = ["ROUTES", "create_app"]
@@ -87,8 +87,10 @@ async def _disconnected(receive: Receive) -> None:
             return
 
 
-async def _until_disconnect(work: Awaitable[T], receive: Receive) -> T:
-    """``work``, cancelled at once when the client goes away (raises _ClientGone then)."""
+async def _until_disconnect(work: Awaitable[T], receive: Receive,
+                            on_gone: Callable[[], None] | None = None) -> T:
+    """``work``, cancelled at once when the client goes away (raises _ClientGone then);
+    ``on_gone`` runs first (it frees the request's cap slots)."""
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_disconnected(receive))
     try:
@@ -101,10 +103,17 @@ async def _until_disconnect(work: Awaitable[T], receive: Receive) -> T:
     watch.cancel()
     if task.done():
         return task.result()
+    if on_gone is not None:
+        on_gone()
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
     raise _ClientGone
+
+
+def _call_all(fns: list[Callable[[], None]]) -> None:
+    for fn in fns:
+        fn()
 
 
 def _line(ev: Event) -> bytes:
@@ -132,8 +141,9 @@ class _NDJSONResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         gone = False
+        release = self._stream.release if self._stream is not None else None
         try:
-            await _until_disconnect(pump(), receive)
+            await _until_disconnect(pump(), receive, release)
         except _ClientGone:
             gone = True
         finally:
@@ -210,14 +220,19 @@ class _Api:
                 if needs_tenant:
                     tenant = self._tenant(request)
                     body = await self._body(request)
-                    with self.s.operation():
-                        resp = await _until_disconnect(handler(request, tenant, body),
-                                                       request.receive)
+                    early: list[Callable[[], None]] = []
+                    token = EARLY_RELEASE.set(early)  # copied into the work's task
+                    try:
+                        with self.s.operation():
+                            resp = await _until_disconnect(
+                                handler(request, tenant, body), request.receive,
+                                lambda: _call_all(early))
+                    finally:
+                        EARLY_RELEASE.reset(token)
                 else:
                     resp = await handler(request)
             except _ClientGone:
-                self.s.metrics.inc("corral_cancelled_total")
-                resp, status = Response(status_code=499), 499
+                resp = Response(status_code=499)
             except (CorralError, ApiError) as e:
                 resp = _error(e)
             except FileNotFoundError as e:
@@ -244,7 +259,7 @@ class _Api:
         self.s.metrics.inc("corral_requests_total", route=f"{request.method} {path}",
                            status=str(status))
         if status == 499:
-            self.s.metrics.inc("corral_cancelled_total", 0)
+            self.s.metrics.inc("corral_cancelled_total")
         self.s.log.event("request", method=request.method, path=request.url.path,
                          status=status, ms=ms, tenant=tenant.name if tenant else None)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import json
 import re
@@ -53,7 +54,7 @@ from corral.serve.logs import JsonLog
 from corral.serve.metrics import Metrics
 from corral.serve.state import ProcessEntry, SandboxEntry, TenantState, new_id
 
-__all__ = ["ApiError", "Event", "RunStream", "Service"]
+__all__ = ["EARLY_RELEASE", "ApiError", "Event", "RunStream", "Service"]
 
 Event = dict[str, Any]
 _CLIENT_ID: Final = re.compile(r"[A-Za-z0-9_-]{16,80}")
@@ -61,6 +62,10 @@ _CLIENT_ID: Final = re.compile(r"[A-Za-z0-9_-]{16,80}")
 _SNIPPET_LEVELS: Final = (Level.STRICT, Level.CONTEXT_ISOLATED)
 #: how long close() waits for cancelled requests to finish unwinding before it destroys
 _UNWIND_S: Final = 10.0
+#: the releases of the cap slots a request holds, set by the app per request: called as
+#: soon as the client goes away (see :meth:`Service._slot`)
+EARLY_RELEASE: contextvars.ContextVar[list[Callable[[], None]] | None] = \
+    contextvars.ContextVar("corral_serve_early_release", default=None)
 
 
 class RunStream:
@@ -253,30 +258,38 @@ class Service:
             self.metrics.inc("corral_refused_total", cap=cap)
 
     @contextlib.contextmanager
-    def run_slot(self, tenant: TenantState) -> Any:
+    def _slot(self, cm: Any) -> Any:
+        """Hold a cap slot while the block runs. The release is also offered to the
+        request (:data:`EARLY_RELEASE`), which calls it the moment its client goes away:
+        the slot is free at once, while the cancelled run is still being killed."""
         try:
-            cm = tenant.run_slot()
             cm.__enter__()
         except CorralError as e:
             self._refused(e)
             raise
-        try:
-            yield
-        finally:
-            cm.__exit__(None, None, None)
+        done = False
 
-    @contextlib.contextmanager
-    def sandbox_slot(self, tenant: TenantState, mem_mb: int) -> Any:
-        try:
-            cm = tenant.sandbox_slot(mem_mb)
-            cm.__enter__()
-        except CorralError as e:
-            self._refused(e)
-            raise
+        def release() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                cm.__exit__(None, None, None)
+
+        early = EARLY_RELEASE.get()
+        if early is not None:
+            early.append(release)
         try:
             yield
         finally:
-            cm.__exit__(None, None, None)
+            release()
+
+    def run_slot(self, tenant: TenantState) -> Any:
+        """One run in flight for ``tenant`` while the block runs (refused at max_runs)."""
+        return self._slot(tenant.run_slot())
+
+    def sandbox_slot(self, tenant: TenantState, mem_mb: int) -> Any:
+        """Room for one more sandbox of ``mem_mb`` while the block runs."""
+        return self._slot(tenant.sandbox_slot(mem_mb))
 
     # -- sandboxes -----------------------------------------------------------------------
     async def create(self, tenant: TenantState, spec: SandboxSpec,
