@@ -36,7 +36,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
+import fcntl
 import ipaddress
+import os
 import socket
 import struct
 import time
@@ -80,6 +83,10 @@ MAX_CLIENT_HELLO: Final = 32 * 1024
 MAX_ADDRESSES: Final = 16
 _CHUNK: Final = 64 * 1024
 _TLS_PORTS: Final = frozenset({443})
+#: the pipe between two spliced sockets (the system's default maximum for unprivileged)
+_PIPE_SIZE: Final = 1 << 20
+_F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_SPLICE_FLAGS: Final = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 
 DenialKind = Literal["not-allowed", "non-public-address", "sni-mismatch", "bad-request",
                      "unresolvable", "too-large", "timeout", "busy", "unsupported"]
@@ -806,14 +813,21 @@ class EgressProxy:
             raise first_err or EgressDenied("unresolvable", f"{key} resolves to no address")
         return _Target(host, port, tuple(ok), key)
 
-    async def _connect(self, target: _Target) -> tuple[asyncio.StreamReader,
-                                                       asyncio.StreamWriter]:
+    async def _connect(self, target: _Target) -> socket.socket:
+        """A connected non-blocking TCP socket to one of ``target``'s checked addresses
+        (in order), by address: never a name. Raises :class:`_UpstreamError`."""
+        loop = asyncio.get_running_loop()
         last = "no address"
         refused = False
         for addr in target.addresses:
+            family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 async with asyncio.timeout(self.limits.connect_timeout_s):
-                    return await asyncio.open_connection(addr, target.port, limit=_CHUNK)
+                    await loop.sock_connect(sock, (addr, target.port))
+                return sock
             except TimeoutError:
                 last = f"connecting to {addr} port {target.port} timed out"
             except ConnectionRefusedError:
@@ -821,12 +835,15 @@ class EgressProxy:
                 last = f"{addr} port {target.port} refused the connection"
             except OSError as e:
                 last = f"cannot reach {addr} port {target.port}: {e.strerror or e}"
+            except BaseException:
+                sock.close()
+                raise
+            sock.close()
         if refused:
             raise _UpstreamError(0x05, 502, last)
         raise _UpstreamError(0x04, 504 if "timed out" in last else 502, last)
 
-    async def _check_tls(self, target: _Target, prefix: bytes,
-                         reader: asyncio.StreamReader) -> bytes:
+    async def _check_tls(self, target: _Target, prefix: bytes, reader: _ExactReader) -> bytes:
         """Given the client's first byte(s), read a whole ClientHello if this is TLS and
         check its SNI against the target; return the bytes to forward first."""
         if not prefix or prefix[0] != 0x16:
@@ -851,7 +868,9 @@ class EgressProxy:
     async def _tunnel(self, target: _Target, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter, send_ok: bytes,
                       on_upstream_error: Callable[[_UpstreamError], bytes]) -> None:
-        """Connect and pump; TLS ports read the ClientHello before connecting."""
+        """Connect and pump; TLS ports read the ClientHello before connecting. Once the
+        tunnel stands, the client's socket is taken out of asyncio's transport and both
+        sockets are pumped with splice(2) (see :meth:`_pump`)."""
         if target.port in self.limits.tls_ports:
             writer.write(send_ok)
             await writer.drain()
@@ -870,76 +889,58 @@ class EgressProxy:
                 await writer.drain()
                 return
             try:
-                up_r, up_w = await self._connect(target)
+                usock = await self._connect(target)
             except _UpstreamError:
                 return
         else:
             try:
-                up_r, up_w = await self._connect(target)
+                usock = await self._connect(target)
             except _UpstreamError as e:
                 writer.write(on_upstream_error(e))
                 await writer.drain()
                 return
             writer.write(send_ok)
-            await writer.drain()
             first = b""
-        self._writers.add(up_w)
+        csock: socket.socket | None = None
         try:
-            await self._pump(target, reader, writer, up_r, up_w, first)
+            csock, buffered = await _detach(reader, writer)
+            await self._pump(target, csock, usock, first + buffered, sniff=not first)
         finally:
-            await _shutdown(up_w, self.limits.idle_timeout_s)
-            self._writers.discard(up_w)
+            usock.close()
+            if csock is not None:
+                csock.close()
 
-    async def _pump(self, target: _Target, c_r: asyncio.StreamReader,
-                    c_w: asyncio.StreamWriter, u_r: asyncio.StreamReader,
-                    u_w: asyncio.StreamWriter, first: bytes) -> None:
-        idle = self.limits.idle_timeout_s
+    async def _pump(self, target: _Target, csock: socket.socket, usock: socket.socket,
+                    first: bytes, sniff: bool) -> None:
+        """Copy both ways until both ends are done (or either fails, or the tunnel is idle
+        for ``idle_timeout_s``). ``first``: client bytes already read, sent upstream first;
+        ``sniff``: check a TLS ClientHello at the start of the client's bytes first."""
         loop = asyncio.get_running_loop()
         last = [loop.time()]
-        sniff = not first
 
-        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                       check_tls: bool) -> None:
-            if check_tls:
-                while True:
+        async def up() -> None:
+            data = first
+            if sniff:
+                while not data:
+                    await self._wait_io(csock, False, last)
                     try:
-                        async with asyncio.timeout(idle):
-                            data = await src.read(1)
-                        break
-                    except TimeoutError:
-                        if loop.time() - last[0] >= idle:
-                            raise
-                if not data:
-                    if dst.can_write_eof():
-                        dst.write_eof()
-                    return
-                data = await self._check_tls(target, data, src)
-                dst.write(data)
-                await dst.drain()
-                last[0] = loop.time()
-            while True:
-                try:
-                    async with asyncio.timeout(idle):
-                        data = await src.read(_CHUNK)
-                except TimeoutError:
-                    if loop.time() - last[0] < idle:
+                        data = csock.recv(_CHUNK)
+                    except BlockingIOError:
                         continue
-                    raise
-                if not data:
-                    if dst.can_write_eof():
-                        dst.write_eof()
-                    return
-                dst.write(data)
-                await dst.drain()
-                last[0] = loop.time()
+                    if not data:
+                        usock.shutdown(socket.SHUT_WR)
+                        return
+                sr = _SockReader(csock, data)
+                data = await self._check_tls(target, await sr.readexactly(1), sr)
+                data += sr.take()
+            if data:
+                await self._send_all(usock, data, last)
+            await self._copy(csock, usock, last)
 
-        if first:
-            u_w.write(first)
-            await u_w.drain()
-        up = asyncio.ensure_future(copy(c_r, u_w, sniff))
-        down = asyncio.ensure_future(copy(u_r, c_w, False))
+        ups = asyncio.ensure_future(up())
+        down = asyncio.ensure_future(self._copy(usock, csock, last))
         try:
-            pending: set[asyncio.Future[None]] = {up, down}
+            pending: set[asyncio.Future[None]] = {ups, down}
             while pending:
                 done, pending = await asyncio.wait(pending,
                                                    return_when=asyncio.FIRST_COMPLETED)
@@ -947,14 +948,119 @@ class EgressProxy:
                     exc = d.exception()
                     if isinstance(exc, EgressDenied):
                         self._record(target.host, target.port, exc)
-                        if not c_w.transport.is_closing():
-                            c_w.write(_TLS_ALERT_ACCESS_DENIED)
+                        with contextlib.suppress(OSError):
+                            csock.send(_TLS_ALERT_ACCESS_DENIED)
                     if exc is not None:
                         return
         finally:
-            for t in (up, down):
+            for t in (ups, down):
                 t.cancel()
-            await asyncio.gather(up, down, return_exceptions=True)
+            await asyncio.gather(ups, down, return_exceptions=True)
+
+    async def _wait_io(self, sock: socket.socket, write: bool, last: list[float]) -> None:
+        """Wait until ``sock`` is readable (writable); TimeoutError once neither direction
+        of the tunnel (``last``: its latest progress) has moved for ``idle_timeout_s``."""
+        loop = asyncio.get_running_loop()
+        idle = self.limits.idle_timeout_s
+        fd = sock.fileno()
+        while True:
+            fut: asyncio.Future[None] = loop.create_future()
+
+            def ready(f: asyncio.Future[None] = fut) -> None:
+                if not f.done():
+                    f.set_result(None)
+
+            if write:
+                loop.add_writer(fd, ready)
+            else:
+                loop.add_reader(fd, ready)
+            handle = loop.call_at(last[0] + idle, ready)
+            try:
+                await fut
+            finally:
+                handle.cancel()
+                if write:
+                    loop.remove_writer(fd)
+                else:
+                    loop.remove_reader(fd)
+            if loop.time() - last[0] < idle:
+                return
+            raise TimeoutError
+
+    async def _send_all(self, sock: socket.socket, data: bytes | memoryview,
+                        last: list[float]) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = sock.send(view)
+            except BlockingIOError:
+                await self._wait_io(sock, True, last)
+                continue
+            view = view[n:]
+            last[0] = asyncio.get_running_loop().time()
+
+    async def _copy(self, src: socket.socket, dst: socket.socket, last: list[float]) -> None:
+        """Copy ``src`` to ``dst`` until EOF, then half-close ``dst``: splice(2) through a
+        pipe (the bytes never enter this process), or recv/send if splice is refused."""
+        loop = asyncio.get_running_loop()
+        try:
+            rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            await self._copy_plain(src, dst, last)
+            return
+        try:
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(wfd, _F_SETPIPE_SZ, _PIPE_SIZE)
+            sfd, dfd = src.fileno(), dst.fileno()
+            in_pipe = 0
+            moves = 0
+            while True:
+                if not in_pipe:
+                    try:
+                        n = os.splice(sfd, wfd, _PIPE_SIZE, flags=_SPLICE_FLAGS)
+                    except BlockingIOError:
+                        await self._wait_io(src, False, last)
+                        continue
+                    except OSError as e:
+                        if e.errno in (errno.EINVAL, errno.ENOSYS) and moves == 0:
+                            await self._copy_plain(src, dst, last)
+                            return
+                        raise
+                    if not n:
+                        break
+                    in_pipe = n
+                try:
+                    n = os.splice(rfd, dfd, in_pipe, flags=_SPLICE_FLAGS)
+                except BlockingIOError:
+                    await self._wait_io(dst, True, last)
+                    continue
+                in_pipe -= n
+                last[0] = loop.time()
+                moves += 1
+                if moves % 32 == 0:
+                    await asyncio.sleep(0)          # let other connections run
+            dst.shutdown(socket.SHUT_WR)
+        finally:
+            os.close(rfd)
+            os.close(wfd)
+
+    async def _copy_plain(self, src: socket.socket, dst: socket.socket,
+                          last: list[float]) -> None:
+        """:meth:`_copy` without splice: recv_into one preallocated buffer, send it."""
+        loop = asyncio.get_running_loop()
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while True:
+            try:
+                n = src.recv_into(buf)
+            except BlockingIOError:
+                await self._wait_io(src, False, last)
+                continue
+            if not n:
+                break
+            last[0] = loop.time()
+            await self._send_all(dst, view[:n], last)
+        dst.shutdown(socket.SHUT_WR)
 
     # ---------------------------------------------------------------- SOCKS5
 
@@ -1094,12 +1200,17 @@ class EgressProxy:
         """One request per connection: rewrite to origin-form, send the head and exactly
         Content-Length body bytes, then copy the response until upstream closes."""
         try:
-            up_r, up_w = await self._connect(target)
+            usock = await self._connect(target)
         except _UpstreamError as e:
             writer.write(_http_reply(e.status, "Bad Gateway" if e.status == 502
                                      else "Gateway Timeout", e.reason))
             await writer.drain()
             return
+        try:
+            up_r, up_w = await asyncio.open_connection(sock=usock, limit=_CHUNK)
+        except BaseException:
+            usock.close()
+            raise
         self._writers.add(up_w)
         try:
             connection_listed = {t.strip().lower() for v in head.get_all("connection")
@@ -1164,12 +1275,58 @@ def _is_utf8(raw: bytes) -> bool:
     return True
 
 
+async def _detach(reader: asyncio.StreamReader,
+                  writer: asyncio.StreamWriter) -> tuple[socket.socket, bytes]:
+    """Take the client's socket out of its asyncio transport: what the writer buffered is
+    sent first, the bytes the reader buffered are returned; the transport is dropped and
+    the caller owns the returned socket (a dup of the transport's)."""
+    transport = writer.transport
+    if transport.get_write_buffer_size():
+        transport.set_write_buffer_limits(high=0)     # drain() now waits until all is sent
+        await writer.drain()
+    tsock = transport.get_extra_info("socket")
+    sock = socket.socket(fileno=os.dup(tsock.fileno()))
+    try:
+        sock.setblocking(False)
+        # StreamReader keeps what it read ahead in its (private) buffer; no await between
+        # taking it and dropping the transport, so nothing more can arrive in between
+        buffered = bytes(reader.__dict__.get("_buffer", b""))
+    except BaseException:
+        sock.close()
+        raise
+    transport.abort()
+    return sock, buffered
+
+
+@dataclass(slots=True)
+class _SockReader:
+    """``readexactly`` on a non-blocking socket, starting with bytes already read."""
+
+    sock: socket.socket
+    buf: bytes
+
+    async def readexactly(self, n: int) -> bytes:
+        loop = asyncio.get_running_loop()
+        while len(self.buf) < n:
+            more = await loop.sock_recv(self.sock, max(n - len(self.buf), _CHUNK))
+            if not more:
+                raise asyncio.IncompleteReadError(self.buf, n)
+            self.buf += more
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def take(self) -> bytes:
+        """The bytes read ahead and not returned yet."""
+        out, self.buf = self.buf, b""
+        return out
+
+
 @dataclass(slots=True)
 class _PrefixedReader:
     """A StreamReader that first returns ``prefix`` (for bytes already read)."""
 
     prefix: bytes
-    inner: asyncio.StreamReader
+    inner: _ExactReader
     _pos: int = field(default=0)
 
     async def readexactly(self, n: int) -> bytes:
