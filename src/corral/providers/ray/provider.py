@@ -1,0 +1,658 @@
+"""RayProvider: strict sandboxes placed across a Ray cluster, one node actor per node.
+
+The driver side. Each alive node gets one :class:`~corral.providers.ray.node.NodeHost`
+actor (detached and named per node, so every driver shares it); ``create`` ranks the
+nodes (:mod:`.placement`), reserves the sandbox's memory as Ray's ``memory`` resource
+on the chosen node (a one-bundle placement group pinned there by the node's
+``node:<ip>`` resource), and asks that node's actor to build the sandbox. The
+:class:`RaySandbox` the caller gets forwards every contract method to that actor.
+
+Faults: a call to a node that died fails with :class:`ProviderError` naming the node,
+within the time Ray takes to see the node's actor gone (seconds; the node-loss test
+measures it); the node is then left out of placement until Ray reports a node alive
+there again, which is attached afresh. The provider's *lease* on its sandboxes is
+renewed while it lives; a node actor destroys the sandboxes of a lease that expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar, final
+
+from corral.core.cancel import CancelToken
+from corral.core.contract import OutputSink, ProcessHandle, ProcessStdin, Sandbox, SandboxProvider
+from corral.core.errors import (
+    ConfigInvalidError,
+    CreateCancelledError,
+    LevelNotSupportedError,
+    ProviderError,
+)
+from corral.core.result import RunResult
+from corral.core.spec import ExecOpts, Level, ProcessOpts, SandboxSpec, SnapshotHandle
+from corral.providers.ray import _wire
+from corral.providers.ray.placement import NodeView, no_candidate, rank, reserve_mb
+
+__all__ = ["NodeRef", "RayProcess", "RayProvider", "RaySandbox"]
+
+T = TypeVar("T")
+
+NAMESPACE = "corral"
+#: the capabilities a RaySandbox can forward (process-count is not: it is a sync read)
+_FORWARDED = frozenset({"strict", "streaming", "streaming-exec", "warm-fork", "snapshot",
+                        "restore", "pause"})
+_MIB = 1024 * 1024
+
+
+def _ray() -> Any:
+    try:
+        import ray  # type: ignore[import-untyped,unused-ignore]
+    except ImportError as e:
+        raise ProviderError("the ray provider needs Ray: pip install corral[ray]", e) from e
+    return ray
+
+
+@dataclass(slots=True, eq=False)
+class NodeRef:
+    """One node as the driver sees it: its actor, its last report, whether it is lost."""
+
+    node_id: str
+    address: str
+    actor: Any
+    view: NodeView
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    placed: int = 0
+    tenants: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"node {self.address} ({self.node_id[:12]})"
+
+
+def _view(info: dict[str, Any], address: str, free_mem_mb: float | None) -> NodeView:
+    return NodeView(node_id=info["node_id"], address=address, levels=frozenset(info["levels"]),
+                    why_not=info.get("why_not", ""), limits=frozenset(info["limits"]),
+                    default_mem_mb=info.get("default_mem_mb"),
+                    capabilities=frozenset(info["capabilities"]), free_mem_mb=free_mem_mb,
+                    spares=int(info.get("spares", 0)), live=int(info.get("live", 0)),
+                    tenants=dict(info.get("tenants", {})))
+
+
+@final
+class RayProvider(SandboxProvider):
+    """Level ``strict`` on every node of a Ray cluster that can enforce it.
+
+    Args:
+        address: the cluster (``"127.0.0.2:6379"``, ``"auto"``); ignored when this
+            process is connected to Ray already. Default: ``RAY_ADDRESS`` or ``"auto"``.
+        lease_s: how long a node keeps this provider's sandboxes after its last renewal
+            (renewed every third of it); a dead driver's sandboxes go after about this.
+        spares: warm spares each node's strict provider keeps (set when its actor is
+            first made; shared by every driver).
+        reserve_memory: reserve each sandbox's memory limit (or the node's default) as
+            Ray's ``memory`` resource on its node, so Ray's other work and other
+            sandboxes cannot be given it.
+        poll_s: how long one poll for a process's output waits on the node.
+        node_resource: when set, only nodes offering this custom Ray resource (``ray start
+            --resources='{"corral": 1}'``) get sandboxes: keeps them off the head, or to a
+            pool of nodes; its amount is not consumed.
+        init_kwargs: more arguments for ``ray.init`` when this provider connects.
+
+    A Ray error from a node (its actor or node died) becomes :class:`ProviderError`
+    naming the node; a spec no node can take gets the refusal a single provider would
+    give (:func:`~corral.providers.ray.placement.no_candidate`).
+    """
+
+    name = "ray"
+    levels: frozenset[Level] = frozenset({Level.STRICT})
+
+    def __init__(self, *, address: str | None = None, lease_s: float = 30.0, spares: int = 1,
+                 reserve_memory: bool = True, poll_s: float = 5.0,
+                 node_resource: str | None = None,
+                 init_kwargs: dict[str, Any] | None = None) -> None:
+        if not lease_s > 0:
+            raise ConfigInvalidError("lease_s", f"must be > 0, got {lease_s!r}")
+        ray = _ray()
+        self._owns_ray = False
+        if not ray.is_initialized():
+            import os
+            kw = {"address": address or os.environ.get("RAY_ADDRESS") or "auto",
+                  "logging_level": "ERROR", "log_to_driver": False, **(init_kwargs or {})}
+            try:
+                ray.init(**kw)
+            except Exception as e:
+                raise ProviderError(f"cannot connect to Ray at {kw['address']!r}: {e}", e) from e
+            self._owns_ray = True
+        self.lease_s = float(lease_s)
+        self.spares = spares
+        self.reserve_memory = reserve_memory
+        self.poll_s = poll_s
+        self.node_resource = node_resource
+        #: this provider's id on every node: its lease and its sandboxes are under it
+        self.owner = f"owner-{uuid.uuid4().hex[:16]}"
+        self._nodes: dict[str, NodeRef] = {}
+        self._refreshed = 0.0
+        self._rlock: asyncio.Lock | None = None
+        self._live: set[RaySandbox] = set()
+        self._preloads: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+        self._renewer: asyncio.Task[None] | None = None
+        self._closed = False
+        #: nodes that could not be attached: address -> why
+        self.attach_errors: dict[str, str] = {}
+        self._refresh_sync()
+        caps = [n.view.capabilities for n in self._nodes.values() if "strict" in n.view.levels]
+        common = frozenset.intersection(*caps) if caps else frozenset({"strict"})
+        #: what every sandbox gets: the capabilities every strict node offers, that a
+        #: RaySandbox forwards (a node without one never decides the set's absence alone)
+        self.capabilities = frozenset(common & _FORWARDED) | {"strict"}
+
+    # -- nodes ------------------------------------------------------------------------------
+    def _alive_nodes(self) -> list[tuple[str, str]]:
+        ray = _ray()
+        want = self.node_resource
+        return [(n["NodeID"], n["NodeManagerAddress"]) for n in ray.nodes()
+                if n.get("Alive") and (want is None or n.get("Resources", {}).get(want, 0) > 0)]
+
+    @staticmethod
+    def _free_mem() -> dict[str, float]:
+        from ray._private import state  # type: ignore[import-untyped,unused-ignore]
+        try:
+            per = state.available_resources_per_node()  # type: ignore[no-untyped-call,unused-ignore]
+        except Exception:  # unknown: placement then skips the check
+            return {}
+        return {nid: float(r.get("memory", 0.0)) / _MIB for nid, r in per.items()}
+
+    def _actor_for(self, node_id: str) -> Any:
+        ray = _ray()
+        from ray.util.scheduling_strategies import (  # type: ignore[import-untyped,unused-ignore]
+            NodeAffinitySchedulingStrategy,
+        )
+
+        from corral.providers.ray.node import NodeHost
+        cls = ray.remote(NodeHost)
+        return cls.options(
+            name=f"corral-node-{node_id}", namespace=NAMESPACE, lifetime="detached",
+            get_if_exists=True, num_cpus=0, max_concurrency=1000, max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(node_id, spares=self.spares)
+
+    def _refresh_sync(self) -> None:
+        """Attach every alive node (blocking: used once, at construction)."""
+        ray = _ray()
+        alive = self._alive_nodes()
+        free = self._free_mem()
+        for nid, addr in alive:
+            if nid in self._nodes:
+                continue
+            actor = self._actor_for(nid)
+            try:
+                info = _wire.unwrap(ray.get(actor.info.remote(), timeout=120))
+            except Exception as e:  # a node that cannot answer is left out
+                self.attach_errors[addr] = f"{type(e).__name__}: {e}"
+                continue
+            self._nodes[nid] = NodeRef(node_id=nid, address=addr, actor=actor,
+                                       view=_view(info, addr, free.get(nid)))
+        self._refreshed = time.monotonic()
+
+    async def refresh(self, *, force: bool = False) -> list[NodeRef]:
+        """Bring the node list up to date (at most once a second unless ``force``): lost
+        nodes are dropped, new ones (a node that came back) attached. Returns the nodes."""
+        if self._rlock is None:
+            self._rlock = asyncio.Lock()
+        async with self._rlock:
+            if not force and time.monotonic() - self._refreshed < 1.0:
+                return list(self._nodes.values())
+            alive, free = await asyncio.to_thread(lambda: (self._alive_nodes(), self._free_mem()))
+            ids = {nid for nid, _ in alive}
+            for nid in [n for n in self._nodes if n not in ids]:
+                self._nodes.pop(nid).lost.set()
+            new = [(nid, addr) for nid, addr in alive if nid not in self._nodes]
+            actors = {nid: self._actor_for(nid) for nid, _ in new}
+            infos = await asyncio.gather(*(_guard(actors[nid].info.remote(), 60.0)
+                                           for nid, _ in new), return_exceptions=True)
+            for (nid, addr), info in zip(new, infos, strict=True):
+                if isinstance(info, BaseException):
+                    continue
+                ref = NodeRef(node_id=nid, address=addr, actor=actors[nid],
+                              view=_view(_wire.unwrap(info), addr, free.get(nid)))
+                for modules, entries in self._preloads:
+                    with contextlib.suppress(Exception):
+                        _wire.unwrap(await _guard(ref.actor.preload.remote(modules, entries),
+                                                  60.0))
+                self._nodes[nid] = ref
+            for nid, ref in self._nodes.items():
+                if nid in free:
+                    ref.view = replace(ref.view, free_mem_mb=free[nid])
+            self._refreshed = time.monotonic()
+            return list(self._nodes.values())
+
+    def nodes(self) -> list[NodeRef]:
+        """The nodes attached now (no refresh)."""
+        return list(self._nodes.values())
+
+    def node_lost(self, node: NodeRef) -> None:
+        """Mark ``node`` lost: its in-flight calls fail, placement leaves it out."""
+        node.lost.set()
+        if self._nodes.get(node.node_id) is node:
+            del self._nodes[node.node_id]
+        self._refreshed = 0.0
+
+    # -- the contract ------------------------------------------------------------------------
+    async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None
+                     ) -> RaySandbox:
+        if self._closed:
+            raise ProviderError("the provider is closed")
+        if not isinstance(spec, SandboxSpec):
+            raise ConfigInvalidError("spec", "must be a SandboxSpec")
+        if spec.level not in self.levels:
+            raise LevelNotSupportedError(spec.level.value,
+                                         tuple(sorted(lv.value for lv in self.levels)),
+                                         "the ray provider places strict sandboxes only")
+        if cancel is not None and cancel.cancelled:
+            raise CreateCancelledError(f"create cancelled: {cancel.reason}")
+        self._start_renewer()
+        nodes = await self.refresh()
+        tried: set[str] = set()
+        while True:
+            cands = [n for n in rank([n.view for n in nodes], spec,
+                                     extra_tenant={n.node_id: n.tenants.get(spec.tenant_id, 0)
+                                                   for n in nodes},
+                                     extra_live={n.node_id: n.placed for n in nodes})
+                     if n.node_id not in tried]
+            if not cands:
+                if tried:
+                    raise ProviderError(f"no node could take the sandbox (tried "
+                                        f"{len(tried)}: lost or full)")
+                raise no_candidate([n.view for n in nodes], spec)
+            node = self._nodes.get(cands[0].node_id)
+            tried.add(cands[0].node_id)
+            if node is None:
+                continue
+            sb = await self._create_on(node, spec, cancel)
+            if sb is not None:
+                return sb
+            nodes = await self.refresh(force=True)
+
+    async def _create_on(self, node: NodeRef, spec: SandboxSpec, cancel: CancelToken | None
+                         ) -> RaySandbox | None:
+        """The sandbox built on ``node``, or None when the node is full or lost (the caller
+        tries the next); refusals and cancellation raise."""
+        pg = None
+        mem = reserve_mb(spec, node.view) if self.reserve_memory else 0
+        if mem:
+            pg = await self._reserve(node, mem)
+            if pg is None:
+                return None
+        fut = asyncio.ensure_future(_await(node.actor.create.remote(self.owner, self.lease_s,
+                                                                     spec)))
+        try:
+            if cancel is not None:
+                waiter = asyncio.ensure_future(cancel.wait_cancelled_async())
+                try:
+                    await asyncio.wait([fut, waiter], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+            reply = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            _background(self._rollback(node, fut, pg))
+            raise
+        except Exception as e:
+            self._unreserve(pg)
+            if _is_ray_error(e):
+                self.node_lost(node)
+                return None
+            raise
+        try:
+            got = _wire.unwrap(reply)
+        except Exception:
+            self._unreserve(pg)
+            raise
+        sb = RaySandbox(provider=self, node=node, sid=got["sid"], spec=spec, pg=pg)
+        node.view = replace(node.view, spares=int(got.get("spares", 0)),
+                            live=int(got.get("live", 0)))
+        if cancel is not None and cancel.cancelled:
+            await sb.destroy()
+            raise CreateCancelledError(f"create cancelled: {cancel.reason}")
+        self._live.add(sb)
+        node.tenants[spec.tenant_id] = node.tenants.get(spec.tenant_id, 0) + 1
+        return sb
+
+    async def _rollback(self, node: NodeRef, fut: asyncio.Future[Any], pg: Any) -> None:
+        try:
+            got = _wire.unwrap(await fut)
+            await _await(node.actor.destroy.remote(got["sid"]))
+        except Exception:  # nothing was built, or the node is gone
+            pass
+        finally:
+            self._unreserve(pg)
+
+    async def _reserve(self, node: NodeRef, mem_mb: int) -> Any:
+        """A placement group holding ``mem_mb`` of ``node``'s memory, or None (no room)."""
+        from ray.util.placement_group import (  # type: ignore[import-untyped,unused-ignore]
+            placement_group,
+        )
+        pg = placement_group([{"memory": float(mem_mb * _MIB), f"node:{node.address}": 0.001}],
+                             strategy="STRICT_PACK")
+        try:
+            await asyncio.wait_for(_await(pg.ready()), 2.0)
+        except asyncio.CancelledError:
+            self._unreserve(pg)
+            raise
+        except Exception:  # not placeable there now
+            self._unreserve(pg)
+            return None
+        return pg
+
+    @staticmethod
+    def _unreserve(pg: Any) -> None:
+        if pg is None:
+            return
+        from ray.util.placement_group import (  # type: ignore[import-untyped,unused-ignore]
+            remove_placement_group,
+        )
+        with contextlib.suppress(Exception):
+            remove_placement_group(pg)
+
+    def _forget(self, sb: RaySandbox) -> None:
+        if sb in self._live:
+            self._live.discard(sb)
+            t = sb.node.tenants
+            t[sb.spec.tenant_id] = max(0, t.get(sb.spec.tenant_id, 1) - 1)
+        self._unreserve(sb.pg)
+        sb.pg = None
+
+    async def preload_python(self, modules: Sequence[str], *,
+                             fork_entries: Sequence[str] = ()) -> list[str]:
+        """``warm-fork`` on every node: each node's provider preloads ``modules`` and
+        registers ``fork_entries``; a node attached later gets them too. Returns what some
+        node could not load."""
+        if self._closed:
+            raise ProviderError("the provider is closed")
+        mods, ents = tuple(str(m) for m in modules), tuple(str(e) for e in fork_entries)
+        self._preloads.append((mods, ents))
+        nodes = await self.refresh()
+        replies = await asyncio.gather(*(self._call(n, n.actor.preload.remote(mods, ents))
+                                         for n in nodes), return_exceptions=True)
+        missing: set[str] = set()
+        for r in replies:
+            if isinstance(r, BaseException):
+                if isinstance(r, ProviderError):
+                    continue
+                raise r
+            missing.update(r)
+        return sorted(missing)
+
+    # -- calls and leases -------------------------------------------------------------------
+    async def _call(self, node: NodeRef, ref: Any) -> Any:
+        """Await a node actor's reply: its value, its error rebuilt, or ProviderError when
+        the node is lost (seen by Ray, or marked lost while this call waited)."""
+        if node.lost.is_set():
+            raise ProviderError(f"{node.name} was lost")
+        fut = asyncio.ensure_future(_await(ref))
+        lost = asyncio.ensure_future(node.lost.wait())
+        try:
+            await asyncio.wait([fut, lost], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
+        finally:
+            lost.cancel()
+        if not fut.done():
+            fut.cancel()
+            raise ProviderError(f"{node.name} was lost while a call to it was in flight")
+        try:
+            reply = fut.result()
+        except Exception as e:
+            if _is_ray_error(e):
+                self.node_lost(node)
+                raise ProviderError(f"{node.name} was lost: {type(e).__name__}", e) from None
+            raise
+        return _wire.unwrap(reply)
+
+    def _start_renewer(self) -> None:
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.ensure_future(self._renew_loop())
+
+    async def _renew_loop(self) -> None:
+        while not self._closed:
+            for node in list(self._nodes.values()):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(
+                        _await(node.actor.renew.remote(self.owner, self.lease_s)),
+                        self.lease_s / 3)
+            await asyncio.sleep(self.lease_s / 3)
+
+    async def aclose(self) -> None:
+        """Destroy this provider's sandboxes on every node and end its lease. Idempotent;
+        the node actors and their warm spares stay for other drivers."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(BaseException):
+                await self._renewer
+        for sb in list(self._live):
+            with contextlib.suppress(Exception):
+                await sb.destroy()
+        await asyncio.gather(*(_guard(n.actor.release.remote(self.owner), 10.0)
+                               for n in self._nodes.values()), return_exceptions=True)
+        if self._owns_ray:
+            _ray().shutdown()
+
+
+def _is_ray_error(e: BaseException) -> bool:
+    ray = _ray()
+    return isinstance(e, ray.exceptions.RayError)
+
+
+async def _await(ref: Any) -> Any:
+    return await ref
+
+
+async def _guard(ref: Any, seconds: float) -> Any:
+    return await asyncio.wait_for(_await(ref), seconds)
+
+
+_BACKGROUND: set[asyncio.Future[Any]] = set()
+
+
+def _background(coro: Awaitable[Any]) -> None:
+    fut = asyncio.ensure_future(coro)
+    _BACKGROUND.add(fut)
+    fut.add_done_callback(_BACKGROUND.discard)
+
+
+class RaySandbox(Sandbox):
+    """A sandbox on one node, served by that node's actor (see the module doc).
+
+    Its optional methods are those of the provider's ``capabilities``
+    (:func:`_sandbox_class` picks the class)."""
+
+    def __new__(cls, *, provider: RayProvider, **_kw: Any) -> RaySandbox:
+        return super().__new__(_sandbox_class(provider.capabilities))
+
+    def __init__(self, *, provider: RayProvider, node: NodeRef, sid: str, spec: SandboxSpec,
+                 pg: Any = None) -> None:
+        self._provider = provider
+        self.node = node
+        self.id = sid
+        self.spec = spec
+        self.pg = pg
+        self._destroyed = False
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def _live(self) -> None:
+        if self._destroyed:
+            raise ProviderError(f"sandbox {self.id} was destroyed")
+
+    async def _call(self, ref_fn: Callable[[], Any]) -> Any:
+        self._live()
+        return await self._provider._call(self.node, ref_fn())
+
+    async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> RunResult:
+        a = self.node.actor
+        r: RunResult = await self._call(lambda: a.exec.remote(self.id, list(argv), opts))
+        return r
+
+    async def exec_streaming(self, argv: Sequence[str], opts: ExecOpts | None = None, *,
+                             on_output: OutputSink) -> RunResult:
+        a = self.node.actor
+        pid = await self._call(lambda: a.exec_start.remote(self.id, list(argv), opts))
+        while True:
+            got = await self._provider._call(self.node, a.poll.remote(pid, self._provider.poll_s))
+            if got["out"]:
+                on_output(1, got["out"])
+            if got["err"]:
+                on_output(2, got["err"])
+            if got["final"] is not None:
+                r: RunResult = _wire.unwrap(got["final"])
+                return r
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        a = self.node.actor
+        await self._call(lambda: a.write_file.remote(self.id, path, data))
+
+    async def read_file(self, path: str) -> bytes:
+        a = self.node.actor
+        data: bytes = await self._call(lambda: a.read_file.remote(self.id, path))
+        return data
+
+    async def start_process(self, argv: Sequence[str],
+                            opts: ProcessOpts | None = None) -> ProcessHandle:
+        a = self.node.actor
+        pid = await self._call(lambda: a.start.remote(self.id, list(argv), opts))
+        return RayProcess(self, pid)
+
+    async def start_python_fork(self, args: Sequence[str] = (),
+                                opts: ProcessOpts | None = None, *,
+                                entry: str) -> ProcessHandle:
+        a = self.node.actor
+        pid = await self._call(lambda: a.start.remote(self.id, list(args), opts, entry))
+        return RayProcess(self, pid)
+
+    async def _lifecycle(self, op: str, handle: SnapshotHandle | None = None) -> Any:
+        a = self.node.actor
+        return await self._call(lambda: a.lifecycle.remote(self.id, op, handle))
+
+    async def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        try:
+            if not self.node.lost.is_set():
+                with contextlib.suppress(ProviderError):
+                    await self._provider._call(self.node, self.node.actor.destroy.remote(self.id))
+        finally:
+            self._provider._forget(self)
+
+
+_CLASSES: dict[tuple[bool, bool, bool], type[RaySandbox]] = {}
+
+
+def _sandbox_class(caps: frozenset[str]) -> type[RaySandbox]:
+    """RaySandbox with exactly the optional lifecycle methods ``caps`` advertise."""
+    from corral.providers.ray import _lifecycle
+    key = ("snapshot" in caps, "restore" in caps, "pause" in caps)
+    cls = _CLASSES.get(key)
+    if cls is None:
+        cls = _lifecycle.make(RaySandbox, *key)
+        _CLASSES[key] = cls
+    return cls
+
+
+@final
+class _Stdin(ProcessStdin):
+    def __init__(self, proc: RayProcess) -> None:
+        self._proc = proc
+        self._closed = False
+
+    async def write(self, data: bytes) -> None:
+        if self._closed:
+            raise ProviderError("stdin is closed")
+        await self._proc._send(bytes(data), False)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(ProviderError):
+            await self._proc._send(b"", True)
+
+
+@final
+class RayProcess(ProcessHandle):
+    """A process on a node: its output polled from the node actor as it comes."""
+
+    def __init__(self, sb: RaySandbox, pid: str) -> None:
+        self._sb = sb
+        self._pid = pid
+        self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._err: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._final: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        self.stdin = _Stdin(self)
+        self.stdout = _iterate(self._out)
+        self.stderr = _iterate(self._err)
+        self._pump_task = asyncio.ensure_future(self._pump())
+
+    async def _send(self, data: bytes, close: bool) -> None:
+        node = self._sb.node
+        await self._sb._provider._call(node, node.actor.write.remote(self._pid, data, close))
+
+    async def _pump(self) -> None:
+        node, prov = self._sb.node, self._sb._provider
+        out_eof = err_eof = False
+        try:
+            while True:
+                got = await prov._call(node, node.actor.poll.remote(self._pid, prov.poll_s))
+                if got["out"]:
+                    self._out.put_nowait(got["out"])
+                if got["err"]:
+                    self._err.put_nowait(got["err"])
+                if got["out_eof"] and not out_eof:
+                    out_eof = True
+                    self._out.put_nowait(None)
+                if got["err_eof"] and not err_eof:
+                    err_eof = True
+                    self._err.put_nowait(None)
+                if got["final"] is not None:
+                    try:
+                        self._final.set_result(_wire.unwrap(got["final"]))
+                    except Exception as e:  # wait() raises it
+                        self._final.set_exception(e)
+                    return
+        except Exception as e:  # the node was lost: wait() raises it
+            if not self._final.done():
+                self._final.set_exception(e)
+        finally:
+            if not out_eof:
+                self._out.put_nowait(None)
+            if not err_eof:
+                self._err.put_nowait(None)
+
+    async def wait(self) -> RunResult:
+        return await asyncio.shield(self._final)
+
+    async def kill(self) -> None:
+        node = self._sb.node
+        if self._final.done():
+            return
+        with contextlib.suppress(ProviderError):
+            await self._sb._provider._call(node, node.actor.kill.remote(self._pid))
+
+
+async def _iterate(q: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
+    while True:
+        chunk = await q.get()
+        if chunk is None:
+            return
+        yield chunk
