@@ -63,7 +63,8 @@ token = "{CAROL}"
 class Server:
     """``python -m corral serve --config FILE --port 0`` as a child process."""
 
-    def __init__(self, tmp: Path, config: str, *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, config: str, *, env: dict[str, str] | None = None,
+                 reaper: bool = False) -> None:
         self.dir = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.config_path = tmp / "serve.toml"
@@ -71,13 +72,34 @@ class Server:
         self.log_path = tmp / "serve.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         full_env = {**os.environ, **(env or {})}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "corral", "serve", "--config", str(self.config_path),
-             "--port", "0"], stdout=subprocess.DEVNULL, stderr=self._log, env=full_env)
+        argv = [sys.executable, "-m", "corral", "serve", "--config", str(self.config_path),
+                "--port", "0"]
+        #: with ``reaper``: the processes the server left when it exited (see reaper.py)
+        self.leftovers_path = tmp / "leftovers.json"
+        if reaper:
+            argv = [sys.executable, str(Path(__file__).with_name("reaper.py")),
+                    str(self.leftovers_path), *argv]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self._log,
+                                     env=full_env)
         self.pid = self.proc.pid
+        if reaper:  # the server is the reaper's child: signal it, not the reaper
+            self.pid = self._wait_pid(Path(str(self.leftovers_path) + ".pid"))
         self.port = self._wait_listening()
         self.url = f"http://127.0.0.1:{self.port}"
         self._wait_ready()
+
+    def _wait_pid(self, path: Path, seconds: float = 30.0) -> int:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                return int(json.loads(path.read_text())["pid"])
+            time.sleep(0.02)
+        raise RuntimeError("the reaper did not start the server")
+
+    def leftovers(self) -> list[dict[str, Any]]:
+        """The processes the server left behind (after stop(), with ``reaper=True``)."""
+        left: list[dict[str, Any]] = json.loads(self.leftovers_path.read_text())
+        return left
 
     def logs(self) -> list[dict[str, Any]]:
         out = []
@@ -116,7 +138,7 @@ class Server:
         if self.proc.poll() is None:
             os.kill(self.pid, sig)
         try:
-            code = self.proc.wait(seconds)
+            code = self.proc.wait(seconds)  # the reaper exits with the server's status
         except subprocess.TimeoutExpired:
             os.kill(self.pid, signal.SIGKILL)
             self.proc.wait(10)

@@ -125,27 +125,37 @@ class _NDJSONResponse(Response):
     behind it) at once; ``stream.release()`` runs whatever happens."""
 
     def __init__(self, stream: RunStream | None, events: AsyncIterator[Event],
-                 on_done: Callable[[bool], None]) -> None:
+                 draining: Callable[[], bool]) -> None:
         self.status_code = 200
         self.background = None
         self.raw_headers = [(b"content-type", wire.NDJSON.encode()),  # chunked: no length
                             (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no")]
-        self._stream, self._events, self._on_done = stream, events, on_done
+        self._stream, self._events, self.draining = stream, events, draining
+        #: called when the stream ends, with whether the client went away (the app logs)
+        self._on_done: Callable[[bool], None] = lambda gone: None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
         async def pump() -> None:
+            nonlocal started
             await send({"type": "http.response.start", "status": self.status_code,
                         "headers": self.raw_headers})
+            started = True
             async for ev in self._events:
                 await send({"type": "http.response.body", "body": _line(ev), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        gone = False
+        gone = stopped = False
         release = self._stream.release if self._stream is not None else None
         try:
             await _until_disconnect(pump(), receive, release)
         except _ClientGone:
             gone = True
+        except asyncio.CancelledError:  # the server stops: past its grace while draining
+            if not self.draining():
+                raise
+            stopped = True
         finally:
             aclose = getattr(self._events, "aclose", None)
             if aclose is not None:
@@ -154,6 +164,27 @@ class _NDJSONResponse(Response):
             if self._stream is not None:
                 self._stream.release()
             self._on_done(gone)
+        if stopped:  # say why the stream ends, as its last line (bounded)
+            await _stopped(send, started)
+
+
+_STOPPED: Final = "the server stopped (SIGTERM) before the run ended; it was cancelled"
+
+
+async def _stopped(send: Send, started: bool) -> None:
+    err = ApiError("unavailable", _STOPPED)
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(0.5):
+            if not started:
+                await _error(err)({"type": "http"}, _nothing, send)
+                return
+            line = _line({"event": "error", "status": err.status, "error": err.to_dict()})
+            await send({"type": "http.response.body", "body": line, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _nothing() -> dict[str, Any]:
+    return {"type": "http.disconnect"}
 
 
 def _json(doc: Any, status: int = 200) -> JSONResponse:
@@ -233,6 +264,10 @@ class _Api:
                     resp = await handler(request)
             except _ClientGone:
                 resp = Response(status_code=499)
+            except asyncio.CancelledError:  # the server stops: past its grace, draining
+                if not self.s.draining:
+                    raise
+                resp = _error(ApiError("unavailable", _STOPPED))
             except (CorralError, ApiError) as e:
                 resp = _error(e)
             except FileNotFoundError as e:
@@ -301,7 +336,7 @@ class _Api:
         return _obj(doc, "body")
 
     def _stream(self, stream: RunStream) -> _NDJSONResponse:
-        return _NDJSONResponse(stream, stream.events(), lambda gone: None)
+        return _NDJSONResponse(stream, stream.events(), lambda: self.s.draining)
 
     # -- public ------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -333,7 +368,7 @@ class _Api:
                 yield {"event": "log", **line}
             yield {"event": "transcript", "transcript": t}
 
-        return _NDJSONResponse(None, events(), lambda gone: None)
+        return _NDJSONResponse(None, events(), lambda: self.s.draining)
 
     async def runs(self, request: Request, tenant: TenantState, body: bytes) -> Response:
         doc = self._doc(body)
@@ -452,7 +487,7 @@ class _Api:
             finally:
                 proc.reading = False
 
-        return _NDJSONResponse(None, events(), lambda gone: None)
+        return _NDJSONResponse(None, events(), lambda: self.s.draining)
 
     async def process_stdin(self, request: Request, tenant: TenantState, body: bytes
                             ) -> Response:

@@ -161,7 +161,11 @@ class Service:
                                              f"provider {pname!r} does not give it here")
             self.providers[lv] = made
             self._owned.append(made)
-        self.log.event("providers", levels={lv.value: p.name for lv, p in self.providers.items()})
+        # what a provider found left by an earlier process and removed (linux: cgroups of
+        # dead owners); after a clean drain a restart finds none
+        reaped = {p.name: list(getattr(p, "reaped_orphans", ())) for p in self._owned}
+        self.log.event("providers", levels={lv.value: p.name for lv, p in self.providers.items()},
+                       reaped_orphans=reaped)
 
     async def close(self) -> None:
         """Drain: refuse new work, wait (bounded) for in-flight work to unwind, destroy
