@@ -41,14 +41,18 @@ import fcntl
 import ipaddress
 import os
 import socket
+import ssl
 import struct
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final, Literal, Protocol, final
+from typing import TYPE_CHECKING, Final, Literal, Protocol, final
 
 from corral.core.errors import ConfigInvalidError
+
+if TYPE_CHECKING:
+    from corral.providers.linux.host.egress_tls import EgressCA
 
 __all__ = [
     "MAX_CLIENT_HELLO",
@@ -62,6 +66,7 @@ __all__ = [
     "HttpHead",
     "Resolver",
     "Rule",
+    "SecretHeader",
     "classify_address",
     "normalize_host",
     "parse_client_hello",
@@ -308,6 +313,32 @@ def parse_entry(entry: str) -> Rule:
 
 
 @dataclass(frozen=True, slots=True)
+class SecretHeader:
+    """One header the proxy adds at egress: ``name`` (lower case) and ``value``, which no
+    repr, str, denial reason or log line shows."""
+
+    name: str
+    value: str = field(repr=False)
+
+    def __str__(self) -> str:
+        return f"{self.name}: <secret>"
+
+
+def _is_latin1(s: str) -> bool:
+    try:
+        s.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+#: headers a secret may not set: framing, routing and hop-by-hop ones
+_UNSETTABLE: Final = frozenset({"host", "content-length", "transfer-encoding", "connection",
+                                "proxy-connection", "keep-alive", "te", "trailer", "upgrade",
+                                "expect"})
+
+
+@dataclass(frozen=True, slots=True)
 class EgressPolicy:
     """Who may be reached: an immutable value; :meth:`allowing` and :meth:`revoking` give
     changed copies (the proxy reads its current policy once per new connection).
@@ -321,6 +352,8 @@ class EgressPolicy:
     mode: Literal["allowlist", "unrestricted"] = "allowlist"
     allow: tuple[Rule, ...] = ()
     deny: tuple[Rule, ...] = ()
+    #: (name rule, headers) pairs from :meth:`with_secret`; the values are not in the repr
+    secrets: tuple[tuple[Rule, tuple[SecretHeader, ...]], ...] = ()
 
     @classmethod
     def allowlist(cls, *entries: str) -> EgressPolicy:
@@ -344,6 +377,50 @@ class EgressPolicy:
         allow = tuple(r for r in self.allow if r != rule)
         deny = self.deny if rule in self.deny else (*self.deny, rule)
         return replace(self, allow=allow, deny=deny)
+
+    def with_secret(self, entry: str, headers: Mapping[str, str]) -> EgressPolicy:
+        """A copy that adds ``headers`` to every request to a host matching ``entry`` (a
+        name or ``*.suffix``, optionally ``:port``), replacing any header of the same name
+        the client sent; such hosts are intercepted (see docs/network.md). This does not
+        allow the entry: list it with :meth:`allowing` too. Calling it again for the same
+        entry replaces that entry's headers. The values are never in a repr or a reason."""
+        rule = parse_entry(entry)
+        if rule.kind == "net":
+            raise ConfigInvalidError("network.secrets",
+                                     f"secrets need a host name entry, not {rule.text!r}")
+        if not headers:
+            raise ConfigInvalidError("network.secrets", f"no headers for {rule.text!r}")
+        out: dict[str, SecretHeader] = {}
+        for name, value in headers.items():
+            key = name.lower() if isinstance(name, str) else ""
+            if not key or not set(key) <= _TCHAR or len(key) > 100:
+                raise ConfigInvalidError("network.secrets", f"bad header name {name!r}")
+            if key in _UNSETTABLE:
+                raise ConfigInvalidError("network.secrets",
+                                         f"header {name!r} cannot be set at egress")
+            if not isinstance(value, str) or len(value) > 8192 or \
+                    any(c in value for c in "\r\n\0") or not _is_latin1(value) or \
+                    value != value.strip(" \t"):
+                # the value itself is never quoted back
+                raise ConfigInvalidError("network.secrets",
+                                         f"bad value for header {name!r} (CR, LF, NUL, "
+                                         "non-Latin-1, edge spaces or over 8 KiB)")
+            out[key] = SecretHeader(key, value)
+        kept = tuple((r, h) for r, h in self.secrets if r != rule)
+        return replace(self, secrets=(*kept, (rule, tuple(out.values()))))
+
+    def secrets_for(self, name: str, port: int) -> tuple[SecretHeader, ...]:
+        """The headers to add for ``name:port`` (a normalized name); a later entry wins
+        over an earlier one for the same header name."""
+        out: dict[str, SecretHeader] = {}
+        for rule, headers in self.secrets:
+            if rule.matches_name(name, port):
+                out.update((h.name, h) for h in headers)
+        return tuple(out.values())
+
+    @property
+    def has_secrets(self) -> bool:
+        return bool(self.secrets)
 
     @property
     def entries(self) -> tuple[str, ...]:
@@ -621,6 +698,8 @@ class _Target:
     port: int
     addresses: tuple[str, ...]      # checked addresses, in the order to try
     tls_host: str                   # what an SNI must equal
+    #: headers to add (the host is intercepted when there are any)
+    secrets: tuple[SecretHeader, ...] = field(default=(), repr=False)
 
 
 _SOCKS_OK: Final = b"\x05\x00\x00\x01\x00\x00\x00\x00\x00\x00"
@@ -667,9 +746,13 @@ class EgressProxy:
     """
 
     def __init__(self, policy: EgressPolicy, *, resolver: Resolver | None = None,
-                 limits: EgressLimits | None = None) -> None:
+                 limits: EgressLimits | None = None,
+                 upstream_ssl_context: ssl.SSLContext | None = None) -> None:
+        self._ca: EgressCA | None = None
+        self._policy = policy
         self.policy = policy
         self.limits = limits or EgressLimits()
+        self._upstream_ssl = upstream_ssl_context
         self._resolver: Resolver = resolver or system_resolver
         self._denials: collections.deque[Denial] = collections.deque(
             maxlen=self.limits.max_denials)
@@ -681,6 +764,25 @@ class EgressProxy:
         self.active = 0
 
     # ---------------------------------------------------------------- public
+
+    @property
+    def policy(self) -> EgressPolicy:
+        """The policy new connections are decided by; assign to change it. A policy with
+        secrets makes the per-proxy CA on first use (the ``secrets`` extra)."""
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: EgressPolicy) -> None:
+        if policy.has_secrets and self._ca is None:
+            from corral.providers.linux.host.egress_tls import EgressCA  # the secrets extra
+            self._ca = EgressCA(self._sni_mismatch)
+        self._policy = policy
+
+    @property
+    def ca_bundle_pem(self) -> bytes | None:
+        """The per-proxy CA certificate (PEM) a sandbox must trust for the hosts whose
+        traffic carries secrets; None while no policy of this proxy had secrets."""
+        return None if self._ca is None else self._ca.ca_pem
 
     async def start(self, path: str) -> None:
         """Listen on the unix socket ``path`` (created here; it must not exist)."""
@@ -732,6 +834,10 @@ class EgressProxy:
         return tuple(self._denials)
 
     # ---------------------------------------------------------------- internals
+
+    def _sni_mismatch(self, host: str, sni: str) -> None:
+        self._record(host, 443, EgressDenied(
+            "sni-mismatch", f"TLS SNI {sni!r} does not match the tunnel host {host!r}"))
 
     def _record(self, host: str, port: int, err: EgressDenied) -> None:
         if len(self._denials) == self._denials.maxlen:
@@ -811,7 +917,7 @@ class EgressProxy:
                 ok.append(str(ip))
         if not ok:
             raise first_err or EgressDenied("unresolvable", f"{key} resolves to no address")
-        return _Target(host, port, tuple(ok), key)
+        return _Target(host, port, tuple(ok), key, policy.secrets_for(key, port))
 
     async def _connect(self, target: _Target) -> socket.socket:
         """A connected non-blocking TCP socket to one of ``target``'s checked addresses
@@ -870,7 +976,11 @@ class EgressProxy:
                       on_upstream_error: Callable[[_UpstreamError], bytes]) -> None:
         """Connect and pump; TLS ports read the ClientHello before connecting. Once the
         tunnel stands, the client's socket is taken out of asyncio's transport and both
-        sockets are pumped with splice(2) (see :meth:`_pump`)."""
+        sockets are pumped with splice(2) (see :meth:`_pump`). A host with secrets is
+        intercepted instead (:meth:`_intercept`)."""
+        if target.secrets:
+            await self._intercept(target, reader, writer, send_ok)
+            return
         if target.port in self.limits.tls_ports:
             writer.write(send_ok)
             await writer.drain()
@@ -1062,6 +1172,207 @@ class EgressProxy:
             await self._send_all(dst, view[:n], last)
         dst.shutdown(socket.SHUT_WR)
 
+    # ---------------------------------------------------------------- secrets
+
+    async def _intercept(self, target: _Target, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter, send_ok: bytes) -> None:
+        """A tunnel to a host with secrets: terminate the client's TLS with the host's leaf
+        (or read plain HTTP if the client does not start TLS), then relay HTTP/1.1
+        requests one by one with the secret headers added (:meth:`_http_session`)."""
+        loop = asyncio.get_running_loop()
+        lim = self.limits
+        writer.write(send_ok)
+        csock, buffered = await _detach(reader, writer)
+        c_w: asyncio.StreamWriter | None = None
+        try:
+            first = buffered[:1]
+            if not first:
+                try:
+                    async with asyncio.timeout(lim.header_timeout_s):
+                        await self._wait_io(csock, False, [loop.time()])
+                except TimeoutError:
+                    self._record(target.host, target.port,
+                                 EgressDenied("timeout", "the client sent nothing in time"))
+                    return
+                first = csock.recv(1, socket.MSG_PEEK)
+                if not first:
+                    return
+            tls = first == b"\x16"
+            if tls and buffered:
+                self._record(target.host, target.port, EgressDenied(
+                    "unsupported", "TLS started before the tunnel reply (not carried to a "
+                    "host with secrets)"))
+                return
+            assert self._ca is not None
+            ctx = self._ca.server_context(target.tls_host) if tls else None
+            c_r = asyncio.StreamReader(limit=max(lim.header_bytes, _CHUNK))
+            proto = asyncio.StreamReaderProtocol(c_r)
+            try:
+                transport, _ = await loop.connect_accepted_socket(
+                    lambda: proto, csock, ssl=ctx, ssl_handshake_timeout=lim.header_timeout_s)
+            except (OSError, ssl.SSLError, TimeoutError):
+                return          # e.g. a client that does not trust the CA, or SNI refused
+            c_w = asyncio.StreamWriter(transport, proto, c_r, loop)
+            self._writers.add(c_w)
+            if buffered:
+                c_r.feed_data(buffered)
+            await self._http_session(target, c_r, c_w, tls)
+        finally:
+            if c_w is not None:
+                await _shutdown(c_w, lim.idle_timeout_s)
+                self._writers.discard(c_w)
+            else:
+                csock.close()
+
+    async def _http_session(self, target: _Target, c_r: asyncio.StreamReader,
+                            c_w: asyncio.StreamWriter, tls: bool) -> None:
+        """Relay HTTP/1.1 requests (keep-alive, Content-Length and chunked bodies streamed)
+        from the client to ``target`` over the proxy's own connection (verified TLS when
+        the client spoke TLS), each with ``target.secrets`` in place of any header of the
+        same names; responses are streamed back unchanged."""
+        lim = self.limits
+        idle = lim.idle_timeout_s
+        up: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        first = True
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(lim.header_timeout_s if first else idle):
+                        raw = await c_r.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError as e:
+                    if e.partial:
+                        raise EgressDenied("bad-request",
+                                           "connection closed inside the header") from None
+                    return
+                except asyncio.LimitOverrunError:
+                    raise EgressDenied("too-large", "request header too large") from None
+                except TimeoutError:
+                    return
+                first = False
+                if len(raw) > lim.header_bytes:
+                    raise EgressDenied("too-large", "request header too large")
+                head = parse_http_head(raw)
+                out, body = self._inner_request(head, target, tls)
+                if up is not None and up[0].at_eof():
+                    await _shutdown(up[1], idle)
+                    self._writers.discard(up[1])
+                    up = None
+                if up is None:
+                    try:
+                        up = await self._open_upstream(target, tls)
+                    except _UpstreamError as e:
+                        c_w.write(_http_reply(e.status, "Bad Gateway" if e.status == 502
+                                              else "Gateway Timeout", e.reason))
+                        await c_w.drain()
+                        return
+                    self._writers.add(up[1])
+                up_r, up_w = up
+                up_w.write(out)
+                sending = asyncio.ensure_future(_copy_body(c_r, up_w, body, idle))
+                receiving = asyncio.ensure_future(
+                    _relay_response(head, up_r, up_w, c_r, c_w, idle))
+                try:
+                    await asyncio.wait({sending, receiving},
+                                       return_when=asyncio.FIRST_EXCEPTION)
+                    if sending.done() and sending.exception() is not None:
+                        return            # a broken request body: end both connections
+                    close = await receiving
+                    if not sending.done():
+                        close = True      # answered before the whole body was sent
+                finally:
+                    for t in (sending, receiving):
+                        t.cancel()
+                    await asyncio.gather(sending, receiving, return_exceptions=True)
+                if close or _wants_close(head):
+                    if c_w.can_write_eof():
+                        c_w.write_eof()
+                    await c_w.drain()
+                    return
+        except EgressDenied as e:
+            self._record(target.host, target.port, e)
+            status, text = _HTTP_STATUS[e.kind]
+            with contextlib.suppress(OSError):
+                c_w.write(_http_reply(status, text, e.reason))
+                await c_w.drain()
+        finally:
+            if up is not None:
+                await _shutdown(up[1], idle)
+                self._writers.discard(up[1])
+
+    def _inner_request(self, head: HttpHead, target: _Target,
+                       tls: bool) -> tuple[bytes, int | None]:
+        """Check one request inside an intercepted tunnel; return the head to send upstream
+        and its body (a Content-Length, 0 for none, or None for chunked)."""
+        if head.method in ("CONNECT", "TRACE"):
+            raise EgressDenied("not-allowed" if head.method == "TRACE" else "unsupported",
+                               f"{head.method} is not carried to a host with secrets")
+        if not (head.target.startswith("/") or (head.target == "*"
+                                                 and head.method == "OPTIONS")):
+            raise EgressDenied("bad-request", "requests inside a tunnel use origin form "
+                               "(/path)")
+        hosts = head.get_all("host")
+        if len(hosts) > 1:
+            raise EgressDenied("bad-request", "more than one Host header")
+        if hosts:
+            h_host, h_port = _split_authority(hosts[0], 443 if tls else 80)
+            if _host_key(h_host) != target.tls_host or h_port != target.port:
+                raise EgressDenied("not-allowed", f"Host header {hosts[0][:80]!r} does not "
+                                   f"match the tunnel host {target.tls_host}:{target.port}")
+        te = [t.strip().lower() for v in head.get_all("transfer-encoding") for t in v.split(",")]
+        lengths = head.get_all("content-length")
+        body: int | None
+        if te:
+            if te != ["chunked"]:
+                raise EgressDenied("unsupported", "request Transfer-Encoding other than "
+                                   "chunked")
+            if lengths:
+                raise EgressDenied("bad-request", "both Transfer-Encoding and Content-Length")
+            body = None
+        else:
+            if len(set(lengths)) > 1 or any(not v.isdigit() or len(v) > 18 for v in lengths):
+                raise EgressDenied("bad-request", "bad Content-Length")
+            body = int(lengths[0]) if lengths else 0
+        secret_names = {h.name for h in target.secrets}
+        lines = [f"{head.method} {head.target} {head.version}"]
+        if not hosts:
+            default = 443 if tls else 80
+            lines.append(f"host: {target.tls_host}" + ("" if target.port == default
+                                                       else f":{target.port}"))
+        for k, v in head.headers:
+            if k in secret_names or k in ("proxy-connection", "proxy-authorization"):
+                continue
+            lines.append(f"{k}: {v}")
+        lines.extend(f"{h.name}: {h.value}" for h in target.secrets)
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), body
+
+    async def _open_upstream(self, target: _Target, tls: bool,
+                             ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The proxy's own connection to ``target``: TLS verified against
+        ``upstream_ssl_context`` (default: the system's CAs, host name checked)."""
+        usock = await self._connect(target)
+        ctx: ssl.SSLContext | None = None
+        if tls:
+            if self._upstream_ssl is None:
+                self._upstream_ssl = ssl.create_default_context()
+                self._upstream_ssl.set_alpn_protocols(["http/1.1"])
+            ctx = self._upstream_ssl
+        try:
+            return await asyncio.open_connection(
+                sock=usock, limit=_RESPONSE_HEAD, ssl=ctx,
+                server_hostname=target.tls_host if tls else None,
+                ssl_handshake_timeout=self.limits.connect_timeout_s if tls else None)
+        except ssl.SSLCertVerificationError as e:
+            usock.close()
+            raise _UpstreamError(0x05, 502, f"{target.tls_host} port {target.port}: upstream "
+                                 f"certificate not trusted ({e.verify_message})") from None
+        except (OSError, ssl.SSLError, TimeoutError) as e:
+            usock.close()
+            raise _UpstreamError(0x05, 502, f"{target.tls_host} port {target.port}: upstream "
+                                 f"TLS failed ({type(e).__name__})") from None
+        except BaseException:
+            usock.close()
+            raise
+
     # ---------------------------------------------------------------- SOCKS5
 
     async def _socks(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -1217,13 +1528,15 @@ class EgressProxy:
                                  for t in v.split(",")}
             lines = [f"{head.method} {origin} {head.version}"]
             has_host = False
+            secret_names = {h.name for h in target.secrets}
             for k, v in head.headers:
-                if k in _HOP_BY_HOP or k in connection_listed:
+                if k in _HOP_BY_HOP or k in connection_listed or k in secret_names:
                     continue
                 has_host = has_host or k == "host"
                 lines.append(f"{k}: {v}")
             if not has_host:
                 lines.insert(1, f"host: {head.target.split('/')[2]}")
+            lines.extend(f"{h.name}: {h.value}" for h in target.secrets)
             lines.append("connection: close")
             up_w.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
             remaining = int(head.get_all("content-length")[0]) if head.get_all(
@@ -1251,6 +1564,157 @@ class EgressProxy:
         finally:
             await _shutdown(up_w, self.limits.idle_timeout_s)
             self._writers.discard(up_w)
+
+#: the most bytes of a response head, and of a chunk-size or trailer line
+_RESPONSE_HEAD: Final = 64 * 1024
+
+
+class _BadUpstream(Exception):
+    """The upstream broke HTTP/1.1 framing: the client connection is closed."""
+
+
+def _wants_close(head: HttpHead) -> bool:
+    tokens = {t.strip().lower() for v in head.get_all("connection") for t in v.split(",")}
+    if head.version == "HTTP/1.0":
+        return "keep-alive" not in tokens
+    return "close" in tokens
+
+
+def _parse_response_head(data: bytes) -> tuple[str, int, list[tuple[str, str]]]:
+    """(version, status, headers with lower-case names) of a response head."""
+    lines = data[:-4].decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or parts[0] not in ("HTTP/1.0", "HTTP/1.1") or \
+            not parts[1].isdigit() or len(parts[1]) != 3:
+        raise _BadUpstream("malformed status line")
+    headers: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or not set(name) <= _TCHAR:
+            raise _BadUpstream("malformed response header")
+        headers.append((name.lower(), value.strip(" \t")))
+    return parts[0], int(parts[1]), headers
+
+
+async def _copy_exact(src: asyncio.StreamReader, dst: asyncio.StreamWriter, n: int,
+                      idle: float) -> None:
+    while n > 0:
+        async with asyncio.timeout(idle):
+            chunk = await src.read(min(n, _CHUNK))
+        if not chunk:
+            raise _BadUpstream("connection closed inside a body")
+        n -= len(chunk)
+        dst.write(chunk)
+        await dst.drain()
+
+
+async def _copy_chunked(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                        idle: float) -> None:
+    """Copy one chunked body (RFC 9112 7.1) byte for byte, trailers included."""
+    while True:
+        async with asyncio.timeout(idle):
+            line = await src.readuntil(b"\r\n")
+        size = line[:-2].split(b";", 1)[0].strip()
+        if not size or len(size) > 16 or not all(c in b"0123456789abcdefABCDEF" for c in size):
+            raise _BadUpstream("malformed chunk size")
+        dst.write(line)
+        n = int(size, 16)
+        if n == 0:
+            break
+        await _copy_exact(src, dst, n, idle)
+        async with asyncio.timeout(idle):
+            crlf = await src.readexactly(2)
+        if crlf != b"\r\n":
+            raise _BadUpstream("malformed chunk end")
+        dst.write(crlf)
+        await dst.drain()
+    for _ in range(256):                  # trailers, then the empty line
+        async with asyncio.timeout(idle):
+            line = await src.readuntil(b"\r\n")
+        dst.write(line)
+        if line == b"\r\n":
+            await dst.drain()
+            return
+    raise _BadUpstream("too many trailer lines")
+
+
+async def _copy_until_eof(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                          idle: float) -> None:
+    while True:
+        async with asyncio.timeout(idle):
+            chunk = await src.read(_CHUNK)
+        if not chunk:
+            return
+        dst.write(chunk)
+        await dst.drain()
+
+
+async def _copy_body(src: asyncio.StreamReader, dst: asyncio.StreamWriter, body: int | None,
+                     idle: float) -> None:
+    """A request body: ``body`` bytes, or chunked when None."""
+    await dst.drain()
+    if body is None:
+        await _copy_chunked(src, dst, idle)
+    elif body:
+        await _copy_exact(src, dst, body, idle)
+
+
+async def _relay_response(req: HttpHead, up_r: asyncio.StreamReader,
+                          up_w: asyncio.StreamWriter, c_r: asyncio.StreamReader,
+                          c_w: asyncio.StreamWriter, idle: float) -> bool:
+    """Stream the response(s) to ``req`` (1xx interim ones, then the final one) back to the
+    client; after ``101 Switching Protocols`` carry bytes both ways until both end.
+    Returns whether the connection must close afterwards."""
+    sent = False
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(idle):
+                    raw = await up_r.readuntil(b"\r\n\r\n")
+            except asyncio.LimitOverrunError:
+                raise _BadUpstream("response header too large") from None
+            except asyncio.IncompleteReadError:
+                raise _BadUpstream("connection closed before a response") from None
+            version, status, headers = _parse_response_head(raw)
+            c_w.write(raw)
+            sent = True
+            if status == 101:
+                await c_w.drain()
+                await asyncio.gather(_copy_until_eof(c_r, up_w, idle),
+                                     _copy_until_eof(up_r, c_w, idle))
+                return True
+            if 100 <= status < 200:
+                await c_w.drain()
+                continue
+            break
+        conn = {t.strip().lower() for k, v in headers if k == "connection"
+                for t in v.split(",")}
+        close = "close" in conn or (version == "HTTP/1.0" and "keep-alive" not in conn)
+        te = [t.strip().lower() for k, v in headers if k == "transfer-encoding"
+              for t in v.split(",")]
+        lengths = {v for k, v in headers if k == "content-length"}
+        if req.method == "HEAD" or status in (204, 304):
+            pass
+        elif te:
+            if te[-1] == "chunked":
+                await _copy_chunked(up_r, c_w, idle)
+            else:
+                await _copy_until_eof(up_r, c_w, idle)
+                close = True
+        elif lengths:
+            if len(lengths) > 1 or not all(v.isdigit() and len(v) <= 18 for v in lengths):
+                raise _BadUpstream("bad Content-Length in the response")
+            await _copy_exact(up_r, c_w, int(lengths.pop()), idle)
+        else:
+            await _copy_until_eof(up_r, c_w, idle)
+            close = True
+        await c_w.drain()
+        return close
+    except (_BadUpstream, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+        if not sent:
+            c_w.write(_http_reply(502, "Bad Gateway", f"upstream: {e}"))
+            await c_w.drain()
+        return True
 
 
 async def _shutdown(writer: asyncio.StreamWriter, timeout: float) -> None:

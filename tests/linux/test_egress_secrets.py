@@ -1,0 +1,397 @@
+"""Secrets added at egress by the proxy (corral.providers.linux.host.egress[_tls]).
+
+Every server is started here on 127.0.0.1: an HTTPS origin with its own test CA
+(passed to the proxy as ``upstream_ssl_context``) and a plain HTTP one. Names are
+resolved by the fake resolver of test_egress. The secret value must reach the
+origin, and never the client, a repr, or a denial.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import os
+import shutil
+import ssl
+import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from test_egress import LOOP, NAMES, FakeResolver, http_connect, http_server, run
+
+from corral.core.errors import ConfigInvalidError
+from corral.providers.linux.host.egress import EgressLimits, EgressPolicy, EgressProxy
+
+SECRET = "Bearer s3cr3t-Value-7f1e"
+HOSTS = ("api.example.test", "other.test")
+
+
+@pytest.fixture(scope="module")
+def origin_tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, bytes]:
+    """(server context for HOSTS, the test CA's PEM): the origin's own CA, not the proxy's."""
+    d = tmp_path_factory.mktemp("origin")
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test origin CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False,
+                                       False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOSTS[0])]))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(h) for h in HOSTS]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    ca_pem = ca.public_bytes(serialization.Encoding.PEM)
+    (d / "chain.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM) + ca_pem)
+    (d / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                  serialization.PrivateFormat.PKCS8,
+                                                  serialization.NoEncryption()))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(d / "chain.pem", d / "key.pem")
+    return ctx, ca_pem
+
+
+def client_ctx(ca_pem: bytes) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cadata=ca_pem.decode())
+    return ctx
+
+
+@contextlib.asynccontextmanager
+async def https_origin(server_ctx: ssl.SSLContext | None,
+                       ) -> AsyncIterator[tuple[int, list[tuple[bytes, bytes]]]]:
+    """A keep-alive HTTP/1.1 origin (TLS when ``server_ctx``) recording (head, body) of
+    each request; bodies by Content-Length or chunked; replies ``ok <n>``."""
+    seen: list[tuple[bytes, bytes]] = []
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    head = await r.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                lower = head.lower()
+                body = b""
+                if b"transfer-encoding: chunked" in lower:
+                    while True:
+                        n = int((await r.readuntil(b"\r\n"))[:-2].split(b";")[0], 16)
+                        if n == 0:
+                            await r.readuntil(b"\r\n")
+                            break
+                        body += await r.readexactly(n)
+                        await r.readexactly(2)
+                else:
+                    for line in lower.split(b"\r\n"):
+                        if line.startswith(b"content-length:"):
+                            body = await r.readexactly(int(line.split(b":")[1]))
+                seen.append((head, body))
+                reply = b"ok %d" % len(seen)
+                if head.startswith(b"GET /chunked"):
+                    w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+                else:
+                    w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(reply)
+                            + reply)
+                await w.drain()
+                if b"connection: close" in lower:
+                    return
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            pass
+        finally:
+            w.close()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_ctx)
+    try:
+        yield srv.sockets[0].getsockname()[1], seen
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def secret_proxy(upstream: ssl.SSLContext | None, policy: EgressPolicy | None = None,
+                       ) -> AsyncIterator[tuple[EgressProxy, str]]:
+    d = tempfile.mkdtemp(prefix="egress-", dir="/tmp")
+    path = os.path.join(d, "p.sock")
+    if policy is None:
+        policy = EgressPolicy.allowlist(*HOSTS, LOOP).with_secret(
+            HOSTS[0], {"Authorization": SECRET, "X-Api-Key": "k-123"})
+    p = EgressProxy(policy, resolver=FakeResolver(NAMES), limits=EgressLimits(),
+                    upstream_ssl_context=upstream)
+    await p.start(path)
+    try:
+        yield p, path
+    finally:
+        await p.aclose()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+async def response(r: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    head = await r.readuntil(b"\r\n\r\n")
+    if b"chunked" in head.lower():
+        body = b""
+        while True:
+            line = await r.readuntil(b"\r\n")
+            body += line
+            if line == b"0\r\n":
+                body += await r.readuntil(b"\r\n")
+                return head, body
+            body += await r.readexactly(int(line[:-2], 16) + 2)
+    n = next(int(x.split(b":")[1]) for x in head.lower().split(b"\r\n")
+             if x.startswith(b"content-length:"))
+    return head, await r.readexactly(n)
+
+
+def upstream_ctx(ca_pem: bytes) -> ssl.SSLContext:
+    return ssl.create_default_context(cadata=ca_pem.decode())
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_secret_headers_reach_the_origin_and_never_the_client(
+        origin_tls: tuple[ssl.SSLContext, bytes]) -> None:
+    server_ctx, origin_ca = origin_tls
+
+    async def t() -> None:
+        async with https_origin(server_ctx) as (port, seen), \
+                secret_proxy(upstream_ctx(origin_ca)) as (p, path):
+            ca = p.ca_bundle_pem
+            assert ca is not None and ca.startswith(b"-----BEGIN CERTIFICATE-----")
+            head, r, w = await http_connect(path, f"api.example.test:{port}")
+            assert head.startswith(b"HTTP/1.1 200")
+            await w.start_tls(client_ctx(ca), server_hostname="api.example.test")
+            cert = w.get_extra_info("peercert")
+            assert ("commonName", "api.example.test") in cert["subject"][0]
+            got = b""
+            host = f"Host: api.example.test:{port}\r\n".encode()
+            # 1: a placeholder the client sends is replaced, not doubled
+            w.write(b"GET /one HTTP/1.1\r\n" + host + b"Authorization: placeholder\r\n"
+                    b"x-api-key: also-placeholder\r\n\r\n")
+            h, b = await response(r)
+            got += h + b
+            assert b == b"ok 1"
+            # 2: a Content-Length body on the same connection
+            w.write(b"POST /two HTTP/1.1\r\n" + host + b"Content-Length: 5\r\n\r\nhello")
+            h, b = await response(r)
+            got += h + b
+            # 3: a chunked body, and a chunked response
+            w.write(b"POST /three HTTP/1.1\r\n" + host + b"Transfer-Encoding: chunked\r\n\r\n"
+                    b"4\r\nwiki\r\n5\r\npedia\r\n0\r\n\r\n")
+            h, b = await response(r)
+            got += h + b
+            w.write(b"GET /chunked HTTP/1.1\r\n" + host + b"Connection: close\r\n\r\n")
+            h, b = await response(r)
+            got += h + b
+            assert b == b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+            assert await r.read() == b""
+            w.close()
+            assert [x[1] for x in seen] == [b"", b"hello", b"wikipedia", b""]
+            for rhead, _ in seen:
+                lines = rhead.lower().split(b"\r\n")
+                assert lines.count(b"authorization: " + SECRET.lower().encode()) == 1
+                assert lines.count(b"x-api-key: k-123") == 1
+                assert b"placeholder" not in rhead
+            assert SECRET.encode() not in got and b"k-123" not in got
+            assert p.denials() == ()
+            assert SECRET not in repr(p.policy) and SECRET not in str(p.policy)
+            assert "k-123" not in repr(p.policy)
+    run(t)
+
+
+def test_a_client_that_does_not_trust_the_proxy_ca_fails(
+        origin_tls: tuple[ssl.SSLContext, bytes]) -> None:
+    server_ctx, origin_ca = origin_tls
+
+    async def t() -> None:
+        async with https_origin(server_ctx) as (port, seen), \
+                secret_proxy(upstream_ctx(origin_ca)) as (_p, path):
+            head, _r, w = await http_connect(path, f"api.example.test:{port}")
+            assert head.startswith(b"HTTP/1.1 200")
+            with pytest.raises(ssl.SSLCertVerificationError):
+                await w.start_tls(client_ctx(origin_ca), server_hostname="api.example.test")
+            w.close()
+            assert seen == []
+    run(t)
+
+
+def test_hosts_without_secrets_are_tunnelled_untouched(
+        origin_tls: tuple[ssl.SSLContext, bytes]) -> None:
+    server_ctx, origin_ca = origin_tls
+
+    async def t() -> None:
+        async with https_origin(server_ctx) as (port, seen), \
+                secret_proxy(upstream_ctx(origin_ca)) as (_p, path):
+            head, r, w = await http_connect(path, f"other.test:{port}")
+            assert head.startswith(b"HTTP/1.1 200")
+            await w.start_tls(client_ctx(origin_ca), server_hostname="other.test")
+            issuer = dict(x[0] for x in w.get_extra_info("peercert")["issuer"])
+            assert issuer["commonName"] == "test origin CA"   # the origin's own certificate
+            w.write(f"GET / HTTP/1.1\r\nHost: other.test:{port}\r\nConnection: close\r\n\r\n"
+                    .encode())
+            h, b = await response(r)
+            assert h.startswith(b"HTTP/1.1 200") and b == b"ok 1"
+            w.close()
+            assert b"authorization" not in seen[0][0].lower()
+    run(t)
+
+
+def test_sni_or_host_header_naming_another_host_is_refused(
+        origin_tls: tuple[ssl.SSLContext, bytes]) -> None:
+    server_ctx, origin_ca = origin_tls
+
+    async def t() -> None:
+        async with https_origin(server_ctx) as (port, seen), \
+                secret_proxy(upstream_ctx(origin_ca)) as (p, path):
+            ca = p.ca_bundle_pem
+            assert ca is not None
+            _head, _r, w = await http_connect(path, f"api.example.test:{port}")
+            ctx = client_ctx(ca)
+            ctx.check_hostname = False
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                await w.start_tls(ctx, server_hostname="other.test")
+            w.close()
+            assert [d.kind for d in p.denials()] == ["sni-mismatch"]
+            _head, r, w = await http_connect(path, f"api.example.test:{port}")
+            await w.start_tls(client_ctx(ca), server_hostname="api.example.test")
+            w.write(f"GET / HTTP/1.1\r\nHost: other.test:{port}\r\n\r\n".encode())
+            reply = await r.read()
+            assert reply.startswith(b"HTTP/1.1 403") and b"does not match" in reply
+            w.close()
+            _head, r, w = await http_connect(path, f"api.example.test:{port}")
+            await w.start_tls(client_ctx(ca), server_hostname="api.example.test")
+            w.write(f"TRACE / HTTP/1.1\r\nHost: api.example.test:{port}\r\n\r\n".encode())
+            assert (await r.read()).startswith(b"HTTP/1.1 403")
+            w.close()
+            assert [d.kind for d in p.denials()] == ["sni-mismatch", "not-allowed",
+                                                     "not-allowed"]
+            assert seen == []
+            assert not any(SECRET in d.reason for d in p.denials())
+    run(t)
+
+
+def test_the_origin_certificate_is_verified(origin_tls: tuple[ssl.SSLContext, bytes]) -> None:
+    """Default upstream context: the system CAs, which do not know the test origin's CA."""
+    server_ctx, _ = origin_tls
+
+    async def t() -> None:
+        async with https_origin(server_ctx) as (port, seen), secret_proxy(None) as (p, path):
+            ca = p.ca_bundle_pem
+            assert ca is not None
+            _head, r, w = await http_connect(path, f"api.example.test:{port}")
+            await w.start_tls(client_ctx(ca), server_hostname="api.example.test")
+            w.write(f"GET / HTTP/1.1\r\nHost: api.example.test:{port}\r\n\r\n".encode())
+            reply = await r.read()
+            assert reply.startswith(b"HTTP/1.1 502") and b"not trusted" in reply
+            assert SECRET.encode() not in reply
+            w.close()
+            assert seen == []
+    run(t)
+
+
+def test_socks5_and_plain_http_to_a_secret_host_get_the_headers(
+        origin_tls: tuple[ssl.SSLContext, bytes]) -> None:
+    server_ctx, origin_ca = origin_tls
+
+    async def t() -> None:
+        async with https_origin(server_ctx) as (port, seen), http_server() as (hport, hseen), \
+                secret_proxy(upstream_ctx(origin_ca)) as (p, path):
+            ca = p.ca_bundle_pem
+            assert ca is not None
+            r, w = await asyncio.open_unix_connection(path)
+            name = b"api.example.test"
+            w.write(b"\x05\x01\x00\x05\x01\x00\x03" + bytes([len(name)]) + name
+                    + struct.pack("!H", port))
+            assert (await r.readexactly(12))[:4] == b"\x05\x00\x05\x00"
+            await w.start_tls(client_ctx(ca), server_hostname="api.example.test")
+            w.write(f"GET / HTTP/1.1\r\nHost: api.example.test:{port}\r\n"
+                    f"Connection: close\r\n\r\n".encode())
+            h, b = await response(r)
+            assert b == b"ok 1" and SECRET.encode() not in h
+            w.close()
+            assert f"authorization: {SECRET}".lower().encode() in seen[0][0].lower()
+            # plain HTTP proxy request
+            r, w = await asyncio.open_unix_connection(path)
+            w.write(f"GET http://api.example.test:{hport}/x HTTP/1.1\r\n"
+                    f"Host: api.example.test:{hport}\r\nAuthorization: fake\r\n\r\n".encode())
+            reply = await r.read()
+            w.close()
+            assert reply.startswith(b"HTTP/1.1 200") and SECRET.encode() not in reply
+            assert f"authorization: {SECRET}".encode() in hseen[0][0]
+            assert b"fake" not in hseen[0][0]
+    run(t)
+
+
+def test_secret_policy_values_are_validated_and_hidden() -> None:
+    base = EgressPolicy.allowlist("api.example.test")
+    pol = base.with_secret("api.example.test:443", {"Authorization": SECRET})
+    assert pol.has_secrets and not base.has_secrets
+    assert SECRET not in repr(pol) and SECRET not in str(pol.secrets_for("api.example.test",
+                                                                         443)[0])
+    assert [h.value for h in pol.secrets_for("api.example.test", 443)] == [SECRET]
+    assert pol.secrets_for("api.example.test", 80) == ()
+    assert pol.secrets_for("other.test", 443) == ()
+    wild = base.with_secret("*.example.test", {"a": "1"}).with_secret("api.example.test",
+                                                                      {"A": "2", "b": "3"})
+    assert {(h.name, h.value) for h in wild.secrets_for("api.example.test", 1)} == {
+        ("a", "2"), ("b", "3")}
+    assert wild.allowing("x.test").secrets == wild.secrets
+    for entry, headers in (("10.0.0.0/8", {"a": "b"}), ("a.test", {}),
+                           ("a.test", {"bad name": "v"}), ("a.test", {"Host": "v"}),
+                           ("a.test", {"a": "v\r\nx: y"}), ("a.test", {"a": " v"})):
+        with pytest.raises(ConfigInvalidError) as e:
+            base.with_secret(entry, headers)
+        assert "\r\nx" not in str(e.value)
+
+
+def test_ca_is_p256_short_lived_and_leaves_are_cached() -> None:
+    from corral.providers.linux.host.egress_tls import CA_VALIDITY, EgressCA
+
+    ca = EgressCA()
+    cert = x509.load_pem_x509_certificate(ca.ca_pem)
+    assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey)
+    assert cert.public_key().curve.name == "secp256r1"  # type: ignore[union-attr]
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    life = cert.not_valid_after_utc - cert.not_valid_before_utc
+    assert life <= CA_VALIDITY + datetime.timedelta(hours=1)
+    chain, _key, _end = ca.leaf_pem("api.example.test")
+    leaf = x509.load_pem_x509_certificates(chain)[0]
+    leaf.verify_directly_issued_by(cert)
+    assert ca.server_context("api.example.test") is ca.server_context("api.example.test")
+    assert "PRIVATE" not in repr(ca)
+
+
+def test_without_cryptography_a_secret_policy_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['cryptography'] = None\n"
+        "from corral.providers.linux.host.egress import EgressPolicy, EgressProxy\n"
+        "assert 'cryptography' not in [m.split('.')[0] for m in sys.modules if sys.modules[m]]\n"
+        "EgressProxy(EgressPolicy.allowlist('a.test'))\n"
+        "try:\n"
+        "    EgressProxy(EgressPolicy.allowlist('a.test').with_secret('a.test', {'a': 'v'}))\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    env: dict[str, Any] = {**os.environ}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=60, check=True)
+    assert out.stdout.startswith("ConfigInvalidError") and "corral[secrets]" in out.stdout
