@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -64,7 +65,7 @@ class Server:
     """``python -m corral serve --config FILE --port 0`` as a child process."""
 
     def __init__(self, tmp: Path, config: str, *, env: dict[str, str] | None = None,
-                 reaper: bool = False) -> None:
+                 reaper: bool = False, tls_ca: str | None = None) -> None:
         self.dir = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.config_path = tmp / "serve.toml"
@@ -85,7 +86,10 @@ class Server:
         if reaper:  # the server is the reaper's child: signal it, not the reaper
             self.pid = self._wait_pid(Path(str(self.leftovers_path) + ".pid"))
         self.port = self._wait_listening()
-        self.url = f"http://127.0.0.1:{self.port}"
+        #: with ``tls_ca``: the server speaks HTTPS with a certificate that CA file verifies
+        self.verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=tls_ca) if tls_ca else True)
+        self.url = f"{'https' if tls_ca else 'http'}://127.0.0.1:{self.port}"
         self._wait_ready()
 
     def _wait_pid(self, path: Path, seconds: float = 30.0) -> int:
@@ -124,14 +128,16 @@ class Server:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/v1/health", timeout=5).status_code == 200:
+                if httpx.get(f"{self.url}/v1/health", timeout=5,
+                             verify=self.verify).status_code == 200:
                     return
             time.sleep(0.05)
         raise RuntimeError("corral serve did not become healthy")
 
     def client(self, token: str | None = ALICE, **kw: Any) -> httpx.Client:
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=60, **kw)
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60,
+                            verify=self.verify, **kw)
 
     def stop(self, sig: int = signal.SIGTERM, seconds: float = 60.0) -> int:
         """Signal the server (by its pid) and wait for it to exit; its exit status."""

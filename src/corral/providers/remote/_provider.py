@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final, final
 
@@ -86,7 +87,8 @@ class RemoteProvider(SandboxProvider):
             capabilities all of them share.
         timeout_s: connect timeout, and the bound on calls that do not run code (a run's
             own deadline is its ``timeout_ms``).
-        verify: TLS verification (a CA bundle path, or False for a test server).
+        verify: TLS verification: True (the system's CAs), a CA bundle path, an
+            ``ssl.SSLContext``, or False (a test server; never in production).
 
     Raises:
         ProviderError: the server cannot be reached or refused the token.
@@ -96,7 +98,7 @@ class RemoteProvider(SandboxProvider):
     name = "remote"
 
     def __init__(self, url: str, token: str, *, level: Level | str | None = None,
-                 timeout_s: float = 30.0, verify: bool | str = True) -> None:
+                 timeout_s: float = 30.0, verify: bool | str | ssl.SSLContext = True) -> None:
         httpx = _httpx()
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigInvalidError("url", f"must be an http(s) URL, got {url!r}")
@@ -105,6 +107,8 @@ class RemoteProvider(SandboxProvider):
         self.url = url.rstrip("/")
         self._headers = {"authorization": f"Bearer {token}"}
         self._timeout_s = timeout_s
+        if isinstance(verify, str):
+            verify = ssl.create_default_context(cafile=verify)
         self._verify = verify
         try:
             with httpx.Client(base_url=self.url, headers=self._headers, verify=verify,
