@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import os
 import shutil
@@ -468,6 +469,37 @@ def test_bulk_data_is_delivered_whole_when_the_upstream_closes_at_once() -> None
         finally:
             srv.close()
             await srv.wait_closed()
+    run(t)
+
+
+def test_tunnels_copy_without_splice_when_the_kernel_refuses_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """splice(2) refused (EINVAL, as for a socket type without splice support): the
+    tunnel falls back to recv/send and still carries every byte both ways."""
+    def no_splice(*_a: object, **_k: object) -> int:
+        raise OSError(errno.EINVAL, "splice refused")
+
+    monkeypatch.setattr(os, "splice", no_splice)
+    blob = os.urandom(1 << 20) * 3
+
+    async def t() -> None:
+        async with echo_server() as (port, _), \
+                proxy(EgressPolicy.allowlist("api.example.test", LOOP)) as (_p, path, _r):
+            head, r, w = await http_connect(path, f"api.example.test:{port}")
+            assert head.startswith(b"HTTP/1.1 200")
+
+            async def send() -> None:
+                w.write(blob)
+                await w.drain()
+                w.write_eof()
+
+            sender = asyncio.ensure_future(send())
+            got = b""
+            while chunk := await r.read(1 << 16):
+                got += chunk
+            await sender
+            assert got == blob
+            w.close()
     run(t)
 
 

@@ -13,11 +13,13 @@ import contextlib
 import datetime
 import os
 import shutil
+import socket
 import ssl
 import struct
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -395,3 +397,37 @@ def test_without_cryptography_a_secret_policy_names_the_extra() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, timeout=60, check=True)
     assert out.stdout.startswith("ConfigInvalidError") and "corral[secrets]" in out.stdout
+
+
+def test_a_stock_client_through_a_tcp_listener(origin_tls: tuple[ssl.SSLContext, bytes]) -> None:
+    """urllib, as a program inside a sandbox would use it (HTTPS_PROXY to a TCP listener),
+    trusting the proxy's CA bundle: a 1 MiB POST, then a keep-alive-less GET."""
+    server_ctx, origin_ca = origin_tls
+
+    async def t() -> None:
+        async with https_origin(server_ctx) as (port, seen), \
+                secret_proxy(upstream_ctx(origin_ca)) as (p, _path):
+            lsock = socket.create_server(("127.0.0.1", 0))
+            await p.add_listener(lsock)
+            proxy_url = f"http://127.0.0.1:{lsock.getsockname()[1]}"
+            ca = p.ca_bundle_pem
+            assert ca is not None
+            body = os.urandom(1 << 20)
+
+            def fetch() -> list[bytes]:
+                opener = urllib.request.build_opener(
+                    urllib.request.ProxyHandler({"https": proxy_url}),
+                    urllib.request.HTTPSHandler(context=client_ctx(ca)))
+                out = []
+                with opener.open(f"https://api.example.test:{port}/up", data=body,
+                                 timeout=10) as resp:
+                    out.append(resp.read())
+                with opener.open(f"https://api.example.test:{port}/down", timeout=10) as resp:
+                    out.append(resp.read())
+                return out
+
+            assert await asyncio.to_thread(fetch) == [b"ok 1", b"ok 2"]
+            assert seen[0][1] == body
+            assert all(f"authorization: {SECRET}".lower().encode() in h.lower()
+                       for h, _ in seen)
+    run(t)

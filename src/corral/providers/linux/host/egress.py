@@ -1144,6 +1144,16 @@ class EgressProxy:
                 except BlockingIOError:
                     await self._wait_io(dst, True, last)
                     continue
+                except OSError as e:
+                    if e.errno in (errno.EINVAL, errno.ENOSYS) and moves == 0:
+                        # splice into this socket refused: send what the pipe holds
+                        while in_pipe:
+                            data = os.read(rfd, in_pipe)
+                            in_pipe -= len(data)
+                            await self._send_all(dst, data, last)
+                        await self._copy_plain(src, dst, last)
+                        return
+                    raise
                 in_pipe -= n
                 last[0] = loop.time()
                 moves += 1
