@@ -149,6 +149,7 @@ def test_named_sandbox_lives_across_calls_and_ends_with_the_session() -> None:
     assert cgroup_gone(kept)
 
 
+@pytest.mark.slow
 @STRICT
 def test_an_idle_sandbox_is_destroyed_after_the_timeout() -> None:
     async def main() -> None:
@@ -221,6 +222,7 @@ def test_sigterm_to_a_stdio_server_destroys_its_sandboxes_and_exits() -> None:
     run(main())
 
 
+@pytest.mark.slow
 @STRICT
 def test_a_call_the_client_gives_up_on_is_cancelled_in_the_sandbox() -> None:
     """The client's request timeout cancels the call (``notifications/cancelled``): the
