@@ -127,13 +127,13 @@ def test_network_refusal_names_the_cause() -> None:
     # its egress proxy cannot read, naming the field
     from corral.core.errors import ConfigInvalidError
     from corral.core.spec import Level, NetworkPolicy, SandboxSpec
+    from corral.providers.linux.host.netrelay import check_entries
     from corral.providers.linux.policy.plan import _check_level_and_network
 
     _check_level_and_network(SandboxSpec(level=Level.STRICT,
                                          network=NetworkPolicy.unrestricted()))
-    spec = SandboxSpec(level=Level.STRICT, network=NetworkPolicy.allowlist("a.example:0"))
     with pytest.raises(ConfigInvalidError) as info:
-        _check_level_and_network(spec)
+        check_entries(NetworkPolicy.allowlist("a.example:0"))
     assert info.value.field == "network.hosts"
     assert "a.example:0" in str(info.value)
 

@@ -159,8 +159,10 @@ def test_network_allowlist_and_unrestricted_are_planned(policy: NetworkPolicy) -
 
 
 def test_network_entry_the_proxy_cannot_read_is_config_invalid() -> None:
+    from corral.providers.linux.host.netrelay import check_entries
+    check_entries(NetworkPolicy.allowlist("example.org:443", "10.0.0.0/8"))
     with pytest.raises(ConfigInvalidError) as ei:
-        plan(spec(network=NetworkPolicy.allowlist("example.org:99999")))
+        check_entries(NetworkPolicy.allowlist("example.org:99999"))
     assert ei.value.field == "network.hosts"
 
 

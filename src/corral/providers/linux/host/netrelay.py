@@ -38,9 +38,10 @@ from typing import Final, final
 from corral.core.errors import ConfigInvalidError, ProviderError
 from corral.core.result import NetworkDenial
 from corral.core.spec import NetworkPolicy
-from corral.providers.linux.host.egress import EgressPolicy, EgressProxy, Resolver
+from corral.providers.linux.host.egress import EgressPolicy, EgressProxy, Resolver, parse_entry
 
-__all__ = ["PROXY_HOST", "PROXY_PORT", "SandboxNetwork", "check_agent_socket", "proxy_env"]
+__all__ = ["PROXY_HOST", "PROXY_PORT", "SandboxNetwork", "check_agent_socket", "check_entries",
+           "proxy_env"]
 
 #: where the egress proxy listens inside every sandbox with network allowlist/unrestricted
 PROXY_HOST: Final = "127.0.0.1"
@@ -53,6 +54,13 @@ _CHUNK: Final = 256 * 1024
 
 #: asks the sandbox's agent for one fresh unbound TCP socket of its namespace (its fd)
 NewSocket = Callable[[], Awaitable[int]]
+
+
+def check_entries(policy: NetworkPolicy) -> None:
+    """Raise ConfigInvalidError (``network.hosts``) for an entry of ``policy`` the egress
+    proxy cannot read (hosts and secret-header keys)."""
+    for entry in (*policy.hosts, *policy.secret_headers):
+        parse_entry(entry)
 
 
 def proxy_env(ca_bundle: str | None = None) -> dict[str, str]:

@@ -24,6 +24,7 @@ from corral.providers.linux.host.channel import Zygote
 from corral.providers.linux.host.cpuwatch import CpuWatch
 from corral.providers.linux.host.egress import Resolver
 from corral.providers.linux.host.launch import launch, race
+from corral.providers.linux.host.netrelay import check_entries
 from corral.providers.linux.host.sandbox import LinuxSandbox
 from corral.providers.linux.host.spares import Launched, Reaper, kill_launched, shape_key
 from corral.providers.linux.init import mounts
@@ -236,6 +237,7 @@ class LinuxProvider(SandboxProvider):
         ``image`` is ``spec.image`` unpacked; when not given it is unpacked here
         (blocking; ``create`` does it in a worker thread).
         """
+        check_entries(spec.network)
         if spec.image is not None and image is None:
             check_spec(spec)
             image = self._unpack(spec.image)
@@ -271,6 +273,7 @@ class LinuxProvider(SandboxProvider):
                 hit = self._plans[ckey] = self.plan(spec)
             return hit
         check_spec(spec)  # cheap refusals before any unpacking
+        check_entries(spec.network)
         image = await asyncio.to_thread(self._unpack, spec.image)
         return self.plan(spec, image=image)
 

@@ -286,13 +286,9 @@ def _check_level_and_network(spec: SandboxSpec) -> None:
             str(spec.level), ("strict",),
             "the linux provider gives only the strict level; use the subproc or inprocess "
             "provider for weaker levels")
-    if spec.network.kind != "none":
-        # allowlist / unrestricted: the sandbox keeps its loopback-only namespace and
-        # reaches out only through the host's egress proxy (host/netrelay.py); each
-        # entry must parse as the proxy reads it (ConfigInvalidError otherwise)
-        from corral.providers.linux.host.egress import parse_entry
-        for entry in (*spec.network.hosts, *spec.network.secret_headers):
-            parse_entry(entry)
+    # network allowlist / unrestricted: the sandbox keeps its loopback-only namespace and
+    # reaches out only through the host's egress proxy (host/netrelay.py); the provider
+    # checks the entries as the proxy reads them (netrelay.check_entries)
     if spec.image is not None and spec.mode not in _IMAGE_MODES:
         raise ConfigInvalidError(
             "image", "the linux provider runs an image only as a handler's root filesystem "
