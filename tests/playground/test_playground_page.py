@@ -154,6 +154,8 @@ def test_type_run_and_see_the_transcript_in_chromium() -> None:
             # the token came in the fragment and left the address bar
             assert page.eval("location.hash") == ""
             assert page.eval("document.getElementById('token').value") == TOKEN
+            # GET /v1/info: whose token, and the levels the server offers
+            page.wait_for("document.getElementById('who').textContent === 'tenant web'")
 
             # typed as a person types it: Enter keeps the indentation (and adds a level
             # after a colon), Shift+Tab takes one away, Tab inserts four spaces
@@ -222,6 +224,8 @@ def test_type_run_and_see_the_transcript_in_chromium() -> None:
             page.eval("document.getElementById('token').value = 'not-the-token'")
             assert run_and_wait(page) == "error"
             assert text_of(page, "status") == "error: unauthorized"
+            page.eval("document.getElementById('token').dispatchEvent(new Event('change'))")
+            page.wait_for("document.getElementById('who').textContent === 'token refused'")
             page.screenshot(str(out / "playground-unauthorized.png"))
         finally:
             page.close()

@@ -59,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
 
     def announce(url: str) -> None:
         print(f"corral mcp: serving streamable HTTP at {url}", file=sys.stderr, flush=True)
+        if args.host not in ("127.0.0.1", "::1", "localhost"):
+            print("corral mcp: warning: not on loopback, and MCP over HTTP here has no "
+                  "authentication: whoever reaches this address runs code in your sandboxes "
+                  "(use corral serve, with tenants, to serve others)", file=sys.stderr,
+                  flush=True)
 
     server.serve_http(config, host=args.host, port=args.port, path=args.path,
                       announce=announce)

@@ -209,6 +209,24 @@ function onKey(ev) {
   }
 }
 
+// The levels this server offers and whose token this is (GET /v1/info), when a token
+// is set; a level it does not offer is disabled in the list.
+async function loadInfo() {
+  const token = $("token").value.trim();
+  $("who").textContent = "";
+  if (!token) return;
+  try {
+    const resp = await fetch("/v1/info", { headers: { authorization: "Bearer " + token } });
+    if (!resp.ok) { $("who").textContent = "token refused"; $("who").className = "bad"; return; }
+    const info = await resp.json();
+    $("who").textContent = "tenant " + info.tenant;
+    $("who").className = "muted";
+    for (const opt of $("level").options) {
+      if (opt.value) opt.disabled = !(info.levels || []).includes(opt.value);
+    }
+  } catch (_) { /* the page still works: runs report their own errors */ }
+}
+
 function init() {
   const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
   if (fromHash) {
@@ -220,7 +238,9 @@ function init() {
   $("editor").addEventListener("keydown", onKey);
   $("run").addEventListener("click", run);
   $("stop").addEventListener("click", () => controller && controller.abort());
+  $("token").addEventListener("change", loadInfo);
   setState("ready", "ready");
+  loadInfo();
 }
 
 document.addEventListener("DOMContentLoaded", init);
