@@ -481,9 +481,14 @@ class _Api:
             try:
                 while (item := await proc.output.get()) is not None:
                     yield _output_event(*item)
-                proc.output.put_nowait(None)  # a later reader sees the end too
-                r = await proc.handle.wait()
-                yield {"event": "exit", "result": wire.result_to_json(r)}
+                with contextlib.suppress(asyncio.QueueFull):
+                    proc.output.put_nowait(None)  # a later reader sees the end too
+                try:
+                    r = await proc.handle.wait()
+                except CorralError as e:  # its sandbox was destroyed under it
+                    yield {"event": "exit", "result": None, "error": wire.error_to_json(e)}
+                else:
+                    yield {"event": "exit", "result": wire.result_to_json(r)}
             finally:
                 proc.reading = False
 

@@ -70,11 +70,19 @@ class ProcessEntry:
                       asyncio.ensure_future(pump(2, self.handle.stderr))]
 
     async def close(self) -> None:
+        """Kill the process, stop the pumps and end the output queue (a reader still
+        streaming sees the end at once; output not yet read is dropped)."""
         with contextlib.suppress(Exception):
             await self.handle.kill()
         for t in self.pumps:
             t.cancel()
         await asyncio.gather(*self.pumps, return_exceptions=True)
+        while True:
+            try:
+                self.output.put_nowait(None)
+                return
+            except asyncio.QueueFull:
+                self.output.get_nowait()
 
 
 @dataclass(eq=False, slots=True)

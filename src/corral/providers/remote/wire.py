@@ -27,7 +27,7 @@ from corral.core.errors import (
     UnhandledWorkerError,
     error_from_code,
 )
-from corral.core.result import Outcome, RunResult
+from corral.core.result import NetworkDenial, Outcome, RunResult
 from corral.core.spec import (
     ExecOpts,
     NetworkPolicy,
@@ -253,7 +253,10 @@ def result_from_json(doc: object) -> RunResult:
         detail=str(d.get("detail") or ""), spawn_errno=d.get("spawn_errno"),
         cwd=str(d.get("cwd") or ""), cwd_owned=bool(d.get("cwd_owned")),
         node_heap_mb_applied=bool(d.get("node_heap_mb_applied")),
-        strays_killed=int(d.get("strays_killed") or 0))
+        strays_killed=int(d.get("strays_killed") or 0),
+        denials=tuple(NetworkDenial(host=str(x.get("host", "")), port=int(x.get("port") or 0),
+                                    kind=str(x.get("kind", "")), reason=str(x.get("reason", "")))
+                      for x in d.get("denials") or ()))
 
 
 def error_to_json(err: CorralError) -> dict[str, Any]:
