@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import ssl
 import stat
 from collections.abc import Awaitable, Callable
 from typing import Final, final
@@ -123,10 +124,12 @@ class SandboxNetwork:
     """
 
     def __init__(self, policy: NetworkPolicy, new_socket: NewSocket, *,
-                 resolver: Resolver | None = None) -> None:
+                 resolver: Resolver | None = None,
+                 upstream_ssl_context: ssl.SSLContext | None = None) -> None:
         self.policy = policy
         self._new_socket = new_socket
         self._resolver = resolver
+        self._upstream_ssl = upstream_ssl_context
         self.proxy: EgressProxy | None = None
         #: port inside -> (host listener, its open connections)
         self._exposed: dict[int, tuple[asyncio.Server, set[asyncio.Task[None]]]] = {}
@@ -140,14 +143,8 @@ class SandboxNetwork:
             out = EgressPolicy.allowlist(*policy.hosts)
         else:
             out = EgressPolicy.unrestricted(*policy.hosts)
-        if policy.secret_headers:
-            with_secret = getattr(out, "with_secret", None)
-            if with_secret is None:
-                raise ConfigInvalidError(
-                    "network.secret_headers",
-                    "this build's egress proxy cannot add headers at egress")
-            for entry, headers in policy.secret_headers.items():
-                out = with_secret(entry, dict(headers))
+        for entry, headers in policy.secret_headers.items():
+            out = out.with_secret(entry, dict(headers))
         return out
 
     async def start(self) -> None:
@@ -155,7 +152,8 @@ class SandboxNetwork:
         ``none``); nothing to do for ``none``."""
         if self.policy.kind == "none":
             return
-        proxy = EgressProxy(self.egress_policy(self.policy), resolver=self._resolver)
+        proxy = EgressProxy(self.egress_policy(self.policy), resolver=self._resolver,
+                            upstream_ssl_context=self._upstream_ssl)
         try:
             sock = check_agent_socket(await self._new_socket())
             try:
@@ -169,7 +167,8 @@ class SandboxNetwork:
             await proxy.aclose()
             raise
         self.proxy = proxy
-        self.ca_bundle_pem = getattr(proxy, "ca_bundle_pem", None)
+        #: the proxy's per-sandbox CA (PEM), when the policy has secret headers
+        self.ca_bundle_pem = proxy.ca_bundle_pem
 
     # -- the policy at run time ---------------------------------------------------------
     def _need_proxy(self) -> EgressProxy:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import ssl
 from collections.abc import Sequence
 from typing import Any, final
 
@@ -115,6 +116,10 @@ class LinuxProvider(SandboxProvider):
             proxy of a sandbox with network ``allowlist``/``unrestricted`` resolves
             names on the host (default: the host's resolver, ``getaddrinfo``); tests
             map names to their loopback servers. See docs/network.md.
+        egress_upstream_ssl_context: how the egress proxy verifies the upstream of a
+            host whose requests get secret headers (it terminates the sandbox's TLS
+            and opens its own); default: the host's CAs, hostname checked. Tests
+            pass one trusting their own CA.
 
     Network: ``none`` (loopback only), ``allowlist`` and ``unrestricted``; the latter
     two reach out only through the sandbox's egress proxy on the host (see
@@ -137,7 +142,8 @@ class LinuxProvider(SandboxProvider):
                  stderr_cap: int = DEFAULT_MAX_STDERR_BYTES, spares: int = 1,
                  image_cache_dir: str | None = None, ro_binds: Sequence[str] = (),
                  binds: Sequence[Bind] = (),
-                 egress_resolver: Resolver | None = None) -> None:
+                 egress_resolver: Resolver | None = None,
+                 egress_upstream_ssl_context: ssl.SSLContext | None = None) -> None:
         from corral.providers.linux.host.cgroups import CgroupManager
         if isinstance(spares, bool) or not isinstance(spares, int) or not 0 <= spares <= 8:
             raise ConfigInvalidError("spares", f"must be an integer 0..8, got {spares!r}")
@@ -164,6 +170,7 @@ class LinuxProvider(SandboxProvider):
                 "snapshot", "restore", "network-allowlist", "network-unrestricted",
                 "preview-url"}
         self._egress_resolver = egress_resolver
+        self._egress_upstream_ssl = egress_upstream_ssl_context
         if self._cgroups.support.has("freezer"):
             caps.add("pause")
         self.capabilities = frozenset(caps)

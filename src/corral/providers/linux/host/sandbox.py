@@ -110,7 +110,8 @@ class LinuxSandbox(Sandbox):
         #: the egress proxy (network allowlist/unrestricted) and preview URLs; started
         #: by the provider's create before the sandbox is handed out
         self.network = SandboxNetwork(spec.network, self._agent_socket,
-                                      resolver=provider._egress_resolver)
+                                      resolver=provider._egress_resolver,
+                                      upstream_ssl_context=provider._egress_upstream_ssl)
         #: what every command's env gets for the network (the proxy's variables)
         self._net_env: dict[str, str] = {}
         channel.set_event_handler(self._on_event)
