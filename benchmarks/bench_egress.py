@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     px.start()
     tcp_port = px_ready.recv()
     try:
-        run(args, port, tls_port, path, tcp_port)
+        run(args, port, tls_port, path, tcp_port, px.pid)
     finally:
         px_ready.send("stop")
         px_ready.close()
@@ -273,7 +273,18 @@ def main(argv: list[str] | None = None) -> None:
         os.rmdir(d)
 
 
-def run(args: argparse.Namespace, port: int, tls_port: int, path: str, tcp_port: int) -> None:
+def _cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` (None: this process) so far."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(args: argparse.Namespace, port: int, tls_port: int, path: str, tcp_port: int,
+        proxy_pid: int | None) -> None:
     size = args.mib << 20
     buf = memoryview(bytearray(BUF))
     bulk_variants: list[tuple[str, Opener]] = [
@@ -290,11 +301,15 @@ def run(args: argparse.Namespace, port: int, tls_port: int, path: str, tcp_port:
     bulk(bulk_variants[1][1], 16 << 20, buf)
     rates: dict[str, list[float]] = {k: [] for k, _ in bulk_variants}
     setups: dict[str, list[float]] = {k: [] for k, _ in setup_variants}
+    proxy_cpu: list[float] = []
     load0 = os.getloadavg()[0]
     for r in range(args.runs):
         order = bulk_variants if r % 2 == 0 else bulk_variants[::-1]
         for k, o in order:
+            before = _cpu_s(proxy_pid)
             rates[k].append(size / bulk(o, size, buf) / 1e6)
+            if k != "direct":
+                proxy_cpu.append(_cpu_s(proxy_pid) - before)
         sorder = setup_variants if r % 2 == 0 else setup_variants[::-1]
         for k, o in sorder:
             setups[k].append(statistics.median(setup(o) for _ in range(args.setups)))
@@ -309,6 +324,9 @@ def run(args: argparse.Namespace, port: int, tls_port: int, path: str, tcp_port:
         goal = "" if k == "direct" else ("met" if ratio >= 0.90 else "NOT met") + " (>= 0.90)"
         print(f"{k:<30} {statistics.median(rates[k]):9.0f} {min(rates[k]):7.0f} "
               f"{max(rates[k]):7.0f} {ratio:6.2f}  {goal}")
+    gib = size / (1 << 30)
+    print(f"the proxy's CPU (user + system) per GiB carried: "
+          f"{statistics.median(proxy_cpu) / gib:.2f} s (median of {len(proxy_cpu)} runs)")
     print()
     print(f"{'connection setup':<30} {'ms med':>9} {'+ms':>7}  goal")
     for k, _ in setup_variants:

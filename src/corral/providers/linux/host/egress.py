@@ -90,6 +90,8 @@ _CHUNK: Final = 64 * 1024
 _TLS_PORTS: Final = frozenset({443})
 #: the pipe between two spliced sockets (the system's default maximum for unprivileged)
 _PIPE_SIZE: Final = 1 << 20
+#: the send buffer of a unix-socket client of a tunnel (the kernel doubles it)
+_UNIX_SNDBUF: Final = 1 << 20
 _F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _SPLICE_FLAGS: Final = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 
@@ -1014,6 +1016,11 @@ class EgressProxy:
         csock: socket.socket | None = None
         try:
             csock, buffered = await _detach(reader, writer)
+            if csock.family == socket.AF_UNIX:
+                # a unix socket's send buffer (208 KiB by default) bounds what is in flight
+                # to the client; TCP sockets tune theirs (up to tcp_wmem's maximum)
+                with contextlib.suppress(OSError):
+                    csock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _UNIX_SNDBUF)
             await self._pump(target, csock, usock, first + buffered, sniff=not first)
         finally:
             usock.close()
