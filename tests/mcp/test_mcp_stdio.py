@@ -244,3 +244,37 @@ def test_a_call_the_client_gives_up_on_is_cancelled_in_the_sandbox() -> None:
                 await asyncio.sleep(0.05)
             assert "sleep" not in doc(r)["stdout"], doc(r)["stdout"]
     run(main())
+
+
+@STRICT
+def test_output_arrives_as_progress_while_the_command_runs() -> None:
+    """With a progress callback (a progress token), each chunk of output comes as a
+    progress notification before the command ends; the result still has all of it."""
+    import json
+    import time
+
+    async def main() -> None:
+        async with Client(stdio_params()) as c:
+            script = "echo one; sleep 0.6; echo two >&2; sleep 0.2; echo three"
+            for tool, extra in (("run_command", {}), ("sandbox_exec", {"name": "s"})):
+                if tool == "sandbox_exec":
+                    await c.call_tool("sandbox_create", {"name": "s"})
+                seen: list[tuple[float, float, dict[str, str]]] = []
+
+                async def progress(done: float, total: float | None, message: str | None,
+                                   seen: list[tuple[float, float, dict[str, str]]] = seen
+                                   ) -> None:
+                    assert message is not None
+                    seen.append((time.monotonic(), done, json.loads(message)))
+
+                r = await c.call_tool(tool, {"argv": ["/bin/sh", "-c", script], **extra},
+                                      progress_callback=progress)
+                ended = time.monotonic()
+                d = doc(r)
+                assert (d["stdout"], d["stderr"]) == ("one\nthree\n", "two\n")
+                assert [m for _, _, m in seen] == [
+                    {"stream": "stdout", "text": "one\n"}, {"stream": "stderr", "text": "two\n"},
+                    {"stream": "stdout", "text": "three\n"}], tool
+                assert [n for _, n, _ in seen] == [4, 8, 14]
+                assert ended - seen[0][0] > 0.5, f"{tool}: the first line came at the end"
+    run(main())

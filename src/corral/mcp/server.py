@@ -36,10 +36,17 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Annotated, Any
 
-from corral.core.contract import SandboxProvider
+from corral.core.contract import Sandbox, SandboxProvider, SupportsStreamingExec
 from corral.core.errors import ConfigInvalidError, CorralError
 from corral.core.result import RunResult
-from corral.core.spec import ExecOpts, Level, NetworkPolicy, SandboxLimits, SandboxSpec
+from corral.core.spec import (
+    Capability,
+    ExecOpts,
+    Level,
+    NetworkPolicy,
+    SandboxLimits,
+    SandboxSpec,
+)
 from corral.mcp.config import McpConfig, level_at_least
 from corral.mcp.registry import SandboxRegistry
 
@@ -97,6 +104,13 @@ class Backend:
                 from corral.providers import provider
                 made = self._providers[level] = provider(level=level)
             return made
+
+    def streams(self, sandbox: Sandbox) -> bool:
+        """Whether ``sandbox`` streams its output (its provider advertises
+        ``streaming-exec`` and the sandbox has ``exec_streaming``)."""
+        made = self._providers.get(sandbox.spec.level)
+        return (made is not None and Capability.STREAMING_EXEC.value in made.capabilities
+                and isinstance(sandbox, SupportsStreamingExec))
 
     async def snippet_pool(self) -> Any:
         provider = await self.provider(self.config.level)
@@ -195,6 +209,54 @@ def _decode(content: str, encoding: str) -> bytes:
     raise ConfigInvalidError("encoding", "'utf-8' or 'base64'")
 
 
+class _LiveOutput:
+    """A command's output while it runs, as MCP progress notifications: each chunk is one
+    notification whose ``progress`` is the bytes seen so far and whose ``message`` is
+    ``{"stream": "stdout"|"stderr", "text": ...}`` as JSON, in order. Sent only to a
+    client that asked for progress (a ``progressToken``); the final result carries all
+    the output anyway."""
+
+    def __init__(self, ctx: Context) -> None:
+        import codecs
+        self._ctx = ctx
+        self._queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        self._decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in (1, 2)}
+        self._seen = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def on_output(self, fd: int, chunk: bytes) -> None:
+        """The provider's ``on_output(fd, chunk)`` (called on the loop)."""
+        if chunk and fd in self._decoders:
+            self._queue.put_nowait((fd, chunk))
+
+    async def _pump(self) -> None:
+        while True:
+            fd, chunk = await self._queue.get()
+            if fd == 0:
+                return
+            self._seen += len(chunk)
+            text = self._decoders[fd].decode(chunk)
+            if text:
+                message = json.dumps({"stream": "stdout" if fd == 1 else "stderr",
+                                      "text": text}, ensure_ascii=False)
+                with contextlib.suppress(Exception):  # progress is advisory
+                    await self._ctx.report_progress(self._seen, None, message)
+
+    async def __aenter__(self) -> _LiveOutput:
+        self._task = asyncio.ensure_future(self._pump())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        if exc[0] is None:  # sent what was queued before the result goes out
+            self._queue.put_nowait((0, b""))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._task), 5)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
 # -- the server -----------------------------------------------------------------------
 FileItem = dict[str, str]
 
@@ -240,6 +302,7 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
         return await _guard(call)
 
     async def run_command(
+        ctx: Context,
         argv: Annotated[list[str], Field(description="the command: argv[0] an absolute path")],
         level: Annotated[str | None, Field(
             description="strict or context-isolated (default: the server's level)")] = None,
@@ -250,22 +313,32 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
                        ] = None,
     ) -> CallToolResult:
         """Run one bounded command in a fresh sandbox at a level and return how it ended:
-        outcome, exit_code, stdout, stderr, duration and usage."""
+        outcome, exit_code, stdout, stderr, duration and usage. With a progress token,
+        its output also arrives as progress notifications while it runs."""
         async def call() -> CallToolResult:
             lv = level_at_least(level, cfg.level)
             args, timeout = _argv(argv), _timeout(cfg, timeout_ms)
             cap = cfg.max_output_bytes
-            if lv == Level.STRICT:
-                from corral.run.strict import run_strict_async
-                result = await run_strict_async(
-                    args[0], args[1:], timeout_ms=timeout, env=env, stdin=stdin,
-                    max_stdout_bytes=cap, max_stderr_bytes=cap,
-                    provider=await backend.provider(lv), tenant_id=TENANT)
-            else:
-                from corral.run.bounded import run_bounded_async
-                result = await run_bounded_async(
-                    args[0], args[1:], timeout_ms=timeout, env=env, stdin=stdin,
-                    max_stdout_bytes=cap, max_stderr_bytes=cap)
+            async with _LiveOutput(ctx) as live:
+                def out(chunk: bytes) -> None:
+                    live.on_output(1, chunk)
+
+                def err(chunk: bytes) -> None:
+                    live.on_output(2, chunk)
+
+                if lv == Level.STRICT:
+                    from corral.run.strict import run_strict_async
+                    result = await run_strict_async(
+                        args[0], args[1:], timeout_ms=timeout, env=env, stdin=stdin,
+                        max_stdout_bytes=cap, max_stderr_bytes=cap, on_stdout=out,
+                        on_stderr=err, provider=await backend.provider(lv),
+                        tenant_id=TENANT)
+                else:
+                    from corral.run.bounded import run_bounded_async
+                    result = await run_bounded_async(
+                        args[0], args[1:], timeout_ms=timeout, env=env, stdin=stdin,
+                        max_stdout_bytes=cap, max_stderr_bytes=cap, on_stdout=out,
+                        on_stderr=err)
             return _run_doc(result)
         return await _guard(call)
 
@@ -311,16 +384,22 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
         env: Annotated[dict[str, str] | None, Field(description="environment (allowlist)")
                        ] = None,
     ) -> CallToolResult:
-        """Run a command to completion in a named sandbox; its files persist between calls."""
+        """Run a command to completion in a named sandbox; its files persist between calls.
+        With a progress token, its output also arrives as progress notifications."""
         async def call() -> CallToolResult:
             args, timeout = _argv(argv), _timeout(cfg, timeout_ms)
             opts = ExecOpts(timeout_ms=timeout, env=env, cwd=cwd,
                             stdin=None if stdin is None else stdin.encode(),
                             max_stdout_bytes=cfg.max_output_bytes,
                             max_stderr_bytes=cfg.max_output_bytes)
-            async with backend.registry.use(scope_of(ctx.headers), name) as sb:
+            async with backend.registry.use(scope_of(ctx.headers), name) as sb, \
+                    _LiveOutput(ctx) as live:
                 try:
-                    result = await sb.exec(args, opts)
+                    if backend.streams(sb):
+                        assert isinstance(sb, SupportsStreamingExec)
+                        result = await sb.exec_streaming(args, opts, on_output=live.on_output)
+                    else:
+                        result = await sb.exec(args, opts)
                 except CorralError as err:
                     if err.result is None:
                         raise
