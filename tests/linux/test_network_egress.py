@@ -126,9 +126,12 @@ def test_refusals_are_listed_as_the_runs_denials(linux: Any) -> None:
                 r = await sb.exec([PY, "-c", SOCKS, "other.test", str(srv.port)])
                 assert r.stdout_text.split()[:1] == ["2"], r.stdout_text  # ruleset
                 assert [d.host for d in r.denials] == ["other.test"]
+                # a started process's result lists its own too
+                proc = await sb.start_process([PY, "-c", FETCH, f"http://other.test:{srv.port}/"])
+                assert [d.host for d in (await proc.wait()).denials] == ["other.test"]
                 # a run that asks nothing lists nothing; the sandbox keeps them all
                 assert (await sb.exec(["true"])).denials == ()
-                assert len(sb.network_denials()) == 4
+                assert len(sb.network_denials()) == 5
                 assert r.to_dict()["denials"][0]["kind"] == "not-allowed"
             assert srv.connections == 0
 

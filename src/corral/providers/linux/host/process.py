@@ -15,7 +15,7 @@ from typing import final
 
 from corral.core.contract import ProcessHandle, ProcessStdin
 from corral.core.errors import ProviderError
-from corral.core.result import Outcome, RunResult
+from corral.core.result import NetworkDenial, Outcome, RunResult
 from corral.core.spec import ResourceUsage
 
 __all__ = ["ExitInfo", "LinuxProcess", "PipeReader", "Run", "StdinPipe"]
@@ -145,8 +145,13 @@ class LinuxProcess(ProcessHandle):
 
     def __init__(self, run: Run, stdin: StdinPipe, out_fd: int, err_fd: int,
                  kill: Callable[[Run, str], Awaitable[None]], started: float,
-                 timeout_ms: int | None) -> None:
+                 timeout_ms: int | None,
+                 denials: Callable[[], tuple[NetworkDenial, ...]] | None = None) -> None:
+        """``denials``: the network refusals since the start (read when it exits: the
+        result's ``denials``)."""
         self._run = run
+        self._denials = denials
+        self._seen_denials: tuple[NetworkDenial, ...] = ()
         self._kill = kill
         self._started = started
         self.stdin = stdin
@@ -169,6 +174,8 @@ class LinuxProcess(ProcessHandle):
             self._killer = asyncio.ensure_future(self._kill(self._run, "timeout"))
 
     def _on_exit(self, _f: object) -> None:
+        if self._denials is not None:
+            self._seen_denials = self._denials()
         if self._timer is not None:
             self._timer.cancel()
         loop = asyncio.get_running_loop()
@@ -185,7 +192,7 @@ class LinuxProcess(ProcessHandle):
         wall = int((asyncio.get_running_loop().time() - self._started) * 1000)
         outcome = Outcome.TIMEOUT if self._run.killed_for == "timeout" else Outcome.EXIT
         return RunResult(outcome=outcome, exit_code=info.code, usage=usage_of(info, wall),
-                         duration_ms=float(wall))
+                         duration_ms=float(wall), denials=self._seen_denials)
 
     async def kill(self) -> None:
         if not self._run.exit.done():

@@ -520,6 +520,7 @@ class LinuxSandbox(Sandbox):
                        entry: str | None) -> LinuxProcess:
         """A started command (``entry``: a fork of the agent calling it) as a handle."""
         started = asyncio.get_running_loop().time()
+        mark = self.network.denial_mark()
         run, in_w, out_r, err_r, spawn_err = await self._start(argv, opts.env, opts.cwd,
                                                                entry=entry)
         if run is None:
@@ -530,7 +531,8 @@ class LinuxSandbox(Sandbox):
         stdin = StdinPipe(in_w)
         if not opts.stdin:
             stdin.close_now()
-        return LinuxProcess(run, stdin, out_r, err_r, self._kill_run, started, opts.timeout_ms)
+        return LinuxProcess(run, stdin, out_r, err_r, self._kill_run, started, opts.timeout_ms,
+                            denials=lambda: self.network.denials_since(mark))
 
     @property
     def alive(self) -> bool:
