@@ -72,7 +72,8 @@ class Channel:
                  on_violation: Callable[[str], None] | None = None,
                  accept_fds: bool = False) -> None:
         """``accept_fds``: whether the far end may send descriptors at all (the fork
-        server's create replies do; a sandbox agent never does)."""
+        server's create replies do, and a sandbox agent's ``socket`` replies; each
+        frame may carry only what the request it answers allows)."""
         self.what = what
         self._sock = sock
         sock.setblocking(False)
