@@ -179,24 +179,34 @@ class NodeHost:
         """Destroy every sandbox of ``owner`` and forget its lease (its provider closed)."""
         self._leases.pop(owner, None)
         for sid in [s for s, b in self._boxes.items() if b.owner == owner]:
-            await self._destroy(sid)
+            await self._destroy(sid, orphaned=True)
         return ok(None)
 
     async def _reap_loop(self) -> None:
         while True:
-            await asyncio.sleep(0.25)
-            now = time.monotonic()
-            for owner in [o for o, t in self._leases.items() if t < now]:
-                del self._leases[owner]
-                for sid in [s for s, b in self._boxes.items() if b.owner == owner]:
-                    self.reaped += 1
-                    try:
-                        await self._destroy(sid)
-                    except Exception:  # keep reaping the others
-                        pass
-            for pid in [p for p, r in self._procs.items()
-                        if r.ended_at and now - r.ended_at > _UNPOLLED_S]:
-                del self._procs[pid]
+            try:
+                await self._reap_once()
+            except Exception:  # never let one failure stop the reaping
+                pass
+
+    async def _reap_once(self) -> None:
+        """Destroy the sandboxes of every expired lease; drop stale process records."""
+        await asyncio.sleep(0.25)
+        now = time.monotonic()
+        owners = {b.owner for b in self._boxes.values()}
+        for owner in owners - set(self._leases):  # a sandbox never outlives a lease
+            self._leases[owner] = now
+        for owner in [o for o, t in self._leases.items() if t < now]:
+            del self._leases[owner]
+            for sid in [s for s, b in self._boxes.items() if b.owner == owner]:
+                self.reaped += 1
+                try:
+                    await asyncio.wait_for(self._destroy(sid, orphaned=True), 20.0)
+                except Exception:  # keep reaping the others
+                    pass
+        for pid in [p for p, r in self._procs.items()
+                    if r.ended_at and now - r.ended_at > _UNPOLLED_S]:
+            del self._procs[pid]
 
     # -- sandboxes -----------------------------------------------------------------------
     async def create(self, owner: str, lease_s: float, spec: SandboxSpec) -> Reply:
@@ -218,11 +228,20 @@ class NodeHost:
                                 "reaped when its owner's lease expired)")
         return box
 
-    async def _destroy(self, sid: str) -> None:
+    async def _destroy(self, sid: str, *, orphaned: bool = False) -> None:
+        """Destroy a sandbox. Its process records stay for their owner's last poll, or go
+        with it when the owner is gone (``orphaned``: nobody will poll them)."""
         box = self._boxes.pop(sid, None)
         if box is None:
             return
-        await box.sb.destroy()
+        try:
+            await box.sb.destroy()
+        finally:
+            if orphaned:
+                for pid in box.procs:
+                    rec = self._procs.pop(pid, None)
+                    for t in rec.tasks if rec is not None else ():
+                        t.cancel()
 
     async def destroy(self, sid: str) -> Reply:
         try:
