@@ -170,3 +170,22 @@ def test_without_the_sdk_corral_mcp_names_the_extra() -> None:
                          stdin=subprocess.DEVNULL)
     assert out.returncode == 64, out.stderr
     assert "config-invalid" in out.stderr and "pip install corral[mcp]" in out.stderr
+
+
+def test_playground_links_carry_the_source_in_the_fragment() -> None:
+    import base64
+
+    from corral.mcp.server import MAX_LINK_CHARS, playground_link
+    page = "http://127.0.0.1:8580/playground/"
+    source = "print('héllo ✓')\nx = 1 + 1  # ünïcode, + and /?&\n"
+    link = playground_link(page, source)
+    assert link is not None and link.startswith(page + "#source=")
+    encoded = link.split("#source=", 1)[1]
+    assert "=" not in encoded and "+" not in encoded and "/" not in encoded
+    padded = encoded + "=" * (-len(encoded) % 4)
+    assert base64.urlsafe_b64decode(padded).decode() == source
+    assert playground_link(None, source) is None and playground_link(page, None) is None
+    assert playground_link(page, "x" * MAX_LINK_CHARS) is None
+    for bad in ("ftp://x/", "http://x/#frag", "playground"):
+        with pytest.raises(ConfigInvalidError):
+            McpConfig(playground_url=bad)

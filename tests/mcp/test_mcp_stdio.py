@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from mcp_support import STRICT, cgroup_gone, cgroup_of, cgroups_of_pid, doc, stdio_params
 
+from corral.mcp.server import playground_link
 from mcp import Client
 
 TOOLS = {"run_in_sandbox", "run_command", "sandbox_create", "sandbox_exec",
@@ -23,7 +24,8 @@ def run(coro: Any) -> Any:
 @STRICT
 def test_tools_and_a_snippet_transcript() -> None:
     async def main() -> None:
-        async with Client(stdio_params()) as c:
+        page = "http://127.0.0.1:8580/playground/"
+        async with Client(stdio_params("--playground-url", page)) as c:
             listed = await c.list_tools()
             assert {t.name for t in listed.tools} == TOOLS
             schema = next(t for t in listed.tools if t.name == "run_in_sandbox").input_schema
@@ -35,6 +37,8 @@ def test_tools_and_a_snippet_transcript() -> None:
             assert t["result"] == "42" and t["facts"] == {"x": 42} and t["errors"] == []
             assert t["logs"] == [{"stream": "stdout", "text": "hi"}]
             assert t["level"] == "strict" and t["timed_out"] is False
+            # seed 02's playgroundUrl: the page with this snippet in its fragment
+            assert t["playground_url"] == playground_link(page, "x = 6 * 7\nprint('hi')\nx")
 
             files = [{"path": "main.py", "source": "import helper\nhelper.twice(21)"},
                      {"path": "helper.py", "source": "def twice(n):\n    return 2 * n\n"}]

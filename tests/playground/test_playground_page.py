@@ -229,4 +229,19 @@ def test_type_run_and_see_the_transcript_in_chromium() -> None:
             page.screenshot(str(out / "playground-unauthorized.png"))
         finally:
             page.close()
+
+        # a link corral mcp answers with (seed 02's playgroundUrl): the page opens with
+        # that snippet in the editor
+        from corral.mcp.server import playground_link
+        source = "word = 'héllo ✓'\nlen(word)"
+        link = playground_link(f"{base}/playground/", source)
+        assert link is not None
+        page = browser.new_page(f"{link}&token={TOKEN}")
+        try:
+            page.wait_for("document.body && document.body.dataset.state === 'ready'")
+            assert page.eval("document.getElementById('editor').value") == source
+            assert page.eval("location.hash") == ""
+            assert run_and_wait(page) == "done" and text_of(page, "result") == "7"
+        finally:
+            page.close()
     assert (out / "playground-run.png").stat().st_size > 1000

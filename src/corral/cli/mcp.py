@@ -42,6 +42,9 @@ def add_parser(subparsers: Any) -> None:
                    help="named sandboxes alive at once per session (default 8)")
     p.add_argument("--max-command-timeout", type=duration_ms, default=60_000, metavar="TIME",
                    help="the longest timeout a command may ask for (default 60s)")
+    p.add_argument("--playground-url", default=None, metavar="URL",
+                   help="a corral serve playground page (e.g. http://127.0.0.1:8580/"
+                        "playground/): run_in_sandbox answers link to it with the snippet")
     p.set_defaults(handler=run)
 
 
@@ -51,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from corral.mcp.config import McpConfig
     config = McpConfig(level=Level(args.level), idle_timeout_s=args.idle_timeout / 1000,
                        max_sandboxes=args.max_sandboxes,
-                       max_command_timeout_ms=args.max_command_timeout)
+                       max_command_timeout_ms=args.max_command_timeout,
+                       playground_url=args.playground_url)
     from corral.mcp import server
     if not args.http:
         server.serve_stdio(config)

@@ -47,6 +47,10 @@ class McpConfig:
         max_file_bytes: the largest file ``sandbox_write_file`` / ``sandbox_read_file``
             moves.
         snippet_workers: snippets run at once (None: the CPU count); more wait FIFO.
+        playground_url: the address of a ``corral serve`` playground page (for example
+            ``http://127.0.0.1:8580/playground/``); when set, ``run_in_sandbox`` answers
+            also carry ``playground_url``, that page with the snippet in it (as seed 02's
+            tool answers with its ``playgroundUrl``).
     """
 
     level: Level = Level.STRICT
@@ -57,6 +61,7 @@ class McpConfig:
     max_output_bytes: int = 1024 * 1024
     max_file_bytes: int = 4 * 1024 * 1024
     snippet_workers: int | None = None
+    playground_url: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.level, Level):
@@ -71,6 +76,10 @@ class McpConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigInvalidError(name, "must be a positive integer")
+        url = self.playground_url
+        if url is not None and (not isinstance(url, str)
+                                or not url.startswith(("http://", "https://")) or "#" in url):
+            raise ConfigInvalidError("playground_url", "an http(s) URL without a #fragment")
         w = self.snippet_workers
         if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w <= 0):
             raise ConfigInvalidError("snippet_workers", "must be a positive integer")

@@ -58,7 +58,8 @@ except ImportError as exc:  # pragma: no cover - the extra is installed with the
     raise ConfigInvalidError(
         "mcp", f"corral mcp needs the MCP SDK (v2): pip install corral[mcp] ({exc})") from None
 
-__all__ = ["Backend", "build_server", "scope_of", "serve_http", "serve_stdio"]
+__all__ = ["Backend", "build_server", "playground_link", "scope_of", "serve_http",
+           "serve_stdio"]
 
 
 #: the tenant id snippet runs and one-shot commands carry (slots are per tenant)
@@ -257,6 +258,22 @@ class _LiveOutput:
             await self._task
 
 
+#: the longest playground link made (browsers and clients handle far longer; a link is a
+#: convenience, the transcript is the answer)
+MAX_LINK_CHARS = 16_384
+
+
+def playground_link(page: str | None, source: str | None) -> str | None:
+    """``page`` with ``source`` in its fragment (``#source=<base64url of UTF-8>``, read
+    by the playground page; a fragment never reaches the server), or None without a page,
+    a single source, or when the link would pass :data:`MAX_LINK_CHARS`."""
+    if page is None or source is None:
+        return None
+    encoded = base64.urlsafe_b64encode(source.encode("utf-8", "surrogatepass"))
+    link = f"{page}#source={encoded.decode('ascii').rstrip('=')}"
+    return link if len(link) <= MAX_LINK_CHARS else None
+
+
 # -- the server -----------------------------------------------------------------------
 FileItem = dict[str, str]
 
@@ -298,7 +315,11 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
             pool = await backend.snippet_pool()
             transcript = await run_snippet(source, files=files, timeout_ms=timeout_ms,
                                            level=cfg.level, tenant_id=TENANT, pool=pool)
-            return _result(transcript.to_dict())
+            doc = transcript.to_dict()
+            link = playground_link(cfg.playground_url, source)
+            if link is not None:
+                doc["playground_url"] = link
+            return _result(doc)
         return await _guard(call)
 
     async def run_command(

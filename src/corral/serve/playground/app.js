@@ -227,12 +227,22 @@ async function loadInfo() {
   } catch (_) { /* the page still works: runs report their own errors */ }
 }
 
+// base64url (RFC 4648 §5) of UTF-8 text, as corral mcp's playground_url carries it
+function fromBase64Url(text) {
+  const b64 = text.replace(/-/g, "+").replace(/_/g, "/");
+  const bytes = Uint8Array.from(atob(b64 + "===".slice((b64.length + 3) % 4)), (c) => c.charCodeAt(0));
+  return new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+}
+
 function init() {
-  const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
-  if (fromHash) {
-    sessionStorage.setItem("corral.token", fromHash);
-    history.replaceState(null, "", location.pathname + location.search);
+  // #token=... and #source=<base64url>: read once, then taken out of the address bar
+  const hash = new URLSearchParams(location.hash.slice(1));
+  if (hash.get("token")) sessionStorage.setItem("corral.token", hash.get("token"));
+  if (hash.get("source")) {
+    try { sessionStorage.setItem("corral.source", fromBase64Url(hash.get("source"))); }
+    catch (_) { /* a mangled link: keep what the tab had */ }
   }
+  if (location.hash) history.replaceState(null, "", location.pathname + location.search);
   $("token").value = sessionStorage.getItem("corral.token") || "";
   $("editor").value = sessionStorage.getItem("corral.source") || EXAMPLE;
   $("editor").addEventListener("keydown", onKey);
