@@ -34,7 +34,7 @@ import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from corral.core.contract import Sandbox, SandboxProvider, SupportsStreamingExec
 from corral.core.errors import ConfigInvalidError, CorralError
@@ -49,6 +49,9 @@ from corral.core.spec import (
 )
 from corral.mcp.config import McpConfig, level_at_least
 from corral.mcp.registry import SandboxRegistry
+
+if TYPE_CHECKING:
+    from corral.snippets.host.pool import SnippetPool
 
 try:
     from mcp.server.mcpserver import Context, MCPServer
@@ -89,7 +92,7 @@ class Backend:
                                         max_total=config.max_total_sandboxes)
         self._providers: dict[Level, SandboxProvider] = {}
         self._lock = asyncio.Lock()
-        self._pool: Any = None  # a SnippetPool, made on first snippet
+        self._pool: SnippetPool | None = None  # made on the first snippet
         #: set once aclose has released everything
         self.closed = asyncio.Event()
 
@@ -113,7 +116,7 @@ class Backend:
         return (made is not None and Capability.STREAMING_EXEC.value in made.capabilities
                 and isinstance(sandbox, SupportsStreamingExec))
 
-    async def snippet_pool(self) -> Any:
+    async def snippet_pool(self) -> SnippetPool:
         provider = await self.provider(self.config.level)
         async with self._lock:
             if self._pool is None:
