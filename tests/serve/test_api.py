@@ -342,3 +342,22 @@ def test_logs_are_json_lines_without_tokens(server: Server, alice: httpx.Client)
     reqs = [e for e in server.logs() if e["event"] == "request"]
     assert any(e["path"] == "/v1/info" and e["tenant"] == "alice" and e["status"] == 200
                for e in reqs)
+
+
+def test_keep_alive_answers_are_not_held_by_nagle(server: Server) -> None:
+    """An answer goes out in two writes (head, body): without TCP_NODELAY on the accepted
+    socket the body waits for the client's delayed ACK, 40 ms per request."""
+    import http.client
+    import statistics
+    import time
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    took = []
+    try:
+        for _ in range(20):
+            t0 = time.perf_counter()
+            conn.request("GET", "/v1/info", headers={"Authorization": f"Bearer {ALICE}"})
+            assert conn.getresponse().read()
+            took.append(time.perf_counter() - t0)
+    finally:
+        conn.close()
+    assert statistics.median(took) < 0.02, f"median {statistics.median(took) * 1000:.1f} ms"
