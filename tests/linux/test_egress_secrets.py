@@ -431,3 +431,90 @@ def test_a_stock_client_through_a_tcp_listener(origin_tls: tuple[ssl.SSLContext,
             assert all(f"authorization: {SECRET}".lower().encode() in h.lower()
                        for h, _ in seen)
     run(t)
+
+
+@contextlib.asynccontextmanager
+async def quirky_origin() -> AsyncIterator[tuple[int, list[bytes]]]:
+    """A plain HTTP/1.1 origin whose path picks an edge of the protocol: ``/continue``
+    (100 Continue before reading the body), ``/nocontent`` (204), ``/silent-close``
+    (closes after the response without saying so), ``/eof`` (body framed by close);
+    anything else: ``Content-Length`` 10 (no body for HEAD). Records each head."""
+    heads: list[bytes] = []
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    head = await r.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                heads.append(head)
+                lower = head.lower()
+                path = head.split(b" ")[1]
+                length = 0
+                for line in lower.split(b"\r\n"):
+                    if line.startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                if path == b"/continue" and b"expect: 100-continue" in lower:
+                    w.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    await w.drain()
+                body = await r.readexactly(length)
+                if path == b"/nocontent":
+                    w.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+                elif path == b"/eof":
+                    w.write(b"HTTP/1.1 200 OK\r\n\r\nuntil close " + body)
+                    await w.drain()
+                    return
+                else:
+                    w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
+                    if not head.startswith(b"HEAD "):
+                        w.write(b"0123456789")
+                await w.drain()
+                if path == b"/silent-close":
+                    return
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            w.close()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield srv.sockets[0].getsockname()[1], heads
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+def test_intercepted_http_edges() -> None:
+    """Plain HTTP inside a CONNECT tunnel to a host with secrets: pipelined requests,
+    HEAD and 204 (no body), 100-continue, an upstream that closes between requests
+    (reopened), and a body framed by the upstream's close (the client's closes too)."""
+    async def t() -> None:
+        async with quirky_origin() as (port, heads), secret_proxy(None) as (p, path):
+            head, r, w = await http_connect(path, f"api.example.test:{port}")
+            assert head.startswith(b"HTTP/1.1 200")
+            host = f"Host: api.example.test:{port}\r\n".encode()
+            w.write(b"HEAD /a HTTP/1.1\r\n" + host + b"\r\n"
+                    b"GET /nocontent HTTP/1.1\r\n" + host + b"\r\n"
+                    b"GET /b HTTP/1.1\r\n" + host + b"\r\n")        # pipelined
+            assert (await r.readuntil(b"\r\n\r\n")).endswith(b"Content-Length: 10\r\n\r\n")
+            assert (await r.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 204")
+            await r.readuntil(b"\r\n\r\n")
+            assert await r.readexactly(10) == b"0123456789"
+            w.write(b"POST /continue HTTP/1.1\r\n" + host + b"Expect: 100-continue\r\n"
+                    b"Content-Length: 4\r\n\r\n")
+            assert (await r.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 100")
+            w.write(b"body")
+            await r.readuntil(b"\r\n\r\n")
+            assert await r.readexactly(10) == b"0123456789"
+            w.write(b"GET /silent-close HTTP/1.1\r\n" + host + b"\r\n")
+            await r.readuntil(b"\r\n\r\n")
+            assert await r.readexactly(10) == b"0123456789"
+            await asyncio.sleep(0.2)              # the origin's close reaches the proxy
+            w.write(b"POST /eof HTTP/1.1\r\n" + host + b"Content-Length: 2\r\n\r\nok")
+            assert await r.read() == b"HTTP/1.1 200 OK\r\n\r\nuntil close ok"
+            w.close()
+            assert len(heads) == 6
+            assert all(SECRET.encode() in h for h in heads)
+            assert p.denials() == ()
+    run(t)

@@ -859,7 +859,8 @@ class EgressProxy:
                 self._record("", 0, EgressDenied("busy", "too many connections"))
                 return
             await self._serve(reader, writer, busy)
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, EgressDenied):
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                EgressDenied, _BadUpstream):
             pass
         finally:
             if not busy:
@@ -1226,7 +1227,8 @@ class EgressProxy:
             proto = asyncio.StreamReaderProtocol(c_r)
             try:
                 transport, _ = await loop.connect_accepted_socket(
-                    lambda: proto, csock, ssl=ctx, ssl_handshake_timeout=lim.header_timeout_s)
+                    lambda: proto, csock, ssl=ctx,
+                    ssl_handshake_timeout=lim.header_timeout_s if tls else None)
             except (OSError, ssl.SSLError, TimeoutError):
                 return          # e.g. a client that does not trust the CA, or SNI refused
             c_w = asyncio.StreamWriter(transport, proto, c_r, loop)
