@@ -3,8 +3,9 @@
 Started once per session (``ray_cluster``) by ``ray start`` subprocesses on 127.0.0.2
 (head) and 127.0.0.3 / 127.0.0.4 (workers), with a private temp dir and usage stats
 off, and stopped by the pids of their sessions (never by process name). Every test here
-is marked ``ray`` and ``slow``: skipped when Ray is not installed, run by the whole
-suite (CI installs the ``ray`` extra); the fast tier (``-m "not slow"``) leaves them out.
+that starts the cluster is marked ``ray`` and ``slow``: skipped when Ray is not installed,
+run by the whole suite (CI installs the ``ray`` extra); the fast tier (``-m "not slow"``)
+leaves them out. ``test_pure_*.py`` need no Ray and run in every tier.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = os.path.dirname(__file__)
     for item in items:
-        if str(item.path).startswith(here) and not item.get_closest_marker("pure"):
+        # test_pure_*.py: pure placement / wire tests, no Ray, in the fast tier
+        if str(item.path).startswith(here) and not item.path.name.startswith("test_pure_"):
             item.add_marker(pytest.mark.ray)
             item.add_marker(pytest.mark.slow)
             if not HAVE_RAY:
