@@ -503,6 +503,27 @@ def test_tunnels_copy_without_splice_when_the_kernel_refuses_it(
     run(t)
 
 
+def test_bytes_sent_with_the_request_are_not_lost() -> None:
+    """A client that sends its first bytes in the same write as the CONNECT head (or
+    the SOCKS request): what the proxy read ahead goes upstream first."""
+    async def t() -> None:
+        async with echo_server() as (port, _), \
+                proxy(EgressPolicy.allowlist("api.example.test", LOOP)) as (_p, path, _r):
+            r, w = await asyncio.open_unix_connection(path)
+            w.write(f"CONNECT api.example.test:{port} HTTP/1.1\r\n\r\nearly bytes".encode())
+            assert (await r.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            assert await r.readexactly(11) == b"early bytes"
+            w.close()
+            r, w = await asyncio.open_unix_connection(path)
+            name = b"api.example.test"
+            w.write(b"\x05\x01\x00\x05\x01\x00\x03" + bytes([len(name)]) + name
+                    + struct.pack("!H", port) + b"socks early")
+            assert (await r.readexactly(12))[:4] == b"\x05\x00\x05\x00"
+            assert await r.readexactly(11) == b"socks early"
+            w.close()
+    run(t)
+
+
 def test_server_first_protocols_work_on_other_ports() -> None:
     async def t() -> None:
         async def banner(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:

@@ -272,7 +272,7 @@ def test_sni_or_host_header_naming_another_host_is_refused(
             with pytest.raises((ssl.SSLError, ConnectionError)):
                 await w.start_tls(ctx, server_hostname="other.test")
             w.close()
-            assert [d.kind for d in p.denials()] == ["sni-mismatch"]
+            assert [(d.kind, d.port) for d in p.denials()] == [("sni-mismatch", port)]
             _head, r, w = await http_connect(path, f"api.example.test:{port}")
             await w.start_tls(client_ctx(ca), server_hostname="api.example.test")
             w.write(f"GET / HTTP/1.1\r\nHost: other.test:{port}\r\n\r\n".encode())

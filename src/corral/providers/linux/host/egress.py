@@ -837,8 +837,8 @@ class EgressProxy:
 
     # ---------------------------------------------------------------- internals
 
-    def _sni_mismatch(self, host: str, sni: str) -> None:
-        self._record(host, 443, EgressDenied(
+    def _sni_mismatch(self, host: str, port: int, sni: str) -> None:
+        self._record(host, port, EgressDenied(
             "sni-mismatch", f"TLS SNI {sni!r} does not match the tunnel host {host!r}"))
 
     def _record(self, host: str, port: int, err: EgressDenied) -> None:
@@ -1222,7 +1222,7 @@ class EgressProxy:
                     "host with secrets)"))
                 return
             assert self._ca is not None
-            ctx = self._ca.server_context(target.tls_host) if tls else None
+            ctx = self._ca.server_context(target.tls_host, target.port) if tls else None
             c_r = asyncio.StreamReader(limit=max(lim.header_bytes, _CHUNK))
             proto = asyncio.StreamReaderProtocol(c_r)
             try:
@@ -1771,9 +1771,10 @@ async def _detach(reader: asyncio.StreamReader,
     sock = socket.socket(fileno=os.dup(tsock.fileno()))
     try:
         sock.setblocking(False)
-        # StreamReader keeps what it read ahead in its (private) buffer; no await between
-        # taking it and dropping the transport, so nothing more can arrive in between
-        buffered = bytes(reader.__dict__.get("_buffer", b""))
+        # StreamReader keeps what it read ahead in its (private) buffer (a KeyError here,
+        # not lost bytes, if that ever changes); no await between taking it and dropping
+        # the transport, so nothing more can arrive in between
+        buffered = bytes(reader.__dict__["_buffer"])
     except BaseException:
         sock.close()
         raise

@@ -49,8 +49,8 @@ MAX_LEAVES: Final = 256
 _SKEW: Final = datetime.timedelta(hours=1)
 _RENEW: Final = datetime.timedelta(days=1)
 
-#: ``on_sni_mismatch(host, sni)``: the proxy records a denial
-SniMismatch = Callable[[str, str], None]
+#: ``on_sni_mismatch(host, port, sni)``: the proxy records a denial
+SniMismatch = Callable[[str, int, str], None]
 
 
 def _now() -> datetime.datetime:
@@ -74,7 +74,7 @@ def _load_chain(ctx: ssl.SSLContext, chain_pem: bytes, key_pem: bytes) -> None:
 class EgressCA:
     """One proxy's CA (EC P-256, in memory) and its cached per-host server contexts.
 
-    ``on_sni_mismatch(host, sni)`` is called when a client's SNI names another host
+    ``on_sni_mismatch(host, port, sni)`` is called when a client's SNI names another host
     than the one whose leaf it is offered (the proxy records a denial)."""
 
     def __init__(self, on_sni_mismatch: SniMismatch | None = None) -> None:
@@ -104,7 +104,8 @@ class EgressCA:
         )
         #: the CA certificate, PEM: what the sandbox trusts (the key never leaves here)
         self.ca_pem: bytes = self._cert.public_bytes(serialization.Encoding.PEM)
-        self._leaves: collections.OrderedDict[str, tuple[ssl.SSLContext, datetime.datetime]] \
+        self._leaves: collections.OrderedDict[tuple[str, int],
+                                              tuple[ssl.SSLContext, datetime.datetime]] \
             = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -151,15 +152,17 @@ class EgressCA:
                                     serialization.NoEncryption())
         return chain, key_pem, end
 
-    def server_context(self, host: str) -> ssl.SSLContext:
-        """The server-side context that presents ``host``'s leaf (made, or taken from the
-        cache). It speaks TLS 1.2+ and offers ALPN ``http/1.1`` only (the proxy reads
-        HTTP/1.1); a client whose SNI names another host gets an ``access_denied`` alert
-        and the CA's ``on_sni_mismatch(host, sni)`` is called."""
+    def server_context(self, host: str, port: int = 443) -> ssl.SSLContext:
+        """The server-side context that presents ``host``'s leaf for a tunnel to ``port``
+        (made, or taken from the cache). It speaks TLS 1.2+ and offers ALPN ``http/1.1``
+        only (the proxy reads HTTP/1.1); a client whose SNI names another host gets an
+        ``access_denied`` alert and the CA's ``on_sni_mismatch(host, port, sni)`` is
+        called."""
+        key = (host, port)
         with self._lock:
-            hit = self._leaves.get(host)
+            hit = self._leaves.get(key)
             if hit is not None and hit[1] - _now() > _RENEW:
-                self._leaves.move_to_end(host)
+                self._leaves.move_to_end(key)
                 return hit[0]
         chain, key_pem, end = self.leaf_pem(host)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -171,14 +174,14 @@ class EgressCA:
         def check_sni(_obj: ssl.SSLObject, sni: str | None, _ctx: ssl.SSLContext) -> int | None:
             if sni is not None and sni.rstrip(".").lower() != host:
                 if self._on_sni_mismatch is not None:
-                    self._on_sni_mismatch(host, sni[:255])
+                    self._on_sni_mismatch(host, port, sni[:255])
                 return ssl.ALERT_DESCRIPTION_ACCESS_DENIED
             return None
 
         ctx.sni_callback = check_sni
         with self._lock:
-            self._leaves[host] = (ctx, end)
-            self._leaves.move_to_end(host)
+            self._leaves[key] = (ctx, end)
+            self._leaves.move_to_end(key)
             while len(self._leaves) > MAX_LEAVES:
                 self._leaves.popitem(last=False)
         return ctx
