@@ -489,6 +489,7 @@ class _Api:
                     yield {"event": "exit", "result": None, "error": wire.error_to_json(e)}
                 else:
                     yield {"event": "exit", "result": wire.result_to_json(r)}
+                proc.delivered = True
             finally:
                 proc.reading = False
 
@@ -511,7 +512,9 @@ class _Api:
 
     async def process_wait(self, request: Request, tenant: TenantState, body: bytes
                            ) -> Response:
-        r = await self._proc(request, tenant).handle.wait()
+        proc = self._proc(request, tenant)
+        r = await proc.handle.wait()
+        proc.delivered = True
         return _json({"result": wire.result_to_json(r)})
 
     async def _life(self, request: Request, tenant: TenantState, op: str,

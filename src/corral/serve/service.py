@@ -435,6 +435,7 @@ class Service:
     async def start_process(self, tenant: TenantState, sandbox_id: str, argv: Sequence[str],
                             opts: ProcessOpts) -> ProcessEntry:
         entry = self.entry(tenant, sandbox_id)
+        entry.prune()
         handle = await entry.sandbox.start_process(argv, opts)
         proc = ProcessEntry(id=new_id("p"), handle=handle)
         proc.start_pumps()

@@ -51,6 +51,9 @@ class ProcessEntry:
     pumps: list[asyncio.Task[None]] = field(default_factory=list)
     reading: bool = False
     result: RunResult | None = None
+    #: how it ended was handed to the client (the end of its output stream, or a wait):
+    #: the entry may be forgotten (see SandboxEntry.prune)
+    delivered: bool = False
 
     def start_pumps(self) -> None:
         open_streams = [2]
@@ -96,6 +99,13 @@ class SandboxEntry:
     mem_mb: int
     created: float = field(default_factory=time.time)
     processes: dict[str, ProcessEntry] = field(default_factory=dict)
+
+    def prune(self) -> None:
+        """Forget processes whose end the client has seen (their pumps are done), so a
+        long-lived sandbox does not keep an entry per process it ever ran."""
+        for pid, p in list(self.processes.items()):
+            if p.delivered and all(t.done() for t in p.pumps):
+                del self.processes[pid]
 
     def info(self) -> dict[str, Any]:
         return {"id": self.id, "level": self.level, "provider": self.provider,
