@@ -25,6 +25,8 @@ def add_parser(subparsers: Any) -> None:
         description="Show, for this host, what each provider enforces (namespaces, seccomp, "
                     "Landlock, cgroup controllers, user namespaces) and why not.")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--ray", metavar="ADDRESS", help="report each node of the Ray cluster at "
+                   "ADDRESS instead (needs corral[ray]; docs/scale-out.md)")
     p.set_defaults(handler=run)
 
 
@@ -73,6 +75,11 @@ def render(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Print the report; always exit 0 (the report says what is missing)."""
+    if getattr(args, "ray", None):  # the cluster's nodes (corral.providers.ray.doctor)
+        from corral.providers.ray import doctor as ray_doctor
+        rep = ray_doctor.collect(args.ray)
+        sys.stdout.write(json.dumps(rep, indent=2) + "\n" if args.json else ray_doctor.render(rep))
+        return 0
     report = collect()
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
