@@ -20,6 +20,12 @@ every other round), N rounds:
   proxy's ``tls_ports``, so the proxy reads and checks a real ClientHello (SNI
   ``bench.test``) before it connects upstream.
 
+Then HTTPS (TLS in the client, a keep-alive origin answering ``GET /N`` with N
+bytes, its own test CA made with ``cryptography``, the ``secrets`` extra): direct,
+through a CONNECT tunnel the proxy does not open, and to a name with a secret
+header (intercepted: TLS terminated with the proxy's CA, re-encrypted upstream);
+M/4 MiB per run, TLS handshake included. Informational: no goal.
+
 Bulk: M MiB (default 256) downloaded per run; MB/s and the ratio to ``direct``
 (median of the per-round ratios). Setup: from ``socket()`` to the first reply
 byte of a 1-byte download, K connections per round (median of each); ms and the
@@ -52,17 +58,80 @@ from corral.providers.linux.host.egress import EgressLimits, EgressPolicy, Egres
 __all__ = ["main"]
 
 HOST = "bench.test"
+#: a name whose requests get a secret header: intercepted by the proxy
+SECRET_HOST = "secret.test"
 BUF = 1 << 20
+
+
+def _origin_tls(d: str) -> tuple[str, str, bytes]:
+    """A test CA and a certificate for HOST and SECRET_HOST: (chain file, key file, CA
+    PEM). Files under ``d`` (a benchmark's own origin, not the proxy's CA)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    day = datetime.timedelta(days=1)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench origin CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - day).not_valid_after(now + day)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)]))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - day).not_valid_after(now + day)
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName(HOST), x509.DNSName(SECRET_HOST)]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    ca_pem = ca.public_bytes(serialization.Encoding.PEM)
+    chain, keyfile = os.path.join(d, "chain.pem"), os.path.join(d, "key.pem")
+    with open(chain, "wb") as f:
+        f.write(leaf.public_bytes(serialization.Encoding.PEM) + ca_pem)
+    with open(keyfile, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM,
+                                  serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    return chain, keyfile, ca_pem
 
 
 # --------------------------------------------------------------------------- upstream
 
 
-def _upstream(ready: Connection) -> None:
-    """Serve: read an 8-byte length, send that many bytes, close. Runs in a child."""
+def _upstream(ready: Connection, chain: str, keyfile: str) -> None:
+    """Serve: read an 8-byte length, send that many bytes, close (two ports); and HTTPS
+    on a third: ``GET /N`` answered with N bytes, keep-alive. Runs in a child."""
     data = memoryview(bytearray(os.urandom(1 << 16) * 64))      # 4 MiB
-    servers = [socket.create_server(("127.0.0.1", 0), backlog=512) for _ in range(2)]
+    servers = [socket.create_server(("127.0.0.1", 0), backlog=512) for _ in range(3)]
     ready.send(tuple(srv.getsockname()[1] for srv in servers))
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(chain, keyfile)
+
+    def https(raw: socket.socket) -> None:
+        try:
+            with tls.wrap_socket(raw, server_side=True) as c:
+                while True:
+                    head = b""
+                    while not head.endswith(b"\r\n\r\n"):
+                        more = c.recv(1)
+                        if not more:
+                            return
+                        head += more
+                    n = int(head.split(b" ")[1][1:])
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % n)
+                    while n > 0:
+                        k = min(n, len(data))
+                        c.sendall(data[:k])
+                        n -= k
+        except (OSError, ValueError):
+            pass
 
     def handle(c: socket.socket) -> None:
         with c:
@@ -89,33 +158,38 @@ def _upstream(ready: Connection) -> None:
             except OSError:
                 pass
 
-    def accept(srv: socket.socket) -> None:
+    def accept(srv: socket.socket, serve: Callable[[socket.socket], None]) -> None:
         while True:
             c, _ = srv.accept()
-            threading.Thread(target=handle, args=(c,), daemon=True).start()
+            threading.Thread(target=serve, args=(c,), daemon=True).start()
 
-    threading.Thread(target=accept, args=(servers[1],), daemon=True).start()
-    accept(servers[0])
+    threading.Thread(target=accept, args=(servers[1], handle), daemon=True).start()
+    threading.Thread(target=accept, args=(servers[2], https), daemon=True).start()
+    accept(servers[0], handle)
 
 
 # --------------------------------------------------------------------------- proxy
 
 
-def _proxy(path: str, tls_port: int, ready: Connection) -> None:
+def _proxy(path: str, tls_ports: tuple[int, ...], origin_ca: bytes,
+           ready: Connection) -> None:
     """Run the proxy until the parent sends on ``ready`` (or closes it). Runs in a child."""
     async def resolve(host: str, port: int) -> Sequence[str]:
-        if host != HOST:
+        if host not in (HOST, SECRET_HOST):
             raise OSError(f"no such name {host}")
         return ["127.0.0.1"]
 
     async def serve() -> None:
-        limits = EgressLimits(tls_ports=frozenset({443, tls_port}))
-        proxy = EgressProxy(EgressPolicy.allowlist(HOST, "127.0.0.0/8"),
-                            resolver=resolve, limits=limits)
+        limits = EgressLimits(tls_ports=frozenset({443, *tls_ports}))
+        policy = EgressPolicy.allowlist(HOST, SECRET_HOST, "127.0.0.0/8").with_secret(
+            SECRET_HOST, {"Authorization": "Bearer bench-secret"})
+        proxy = EgressProxy(policy, resolver=resolve, limits=limits,
+                            upstream_ssl_context=ssl.create_default_context(
+                                cadata=origin_ca.decode()))
         await proxy.start(path)
         lsock = socket.create_server(("127.0.0.1", 0), backlog=512)
         await proxy.add_listener(lsock)
-        ready.send(lsock.getsockname()[1])
+        ready.send((lsock.getsockname()[1], proxy.ca_bundle_pem))
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
@@ -211,6 +285,47 @@ def socks5(path: str, port: int) -> Opener:
     return open_
 
 
+HttpsOpener = Callable[[], ssl.SSLSocket]
+
+
+def https_direct(port: int, ctx: ssl.SSLContext, name: str) -> HttpsOpener:
+    def open_() -> ssl.SSLSocket:
+        return ctx.wrap_socket(socket.create_connection(("127.0.0.1", port)),
+                               server_hostname=name)
+    return open_
+
+
+def https_via_proxy(path: str, port: int, ctx: ssl.SSLContext, name: str) -> HttpsOpener:
+    req = f"CONNECT {name}:{port} HTTP/1.1\r\nHost: {name}:{port}\r\n\r\n".encode()
+
+    def open_() -> ssl.SSLSocket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.sendall(req)
+        head = _recv_head(s)
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise ConnectionError(head.decode("latin-1", "replace"))
+        return ctx.wrap_socket(s, server_hostname=name)
+    return open_
+
+
+def https_get(open_: HttpsOpener, authority: str, size: int, buf: memoryview) -> float:
+    """Seconds for an HTTPS GET of ``size`` bytes (TLS handshake included)."""
+    t0 = time.perf_counter()
+    with open_() as s:
+        s.sendall(f"GET /{size} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+        head = _recv_head(s)
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise ConnectionError(head.decode("latin-1", "replace"))
+        got = 0
+        while got < size:
+            k = s.recv_into(buf)
+            if not k:
+                raise ConnectionError(f"closed after {got} of {size} bytes")
+            got += k
+    return time.perf_counter() - t0
+
+
 def bulk(open_: Opener, size: int, buf: memoryview) -> float:
     """Seconds to download ``size`` bytes (connection setup included, negligible)."""
     t0 = time.perf_counter()
@@ -252,24 +367,28 @@ def main(argv: list[str] | None = None) -> None:
     ctx = multiprocessing.get_context("fork")
     d = tempfile.mkdtemp(prefix="bench-egress-", dir="/tmp")
     path = os.path.join(d, "p.sock")
+    chain, keyfile, origin_ca = _origin_tls(d)
     up_ready, up_child = ctx.Pipe()
-    up = ctx.Process(target=_upstream, args=(up_child,), daemon=True)
+    up = ctx.Process(target=_upstream, args=(up_child, chain, keyfile), daemon=True)
     up.start()
-    port, tls_port = up_ready.recv()
+    port, tls_port, https_port = up_ready.recv()
     px_ready, px_child = ctx.Pipe()
-    px = ctx.Process(target=_proxy, args=(path, tls_port, px_child), daemon=True)
+    px = ctx.Process(target=_proxy, args=(path, (tls_port, https_port), origin_ca, px_child),
+                     daemon=True)
     px.start()
-    tcp_port = px_ready.recv()
+    tcp_port, proxy_ca = px_ready.recv()
     try:
         run(args, port, tls_port, path, tcp_port, px.pid)
+        run_https(args, https_port, path, origin_ca, proxy_ca)
     finally:
         px_ready.send("stop")
         px_ready.close()
         px.join(10)
         up.terminate()
         up.join(5)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        for f in (path, chain, keyfile):
+            with contextlib.suppress(OSError):
+                os.unlink(f)
         os.rmdir(d)
 
 
@@ -334,6 +453,38 @@ def run(args: argparse.Namespace, port: int, tls_port: int, path: str, tcp_port:
                                                                 strict=True))
         goal = "" if k == "direct" else ("met" if added <= 1.0 else "NOT met") + " (<= +1 ms)"
         print(f"{k:<30} {statistics.median(setups[k]) * 1e3:9.3f} {added:+7.3f}  {goal}")
+
+
+
+def run_https(args: argparse.Namespace, https_port: int, path: str, origin_ca: bytes,
+              proxy_ca: bytes) -> None:
+    """HTTPS downloads (TLS in the client, as most traffic is): direct, through a tunnel
+    the proxy does not open (the client's TLS end to end), and intercepted (a host with
+    a secret: the proxy terminates TLS with its CA, adds the header, re-encrypts)."""
+    size = max(1, args.mib // 4) << 20
+    buf = memoryview(bytearray(BUF))
+    origin = ssl.create_default_context(cadata=origin_ca.decode())
+    proxied = ssl.create_default_context(cadata=proxy_ca.decode())
+    plain, secret = f"{HOST}:{https_port}", f"{SECRET_HOST}:{https_port}"
+    variants: list[tuple[str, str, HttpsOpener]] = [
+        ("direct", plain, https_direct(https_port, origin, HOST)),
+        ("tunnel (not intercepted)", plain, https_via_proxy(path, https_port, origin, HOST)),
+        ("intercepted (secret added)", secret,
+         https_via_proxy(path, https_port, proxied, SECRET_HOST)),
+    ]
+    for _, name, o in variants:
+        https_get(o, name, 1 << 20, buf)
+    rates: dict[str, list[float]] = {k: [] for k, _, _ in variants}
+    for r in range(args.runs):
+        for k, name, o in (variants if r % 2 == 0 else variants[::-1]):
+            rates[k].append(size / https_get(o, name, size, buf) / 1e6)
+    print()
+    print(f"{'HTTPS download, ' + str(size >> 20) + ' MiB':<30} {'MB/s med':>9} {'min':>7} "
+          f"{'max':>7} {'ratio':>6}")
+    for k, _, _ in variants:
+        ratio = statistics.median(a / b for a, b in zip(rates[k], rates["direct"], strict=True))
+        print(f"{k:<30} {statistics.median(rates[k]):9.0f} {min(rates[k]):7.0f} "
+              f"{max(rates[k]):7.0f} {ratio:6.2f}")
 
 
 if __name__ == "__main__":
