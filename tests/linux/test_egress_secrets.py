@@ -518,3 +518,49 @@ def test_intercepted_http_edges() -> None:
             assert all(SECRET.encode() in h for h in heads)
             assert p.denials() == ()
     run(t)
+
+
+def test_intercepted_framing_is_strict_and_upgrades_become_a_pipe() -> None:
+    """Inside an intercepted tunnel: Transfer-Encoding with Content-Length (smuggling)
+    and a coding other than chunked are refused before anything goes upstream; a bad
+    chunk ends the connection; 101 Switching Protocols carries bytes both ways."""
+    async def upgrading(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            await r.readuntil(b"\r\n\r\n")
+            w.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\n"
+                    b"Connection: Upgrade\r\n\r\n")
+            while data := await r.read(1024):
+                w.write(data.upper())
+                await w.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            w.close()
+
+    async def t() -> None:
+        srv = await asyncio.start_server(upgrading, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            async with secret_proxy(None) as (p, path):
+                host = f"Host: api.example.test:{port}\r\n".encode()
+                for extra, status in ((b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+                                       b"400"),
+                                      (b"Transfer-Encoding: gzip, chunked\r\n", b"501")):
+                    _h, r, w = await http_connect(path, f"api.example.test:{port}")
+                    w.write(b"POST / HTTP/1.1\r\n" + host + extra + b"\r\n")
+                    assert (await r.read()).startswith(b"HTTP/1.1 " + status)
+                    w.close()
+                assert [d.kind for d in p.denials()] == ["bad-request", "unsupported"]
+                _h, r, w = await http_connect(path, f"api.example.test:{port}")
+                w.write(b"GET / HTTP/1.1\r\n" + host + b"Upgrade: echo\r\n"
+                        b"Connection: Upgrade\r\n\r\n")
+                assert (await r.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+                w.write(b"hello pipe")
+                assert await r.readexactly(10) == b"HELLO PIPE"
+                w.write_eof()
+                assert await r.read() == b""
+                w.close()
+        finally:
+            srv.close()
+            await srv.wait_closed()
+    run(t)

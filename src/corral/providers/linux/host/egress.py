@@ -1658,11 +1658,15 @@ async def _copy_chunked(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
 
 
 async def _copy_until_eof(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                          idle: float) -> None:
+                          idle: float, half_close: bool = False) -> None:
+    """Copy until ``src`` ends; ``half_close``: then end ``dst``'s sending side too, where
+    its transport can (TLS cannot half-close: the other direction runs until it ends)."""
     while True:
         async with asyncio.timeout(idle):
             chunk = await src.read(_CHUNK)
         if not chunk:
+            if half_close and dst.can_write_eof():
+                dst.write_eof()
             return
         dst.write(chunk)
         await dst.drain()
@@ -1699,8 +1703,8 @@ async def _relay_response(req: HttpHead, up_r: asyncio.StreamReader,
             sent = True
             if status == 101:
                 await c_w.drain()
-                await asyncio.gather(_copy_until_eof(c_r, up_w, idle),
-                                     _copy_until_eof(up_r, c_w, idle))
+                await asyncio.gather(_copy_until_eof(c_r, up_w, idle, half_close=True),
+                                     _copy_until_eof(up_r, c_w, idle, half_close=True))
                 return True
             if 100 <= status < 200:
                 await c_w.drain()
