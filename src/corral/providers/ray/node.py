@@ -70,6 +70,10 @@ class _Proc:
     handle: Any = None
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     ended_at: float = 0.0
+    #: stdin operations are applied in the driver's order (Ray does not order the calls
+    #: of an async actor): the sequence number of the next one
+    next_seq: int = 0
+    turn: asyncio.Condition = field(default_factory=asyncio.Condition)
 
 
 class NodeHost:
@@ -375,9 +379,11 @@ class NodeHost:
         rec.ended_at = time.monotonic()
         rec.changed.set()
 
-    async def poll(self, pid: str, wait_s: float) -> Reply:
+    async def poll(self, pid: str, wait_s: float, linger_s: float = 0.003) -> Reply:
         """Output since the last poll, EOFs and, once the process ended and its output is
-        drained, its final reply (``done``); waits up to ``wait_s`` for something new."""
+        drained, its final reply (``done``); waits up to ``wait_s`` for something new, then
+        up to ``linger_s`` more for the end (a short run's output and end come in one
+        reply: one round trip instead of several)."""
         rec = self._procs.get(pid)
         if rec is None:
             return err(ProviderError(f"process {pid} is gone from {self._where()}"),
@@ -388,6 +394,14 @@ class NodeHost:
                 await asyncio.wait_for(rec.changed.wait(), wait_s)
             except TimeoutError:
                 pass
+        loop = asyncio.get_running_loop()
+        until = loop.time() + linger_s
+        while not self._done(rec) and (left := until - loop.time()) > 0:
+            rec.changed.clear()
+            try:
+                await asyncio.wait_for(rec.changed.wait(), left)
+            except TimeoutError:
+                break
         out, errb = bytes(rec.out), bytes(rec.err)
         rec.out.clear()
         rec.err.clear()
@@ -404,11 +418,16 @@ class NodeHost:
     def _done(rec: _Proc) -> bool:
         return rec.final is not None and rec.out_eof and rec.err_eof
 
-    async def write(self, pid: str, data: bytes, close: bool) -> Reply:
+    async def write(self, pid: str, seq: int, data: bytes, close: bool) -> Reply:
+        """Write ``data`` to the process's stdin (then close it, with ``close``), as the
+        driver's ``seq``-th stdin operation: operations are applied in that order."""
+        rec = self._procs.get(pid)
+        if rec is None or rec.handle is None:
+            return err(ProviderError(f"process {pid} is gone from {self._where()}"),
+                       where=self._where())
+        async with rec.turn:
+            await rec.turn.wait_for(lambda: rec.next_seq >= seq)
         try:
-            rec = self._procs.get(pid)
-            if rec is None or rec.handle is None:
-                raise ProviderError(f"process {pid} is gone from {self._where()}")
             if data:
                 await rec.handle.stdin.write(data)
             if close:
@@ -416,6 +435,10 @@ class NodeHost:
             return ok(None)
         except Exception as e:
             return err(e, where=self._where())
+        finally:
+            async with rec.turn:
+                rec.next_seq = max(rec.next_seq, seq + 1)
+                rec.turn.notify_all()
 
     async def kill(self, pid: str) -> Reply:
         try:

@@ -97,6 +97,9 @@ class RayProvider(SandboxProvider):
             Ray's ``memory`` resource on its node, so Ray's other work and other
             sandboxes cannot be given it.
         poll_s: how long one poll for a process's output waits on the node.
+        linger_s: once a process has output, how long the node waits more for its end
+            before answering the poll (a short run then costs one round trip, not one per
+            chunk; a long-running process's output is that much later).
         node_resource: when set, only nodes offering this custom Ray resource (``ray start
             --resources='{"corral": 1}'``) get sandboxes: keeps them off the head, or to a
             pool of nodes; its amount is not consumed.
@@ -111,7 +114,7 @@ class RayProvider(SandboxProvider):
     levels: frozenset[Level] = frozenset({Level.STRICT})
 
     def __init__(self, *, address: str | None = None, lease_s: float = 30.0, spares: int = 1,
-                 reserve_memory: bool = True, poll_s: float = 5.0,
+                 reserve_memory: bool = True, poll_s: float = 5.0, linger_s: float = 0.01,
                  node_resource: str | None = None,
                  init_kwargs: dict[str, Any] | None = None) -> None:
         if not lease_s > 0:
@@ -131,6 +134,7 @@ class RayProvider(SandboxProvider):
         self.spares = spares
         self.reserve_memory = reserve_memory
         self.poll_s = poll_s
+        self.linger_s = linger_s
         self.node_resource = node_resource
         #: this provider's id on every node: its lease and its sandboxes are under it
         self.owner = f"owner-{uuid.uuid4().hex[:16]}"
@@ -272,9 +276,20 @@ class RayProvider(SandboxProvider):
             tried.add(cands[0].node_id)
             if node is None:
                 continue
-            sb = await self._create_on(node, spec, cancel)
+            # counted before the node answers, so concurrent creates spread too
+            tenant = spec.tenant_id
+            node.placed += 1
+            node.tenants[tenant] = node.tenants.get(tenant, 0) + 1
+            try:
+                sb = await self._create_on(node, spec, cancel)
+            except BaseException:
+                node.tenants[tenant] = max(0, node.tenants.get(tenant, 1) - 1)
+                raise
+            finally:
+                node.placed -= 1
             if sb is not None:
                 return sb
+            node.tenants[tenant] = max(0, node.tenants.get(tenant, 1) - 1)
             nodes = await self.refresh(force=True)
 
     async def _create_on(self, node: NodeRef, spec: SandboxSpec, cancel: CancelToken | None
@@ -318,7 +333,6 @@ class RayProvider(SandboxProvider):
             await sb.destroy()
             raise CreateCancelledError(f"create cancelled: {cancel.reason}")
         self._live.add(sb)
-        node.tenants[spec.tenant_id] = node.tenants.get(spec.tenant_id, 0) + 1
         return sb
 
     async def _rollback(self, node: NodeRef, fut: asyncio.Future[Any], pg: Any) -> None:
@@ -461,6 +475,12 @@ async def _guard(ref: Any, seconds: float) -> Any:
 _BACKGROUND: set[asyncio.Future[Any]] = set()
 
 
+def _quiet(f: asyncio.Future[Any]) -> None:
+    """Mark a background call's failure as seen."""
+    if not f.cancelled():
+        f.exception()
+
+
 def _background(coro: Awaitable[Any]) -> None:
     fut = asyncio.ensure_future(coro)
     _BACKGROUND.add(fut)
@@ -509,7 +529,8 @@ class RaySandbox(Sandbox):
         a = self.node.actor
         pid = await self._call(lambda: a.exec_start.remote(self.id, list(argv), opts))
         while True:
-            got = await self._provider._call(self.node, a.poll.remote(pid, self._provider.poll_s))
+            got = await self._provider._call(self.node, a.poll.remote(
+                pid, self._provider.poll_s, self._provider.linger_s))
             if got["out"]:
                 on_output(1, got["out"])
             if got["err"]:
@@ -570,23 +591,53 @@ def _sandbox_class(caps: frozenset[str]) -> type[RaySandbox]:
     return cls
 
 
+#: stdin writes in flight to a node before ``write`` waits for the oldest
+_WRITES_IN_FLIGHT = 8
+
+
 @final
 class _Stdin(ProcessStdin):
+    """A process's stdin on a node. Writes are sent in order without waiting for each to
+    land (a snippet's frame, then the close, cost no round trip of their own); ``write``
+    waits once more than a few are in flight, and a write that failed on the node raises
+    ``ProviderError`` from the next ``write`` (``close`` waits for them all)."""
+
     def __init__(self, proc: RayProcess) -> None:
         self._proc = proc
         self._closed = False
+        self._seq = 0
+        self._inflight: list[asyncio.Future[Any]] = []
+
+    def _submit(self, data: bytes, close: bool) -> None:
+        self._inflight.append(asyncio.ensure_future(self._proc._send(self._seq, data, close)))
+        self._seq += 1
+
+    async def _settle(self, keep: int) -> None:
+        while len(self._inflight) > keep:
+            await self._inflight.pop(0)
 
     async def write(self, data: bytes) -> None:
         if self._closed:
             raise ProviderError("stdin is closed")
-        await self._proc._send(bytes(data), False)
+        done = [f for f in self._inflight if f.done()]
+        for f in done:
+            self._inflight.remove(f)
+            f.result()  # a failed earlier write raises here
+        self._submit(bytes(data), False)
+        await self._settle(_WRITES_IN_FLIGHT)
 
     async def close(self) -> None:
+        """Send the close after the writes; it lands in order, and nothing waits for it
+        (a failure shows as the process's own end)."""
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(ProviderError):
-            await self._proc._send(b"", True)
+        self._submit(b"", True)
+        for f in self._inflight:
+            f.add_done_callback(_quiet)
+            _BACKGROUND.add(f)
+            f.add_done_callback(_BACKGROUND.discard)
+        self._inflight.clear()
 
 
 @final
@@ -604,16 +655,18 @@ class RayProcess(ProcessHandle):
         self.stderr = _iterate(self._err)
         self._pump_task = asyncio.ensure_future(self._pump())
 
-    async def _send(self, data: bytes, close: bool) -> None:
+    async def _send(self, seq: int, data: bytes, close: bool) -> None:
         node = self._sb.node
-        await self._sb._provider._call(node, node.actor.write.remote(self._pid, data, close))
+        await self._sb._provider._call(node, node.actor.write.remote(self._pid, seq, data,
+                                                                      close))
 
     async def _pump(self) -> None:
         node, prov = self._sb.node, self._sb._provider
         out_eof = err_eof = False
         try:
             while True:
-                got = await prov._call(node, node.actor.poll.remote(self._pid, prov.poll_s))
+                got = await prov._call(node, node.actor.poll.remote(self._pid, prov.poll_s,
+                                                                     prov.linger_s))
                 if got["out"]:
                     self._out.put_nowait(got["out"])
                 if got["err"]:

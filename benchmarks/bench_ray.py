@@ -1,0 +1,190 @@
+"""Ray provider benchmark: what placing sandboxes on a cluster costs per call, and how
+throughput grows with worker nodes.
+
+    .venv/bin/python benchmarks/bench_ray.py [--runs 200] [--json]
+
+Starts a real local cluster (``LocalCluster``: a head with no CPUs for work and two
+worker nodes with one CPU each, on 127.0.0.2-4, private temp dir, stopped by pid), then,
+in the same run:
+
+1. **Added cost per call.** ``run_snippet("1+1")`` through a warm :class:`SnippetPool`
+   (slots made beforehand) on the local strict provider (``LinuxProvider`` in this
+   process) and on the Ray provider: p50/p99 of sequential runs and runs/s with 4
+   callers; and one ``exec`` of ``/bin/true`` in a live sandbox both ways. The added
+   cost is the difference of the p50s.
+2. **Nodes.** Runs/s of the same pool on the Ray provider with two worker nodes, then
+   with one (the other stopped), 4 callers (2 slots per node).
+
+The machine's cores are shared by the driver, the head, the worker nodes, their
+sandboxes and anything else running: on a 2-core host "each node has its own core" does
+not hold, and the report says what was measured, not what a cluster would give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import warnings
+from typing import Any
+
+from corral.core.contract import SandboxProvider
+from corral.core.spec import SandboxSpec
+from corral.snippets.host.pool import SnippetPool
+from corral.snippets.host.runner import run_snippet
+
+SNIPPET = "1+1"
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+async def pooled(p: SandboxProvider, runs: int, *, slots: int, callers: int
+                 ) -> dict[str, float]:
+    """p50/p99 (ms) of sequential warm snippet runs and runs/s with ``callers`` at once."""
+    async with SnippetPool(providers={"strict": p}, spares=0, max_idle=16,
+                           max_workers=max(slots, callers)) as pool:
+        await pool.prewarm(level="strict", tenant_id="bench", count=slots)
+        for _ in range(20):
+            await run_snippet(SNIPPET, pool=pool, tenant_id="bench")
+        lat = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            t = await run_snippet(SNIPPET, pool=pool, tenant_id="bench")
+            lat.append((time.perf_counter() - t0) * 1000)
+            assert t.result == "2", t
+        rate = await throughput(pool, runs, callers)
+    return {"p50": pct(lat, 50), "p99": pct(lat, 99), "rate": rate}
+
+
+async def throughput(pool: SnippetPool, runs: int, callers: int) -> float:
+    per = max(runs // callers, 10)
+
+    async def caller() -> None:
+        for _ in range(per):
+            t = await run_snippet(SNIPPET, pool=pool, tenant_id="bench")
+            assert t.result == "2", t
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(callers)))
+    return per * callers / (time.perf_counter() - t0)
+
+
+async def exec_rt(p: SandboxProvider, runs: int) -> dict[str, float]:
+    """p50/p99 (ms) of ``exec(["/bin/true"])`` in one live sandbox."""
+    sb = await p.create(SandboxSpec(tenant_id="bench-exec"))
+    try:
+        for _ in range(10):
+            await sb.exec(["/bin/true"])
+        lat = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            r = await sb.exec(["/bin/true"])
+            lat.append((time.perf_counter() - t0) * 1000)
+            assert r.exit_code == 0
+    finally:
+        await sb.destroy()
+    return {"p50": pct(lat, 50), "p99": pct(lat, 99)}
+
+
+async def nodes_rate(runs: int, callers: int) -> tuple[int, float, dict[str, int]]:
+    from corral.providers.ray import RayProvider
+    p = RayProvider(node_resource="corral")
+    try:
+        n = len(p.nodes())
+        async with SnippetPool(providers={"strict": p}, spares=0, max_idle=16,
+                               max_workers=callers) as pool:
+            await pool.prewarm(level="strict", tenant_id="bench", count=callers)
+            for _ in range(20):
+                await run_snippet(SNIPPET, pool=pool, tenant_id="bench")
+            spread: dict[str, int] = {}
+            for sb in list(p._live):
+                spread[sb.node.address] = spread.get(sb.node.address, 0) + 1
+            rate = await throughput(pool, runs * 2, callers)
+        return n, rate, spread
+    finally:
+        await p.aclose()
+
+
+async def same_run(runs: int) -> dict[str, Any]:
+    from corral.providers.linux import LinuxProvider
+    from corral.providers.ray import RayProvider
+    out: dict[str, Any] = {}
+    local = LinuxProvider()
+    try:
+        out["local_pool"] = await pooled(local, runs, slots=2, callers=4)
+        out["local_exec"] = await exec_rt(local, runs)
+    finally:
+        await local.aclose()
+    rp = RayProvider(node_resource="corral")
+    try:
+        out["ray_pool"] = await pooled(rp, runs, slots=2, callers=4)
+        out["ray_exec"] = await exec_rt(rp, runs)
+    finally:
+        await rp.aclose()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--callers", type=int, default=4)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    from corral.providers.ray.cluster import LocalCluster
+    cluster = LocalCluster(workers=2, head_cpus=0, port=6393)
+    t0 = time.perf_counter()
+    cluster.start()
+    up = time.perf_counter() - t0
+    os.environ.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"})
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import ray  # type: ignore[import-untyped,unused-ignore]
+            ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+        res = asyncio.run(same_run(args.runs))
+        n2, rate2, spread2 = asyncio.run(nodes_rate(args.runs, args.callers))
+        cluster.stop_node(cluster.workers[-1])
+        deadline = time.monotonic() + 60
+        while sum(1 for x in ray.nodes() if x.get("Alive")) > 2:
+            if time.monotonic() > deadline:
+                raise SystemExit("the stopped worker never left Ray's node list")
+            time.sleep(0.5)
+        n1, rate1, spread1 = asyncio.run(nodes_rate(args.runs, args.callers))
+    finally:
+        import ray
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.stop()
+    res.update({"cluster_up_s": up, "cpus": os.cpu_count(),
+                "nodes": {"two": {"workers": n2, "rate": rate2, "slots": spread2},
+                          "one": {"workers": n1, "rate": rate1, "slots": spread1},
+                          "ratio": rate2 / rate1 if rate1 else 0.0}})
+    if args.json:
+        json.dump(res, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    lp, rp, le, re_ = res["local_pool"], res["ray_pool"], res["local_exec"], res["ray_exec"]
+    print(f"cluster: head + 2 workers up in {up:.1f} s on {os.cpu_count()} cores")
+    print(f"warm snippet, local strict: p50 {lp['p50']:.2f} ms  p99 {lp['p99']:.2f} ms  "
+          f"{lp['rate']:.0f} runs/s ({args.callers} callers)")
+    print(f"warm snippet, ray:          p50 {rp['p50']:.2f} ms  p99 {rp['p99']:.2f} ms  "
+          f"{rp['rate']:.0f} runs/s ({args.callers} callers)")
+    print(f"  added per call at p50: {rp['p50'] - lp['p50']:.2f} ms "
+          f"(p99: {rp['p99'] - lp['p99']:.2f} ms)")
+    print(f"exec /bin/true, local:      p50 {le['p50']:.2f} ms  p99 {le['p99']:.2f} ms")
+    print(f"exec /bin/true, ray:        p50 {re_['p50']:.2f} ms  p99 {re_['p99']:.2f} ms  "
+          f"(added {re_['p50'] - le['p50']:.2f} ms at p50)")
+    nd = res["nodes"]
+    print(f"ray, two workers: {nd['two']['rate']:.0f} runs/s (slots {nd['two']['slots']}); "
+          f"one worker: {nd['one']['rate']:.0f} runs/s (slots {nd['one']['slots']}); "
+          f"ratio {nd['ratio']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
