@@ -117,8 +117,14 @@ def test_a_secret_header_reaches_upstream_and_not_the_sandbox(linux: Any) -> Non
                                    str(len(secret) - len(MARKER)), "/work"],
                                   ExecOpts(env={"LEAK": secret}, timeout_ms=120_000))
                 assert "'env'" in r.stdout_text and "/mem'" in r.stdout_text, r.stdout_text
+                # a restore (here: another sandbox's /work) keeps this sandbox's bundle
+                async with await p.create(SandboxSpec(tenant_id="t", run_id="r2")) as other:
+                    snap = await other.snapshot()
+                await sb.restore(snap)
+                r = await sb.exec([PY, "-c", FETCH, f"https://api.test:{srv.port}/y"])
+                assert r.exit_code == 0, r.stderr_text
             got = [q[2].get("authorization") for q in srv.requests]
-            assert got == [f"Bearer {secret}"]
+            assert got == [f"Bearer {secret}"] * 2
 
         linux(test, egress_resolver=MapResolver({"api.test": ["127.0.0.1"]}),
               egress_upstream_ssl_context=upstream_ctx)

@@ -114,6 +114,8 @@ class LinuxSandbox(Sandbox):
                                       upstream_ssl_context=provider._egress_upstream_ssl)
         #: what every command's env gets for the network (the proxy's variables)
         self._net_env: dict[str, str] = {}
+        #: (path, bytes) of the CA bundle written at create (a policy with secrets)
+        self._ca_bundle: tuple[str, bytes] | None = None
         channel.set_event_handler(self._on_event)
         channel.on_violation = self._on_violation
         channel.closed.add_done_callback(lambda _f: self._on_agent_gone())
@@ -214,7 +216,8 @@ class LinuxSandbox(Sandbox):
         bundle = None
         if self.network.ca_bundle_pem is not None:
             bundle = f"{self.plan.work_dir}/{CA_BUNDLE_NAME}"
-            await self.write_file(bundle, _system_cas() + self.network.ca_bundle_pem)
+            self._ca_bundle = (bundle, _system_cas() + self.network.ca_bundle_pem)
+            await self.write_file(*self._ca_bundle)
         self._net_env = proxy_env(bundle)
 
     def _payload_cap(self) -> int:
@@ -615,10 +618,13 @@ class LinuxSandbox(Sandbox):
         return self._provider.snapshots.put(payload)
 
     async def restore(self, handle: SnapshotHandle) -> None:
-        """Replace /work with a snapshot's content (InvalidSnapshotHandleError if not ours)."""
+        """Replace /work with a snapshot's content (InvalidSnapshotHandleError if not ours);
+        the sandbox's own CA bundle (a policy with secret headers) is written again."""
         self._check_cpu()
         data = self._provider.snapshots.get(handle)
         await self._call({"op": "restore"}, data)
+        if self._ca_bundle is not None:
+            await self.write_file(*self._ca_bundle)
 
     def _freezer(self) -> Any:
         self._check_cpu()
