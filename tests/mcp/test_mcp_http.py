@@ -9,9 +9,8 @@ import asyncio
 import signal
 from typing import Any
 
-from mcp_support import STRICT, cgroup_gone, cgroup_of, cgroups_of_pid, doc, http_server
-
 from mcp import Client
+from mcp_support import STRICT, cgroup_gone, cgroup_of, cgroups_of_pid, doc, http_server
 
 
 def run(coro: Any) -> Any:

@@ -8,10 +8,10 @@ import asyncio
 from typing import Any
 
 import pytest
+from mcp import Client
 from mcp_support import STRICT, cgroup_gone, cgroup_of, cgroups_of_pid, doc, stdio_params
 
 from corral.mcp.server import playground_link
-from mcp import Client
 
 TOOLS = {"run_in_sandbox", "run_command", "sandbox_create", "sandbox_exec",
          "sandbox_write_file", "sandbox_read_file", "sandbox_list", "sandbox_destroy"}
