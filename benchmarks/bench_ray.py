@@ -92,11 +92,22 @@ async def exec_rt(p: SandboxProvider, runs: int) -> dict[str, float]:
     return {"p50": pct(lat, 50), "p99": pct(lat, 99)}
 
 
-async def nodes_rate(runs: int, callers: int) -> tuple[int, float, dict[str, int]]:
-    from corral.providers.ray import RayProvider
+def cpu_ms(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far, ms (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            f = fh.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(f[11]) + int(f[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+async def nodes_rate(runs: int, callers: int) -> tuple[int, float, dict[str, Any]]:
+    from corral.providers.ray import RayProvider, _wire
     p = RayProvider(node_resource="corral")
     try:
         n = len(p.nodes())
+        actors = [_wire.unwrap(await x.actor.info.remote())["pid"] for x in p.nodes()]
         async with SnippetPool(providers={"strict": p}, spares=0, max_idle=16,
                                max_workers=callers) as pool:
             await pool.prewarm(level="strict", tenant_id="bench", count=callers)
@@ -105,8 +116,13 @@ async def nodes_rate(runs: int, callers: int) -> tuple[int, float, dict[str, int
             spread: dict[str, int] = {}
             for sb in list(p._live):
                 spread[sb.node.address] = spread.get(sb.node.address, 0) + 1
+            c0, a0 = time.process_time(), sum(cpu_ms(x) for x in actors)
+            per = max(runs * 2 // callers, 10)
             rate = await throughput(pool, runs * 2, callers)
-        return n, rate, spread
+            done = per * callers
+            cost = {"driver_cpu_ms": (time.process_time() - c0) * 1000 / done,
+                    "node_actor_cpu_ms": (sum(cpu_ms(x) for x in actors) - a0) / done}
+        return n, rate, {"slots": spread, **cost}
     finally:
         await p.aclose()
 
@@ -162,8 +178,8 @@ def main() -> None:
             ray.shutdown()
         cluster.stop()
     res.update({"cluster_up_s": up, "cpus": os.cpu_count(),
-                "nodes": {"two": {"workers": n2, "rate": rate2, "slots": spread2},
-                          "one": {"workers": n1, "rate": rate1, "slots": spread1},
+                "nodes": {"two": {"workers": n2, "rate": rate2, **spread2},
+                          "one": {"workers": n1, "rate": rate1, **spread1},
                           "ratio": rate2 / rate1 if rate1 else 0.0}})
     if args.json:
         json.dump(res, sys.stdout, indent=2)
@@ -181,9 +197,12 @@ def main() -> None:
     print(f"exec /bin/true, ray:        p50 {re_['p50']:.2f} ms  p99 {re_['p99']:.2f} ms  "
           f"(added {re_['p50'] - le['p50']:.2f} ms at p50)")
     nd = res["nodes"]
-    print(f"ray, two workers: {nd['two']['rate']:.0f} runs/s (slots {nd['two']['slots']}); "
-          f"one worker: {nd['one']['rate']:.0f} runs/s (slots {nd['one']['slots']}); "
-          f"ratio {nd['ratio']:.2f}x")
+    for k in ("two", "one"):
+        x = nd[k]
+        print(f"ray, {k} worker(s): {x['rate']:.0f} runs/s, slots {x['slots']}; per run: "
+              f"driver {x['driver_cpu_ms']:.2f} ms CPU, node actors "
+              f"{x['node_actor_cpu_ms']:.2f} ms CPU")
+    print(f"two workers / one worker: {nd['ratio']:.2f}x")
 
 
 if __name__ == "__main__":

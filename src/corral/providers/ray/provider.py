@@ -597,42 +597,49 @@ _WRITES_IN_FLIGHT = 8
 
 @final
 class _Stdin(ProcessStdin):
-    """A process's stdin on a node. Writes are sent in order without waiting for each to
-    land (a snippet's frame, then the close, cost no round trip of their own); ``write``
-    waits once more than a few are in flight, and a write that failed on the node raises
-    ``ProviderError`` from the next ``write`` (``close`` waits for them all)."""
+    """A process's stdin on a node. Writes are gathered until the loop's next turn (or a
+    close) and sent in order without waiting for each to land: a snippet's frame and the
+    close go in one call and cost no round trip of their own. ``write`` waits once more
+    than a few calls are in flight; a write that failed on the node raises
+    ``ProviderError`` from the next ``write``; a failed close shows as the process's end."""
 
     def __init__(self, proc: RayProcess) -> None:
         self._proc = proc
         self._closed = False
         self._seq = 0
+        self._buf = bytearray()
+        self._flush_soon: asyncio.Handle | None = None
         self._inflight: list[asyncio.Future[Any]] = []
 
-    def _submit(self, data: bytes, close: bool) -> None:
+    def _flush(self, close: bool = False) -> None:
+        if self._flush_soon is not None:
+            self._flush_soon.cancel()
+            self._flush_soon = None
+        if not (self._buf or close):
+            return
+        data, self._buf = bytes(self._buf), bytearray()
         self._inflight.append(asyncio.ensure_future(self._proc._send(self._seq, data, close)))
         self._seq += 1
-
-    async def _settle(self, keep: int) -> None:
-        while len(self._inflight) > keep:
-            await self._inflight.pop(0)
 
     async def write(self, data: bytes) -> None:
         if self._closed:
             raise ProviderError("stdin is closed")
-        done = [f for f in self._inflight if f.done()]
-        for f in done:
+        for f in [f for f in self._inflight if f.done()]:
             self._inflight.remove(f)
             f.result()  # a failed earlier write raises here
-        self._submit(bytes(data), False)
-        await self._settle(_WRITES_IN_FLIGHT)
+        self._buf += data
+        if len(self._buf) >= 1 << 20:
+            self._flush()
+        elif self._flush_soon is None:
+            self._flush_soon = asyncio.get_running_loop().call_soon(self._flush)
+        while len(self._inflight) > _WRITES_IN_FLIGHT:
+            await self._inflight.pop(0)
 
     async def close(self) -> None:
-        """Send the close after the writes; it lands in order, and nothing waits for it
-        (a failure shows as the process's own end)."""
         if self._closed:
             return
         self._closed = True
-        self._submit(b"", True)
+        self._flush(close=True)
         for f in self._inflight:
             f.add_done_callback(_quiet)
             _BACKGROUND.add(f)
