@@ -24,6 +24,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from corral.cli._common import duration_ms
+from corral.cli._style import LiveStatus, Palette, is_tty
+from corral.cli._terminal import sanitize
 from corral.core.errors import ConfigInvalidError
 
 if TYPE_CHECKING:
@@ -119,29 +121,45 @@ def _fact(value: Any) -> str:
     return json.dumps(thaw(value), ensure_ascii=False)
 
 
-def render(t: Transcript) -> str:
-    """The transcript as text for a person."""
+def _keep(text: str) -> str:
+    return text
+
+
+def _safe(text: str) -> str:
+    """Untrusted text made harmless for a terminal (escape sequences shown as text)."""
+    return sanitize(text.encode("utf-8", "surrogateescape")).decode("utf-8")
+
+
+def render(t: Transcript, *, palette: Palette | None = None, terminal: bool = False) -> str:
+    """The transcript as text for a person. ``terminal``: every piece that came from
+    the snippet (its logs, result, facts, errors, tracebacks, file names) is passed
+    through the terminal sanitizer, so an escape sequence it printed shows as text
+    and does nothing; ``palette`` colours corral's own parts."""
+    paint = (palette or Palette(False)).paint
+    safe = _safe if terminal else _keep
     out: list[str] = []
     for line in t.logs:
-        out.append(line.text if line.stream == "stdout" else f"[{line.stream}] {line.text}")
+        out.append(safe(line.text) if line.stream == "stdout" else
+                   f"{paint(f'[{line.stream}]', 'yellow')} {safe(line.text)}")
     if t.result is not None:
-        out.append(f"=> {t.result}")
+        out.append(f"{paint('=>', 'green', 'bold')} {safe(str(t.result))}")
     if t.facts:
-        out.append("facts:")
-        out.extend(f"  {name} = {_fact(value)}" for name, value in t.facts.items())
+        out.append(paint("facts:", "bold"))
+        out.extend(f"  {safe(name)} = {safe(_fact(value))}" for name, value in t.facts.items())
     for e in t.errors:
         where = ""
         if e.line is not None:
-            where = f" ({e.path or 'main.py'}, line {e.line}"
+            where = f" ({safe(e.path or 'main.py')}, line {e.line}"
             where += f", column {e.column})" if e.column is not None else ")"
-        kind = f"{e.type} [{e.code}]" if e.code else e.type
-        out.append(f"error: {kind}: {e.message}{where}")
+        kind = f"{safe(e.type)} [{e.code}]" if e.code else safe(e.type)
+        out.append(f"{paint('error:', 'red', 'bold')} {kind}: {safe(e.message)}{where}")
         if e.traceback:
-            out.extend("  " + line for line in e.traceback.rstrip("\n").splitlines())
+            out.extend("  " + safe(line) for line in e.traceback.rstrip("\n").splitlines())
     if t.truncated:
-        out.append(f"(truncated: {', '.join(sorted(t.truncated))})")
+        out.append(paint(f"(truncated: {', '.join(sorted(t.truncated))})", "yellow"))
     if not t.rejected:
-        out.append(f"({t.duration_ms:.1f} ms{', timed out' if t.timed_out else ''})")
+        out.append(paint(f"({t.duration_ms:.1f} ms{', timed out' if t.timed_out else ''})",
+                         "dim"))
     return "\n".join(out)
 
 
@@ -162,10 +180,14 @@ def run(args: argparse.Namespace) -> int:
     network = _network(args)
     allowed = (DEFAULT_ALLOWED_IMPORTS | frozenset(args.allow_import)
                if args.allow_import else None)
+    status = LiveStatus(f"running a snippet at {args.level}", stream=sys.stderr,
+                        enabled=is_tty(sys.stderr) and not args.json,
+                        palette=Palette.for_stream(sys.stderr))
     try:
-        transcript = run_snippet_sync(files=files, level=args.level, timeout_ms=used,
-                                      tenant_id=args.tenant, allowed_imports=allowed,
-                                      network=network if network.kind != "none" else None)
+        with status:
+            transcript = run_snippet_sync(files=files, level=args.level, timeout_ms=used,
+                                          tenant_id=args.tenant, allowed_imports=allowed,
+                                          network=network if network.kind != "none" else None)
     finally:
         shutdown_snippet_pool()
     if args.json:
@@ -174,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
         doc["notes"] = notes
         print(json.dumps(doc, ensure_ascii=False, indent=2))
     else:
-        print(render(transcript))
+        print(render(transcript, palette=Palette.for_stream(sys.stdout),
+                     terminal=is_tty(sys.stdout)))
     if transcript.timed_out:
         return EXIT_TIMEOUT
     return EXIT_OK if transcript.ok else EXIT_FAILED

@@ -20,6 +20,14 @@ Streamed output that goes to a terminal is sanitized (``_terminal``): escape
 sequences and other control characters from the command are shown as text,
 never obeyed. A pipe or file gets the exact bytes; ``--raw-output`` passes
 them to a terminal too.
+
+Where a person watches (stderr is a terminal) a live status line shows the
+run and its time, corral's own messages are coloured, and a closing line says
+how the run ended (``_style``: ``NO_COLOR``/``FORCE_COLOR``/``TERM=dumb``
+respected). Piped, none of that: the command's bytes and corral's plain
+messages. ``--events`` prints NDJSON events instead (one JSON object a line:
+``start``, ``stdout``/``stderr`` chunks as they arrive, then ``result``, the
+same object ``--json`` prints), for a program that follows a run live.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from corral.cli._common import EXIT_CANNOT_EXECUTE, duration_ms
+from corral.cli._style import LiveStatus, Palette, is_tty
 from corral.cli._terminal import TerminalSanitizer
 from corral.core.cancel import CancelToken
 from corral.core.errors import ConfigInvalidError
@@ -143,8 +152,13 @@ def add_parser(subparsers: Any) -> None:
                    help="isolation level: context-isolated (default; a bounded child process, "
                         "NOT a security boundary) or strict (the Linux sandbox: namespaces, "
                         "seccomp, cgroups; --mem-mb/--cpu-ms then cap the whole tree)")
-    p.add_argument("--json", action="store_true",
-                   help="print the whole result as JSON instead of streaming the output")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true",
+                       help="print the whole result as JSON instead of streaming the output")
+    shown.add_argument("--events", action="store_true",
+                       help="print NDJSON events on stdout: start, each stdout/stderr chunk "
+                            "as it arrives (text, or base64 when not UTF-8), then the result "
+                            "(the --json object)")
     p.add_argument("--raw-output", action="store_true",
                    help="write the command's output to a terminal as is; by default escape "
                         "sequences and other control characters are shown as text (a pipe "
@@ -283,10 +297,11 @@ class _Output:
     #: terminal): corral's own message then needs no newline of its own first
     at_line_start = True
 
-    def __init__(self, stream: Any, *, raw: bool) -> None:
+    def __init__(self, stream: Any, *, raw: bool, status: LiveStatus | None = None) -> None:
         self.stream = stream
         self.buffer: BinaryIO | None = getattr(stream, "buffer", None)
         self.sanitizer = None if raw or not _is_tty(stream) else TerminalSanitizer()
+        self.status = status
 
     def write(self, chunk: bytes) -> None:
         if self.sanitizer is not None:
@@ -301,7 +316,9 @@ class _Output:
         if not data:
             return
         _Output.at_line_start = data.endswith(b"\n")
-        if self.buffer is not None:
+        if self.status is not None and self.status.enabled:  # above the live status line
+            self.status.write(self.stream, data.decode("utf-8", "replace"))
+        elif self.buffer is not None:
             self.buffer.write(data)
             self.buffer.flush()
         else:
@@ -309,19 +326,56 @@ class _Output:
             self.stream.flush()
 
 
-def _is_tty(stream: Any) -> bool:
+_is_tty = is_tty
+#: the two streams' sinks: for a person (or a pipe), or ``--events``
+_Outs = tuple["_Output", "_Output"] | tuple["_Events", "_Events"]
+
+
+class _Events:
+    """``--events``: one NDJSON line per chunk of one stream (stdout or stderr)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.status = None
+
+    def write(self, chunk: bytes) -> None:
+        _event(self.name, **_data(chunk))
+
+    def close(self) -> None:
+        pass
+
+
+def _data(chunk: bytes) -> dict[str, str]:
+    """A chunk as JSON: text when it is UTF-8 on its own, else base64 (lossless)."""
     try:
-        return bool(stream.isatty())
-    except (AttributeError, OSError, ValueError):
-        return False
+        return {"data": chunk.decode("utf-8")}
+    except UnicodeDecodeError:
+        import base64
+        return {"data": base64.b64encode(chunk).decode("ascii"), "encoding": "base64"}
 
 
-def _outputs(args: argparse.Namespace) -> tuple[_Output, _Output] | None:
+def _event(kind: str, **fields: Any) -> None:
+    sys.stdout.write(json.dumps({"event": kind, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def _outputs(args: argparse.Namespace, status: LiveStatus | None = None) -> _Outs | None:
     """stdout and stderr for streaming, or None with --json."""
     if args.json:
         return None
+    if args.events:
+        return (_Events("stdout"), _Events("stderr"))
     _Output.at_line_start = True
-    return (_Output(sys.stdout, raw=args.raw_output), _Output(sys.stderr, raw=args.raw_output))
+    return (_Output(sys.stdout, raw=args.raw_output, status=status),
+            _Output(sys.stderr, raw=args.raw_output, status=status))
+
+
+def _live_status(args: argparse.Namespace, cmd: str) -> LiveStatus:
+    """The status line for this run: drawn only where stderr is a terminal and the
+    output is streamed for a person (not --json, not --events)."""
+    enabled = is_tty(sys.stderr) and not args.json and not args.events
+    return LiveStatus(f"running {os.path.basename(cmd)} at {args.level}", stream=sys.stderr,
+                      enabled=enabled, palette=Palette.for_stream(sys.stderr))
 
 
 def _with_signals_cancelling(token: CancelToken, fn: Callable[[], RunResult]) -> RunResult:
@@ -347,12 +401,26 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(command, RunResult):
         return _finish(args, command, None, [])
     cmd, cmd_args = command
+    status = _live_status(args, cmd)
+    _live.append(status)
+    try:
+        return _run(args, cmd, cmd_args, status)
+    finally:
+        status.stop()
+        _live.remove(status)
+
+
+def _run(args: argparse.Namespace, cmd: str, cmd_args: list[str], status: LiveStatus) -> int:
+    strict = args.level == "strict"
     if args.here and args.cwd is not None:
         raise ConfigInvalidError("--here", "give --here or --cwd, not both")
     copies = _copies(args)
     wanted = _outputs_wanted(args)
     token = CancelToken()
-    out = _outputs(args)
+    out = _outputs(args, status)
+    if args.events:
+        _event("start", argv=[cmd, *cmd_args], level=args.level)
+    status.start()
     if strict:
         if args.here:
             raise ConfigInvalidError(
@@ -361,7 +429,7 @@ def run(args: argparse.Namespace) -> int:
         saved: list[dict[str, Any]] = []
         result = _with_signals_cancelling(
             token, lambda: _run_strict(args, cmd, cmd_args, token, out, copies, wanted, saved))
-        return _finish(args, result, out, saved)
+        return _finish(args, result, out, saved, status)
     if _network(args).kind != "none":
         raise ConfigInvalidError("--network/--allow-host",
                                  "need --level strict (the only level that enforces a network "
@@ -408,7 +476,7 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(own_dir, ignore_errors=True)
     if own_dir is not None:
         result = dataclasses.replace(result, cwd_owned=True)
-    return _finish(args, result, out, saved)
+    return _finish(args, result, out, saved, status)
 
 
 #: a provider default's field -> how the note names it
@@ -416,8 +484,17 @@ _NAMES: dict[str, str] = {"mem_mb": "memory", "max_processes": "process-count",
                           "cpu_ms": "CPU"}
 
 
+#: the status line of the run in progress (a note is written above it)
+_live: list[LiveStatus] = []
+
+
 def _note(text: str) -> None:
-    print(f"corral: note: {text}", file=sys.stderr)
+    if _live and _live[-1].enabled:
+        paint = _live[-1].palette.paint
+        _live[-1].write(sys.stderr, f"{paint('corral', 'bold')}: {paint('note', 'yellow')}: "
+                                    f"{text}\n")
+    else:
+        print(f"corral: note: {text}", file=sys.stderr)
 
 
 def _put_host_file(path: str, data: bytes) -> None:
@@ -436,7 +513,7 @@ def _save(src: str, dest: str, data: bytes | None) -> dict[str, Any]:
 
 
 def _run_strict(args: argparse.Namespace, cmd: str, cmd_args: list[str],
-                token: CancelToken, out: tuple[_Output, _Output] | None,
+                token: CancelToken, out: _Outs | None,
                 copies: dict[str, bytes], wanted: list[tuple[str, str]],
                 saved: list[dict[str, Any]]) -> RunResult:
     from corral.core.spec import SandboxLimits
@@ -462,7 +539,7 @@ def _run_strict(args: argparse.Namespace, cmd: str, cmd_args: list[str],
 
 
 def _strict_on(provider: LinuxProvider, args: argparse.Namespace, cmd: str,
-               cmd_args: list[str], token: CancelToken, out: tuple[_Output, _Output] | None,
+               cmd_args: list[str], token: CancelToken, out: _Outs | None,
                copies: dict[str, bytes], wanted: list[tuple[str, str]],
                saved: list[dict[str, Any]], limits: SandboxLimits) -> RunResult:
     from corral.run.strict import run_strict
@@ -500,28 +577,43 @@ def _strict_on(provider: LinuxProvider, args: argparse.Namespace, cmd: str,
         on_stderr=out[1].write if out else None)
 
 
-def _finish(args: argparse.Namespace, result: RunResult,
-            out: tuple[_Output, _Output] | None, saved: list[dict[str, Any]]) -> int:
+def _finish(args: argparse.Namespace, result: RunResult, out: _Outs | None,
+            saved: list[dict[str, Any]], live: LiveStatus | None = None) -> int:
     if out is not None:
         for o in out:
             o.close()
+    if live is not None:
+        live.stop()
     status = _status(result)
-    if args.json:
+    if args.json or args.events:
         doc = result.to_dict()
         doc["exit_status"] = status
         if saved:
             doc["files_out"] = saved
-        print(json.dumps(doc))
-    elif result.outcome is not Outcome.EXIT:
+        if args.events:
+            _event("result", **doc)
+        else:
+            print(json.dumps(doc))
+        return status
+    paint = Palette.for_stream(sys.stderr).paint
+    # the streamed output may have stopped mid-line (a cap cuts it anywhere): corral's
+    # own lines start on a line of their own
+    nl = "\n" if out is not None and not _Output.at_line_start else ""
+    if result.outcome is not Outcome.EXIT:
         err = result.error()
         detail = err.message if err is not None else ""
-        # the streamed output may have stopped mid-line (a cap cuts it anywhere): the
-        # message starts on a line of its own
-        nl = "\n" if out is not None and not _Output.at_line_start else ""
-        print(f"{nl}corral: {result.outcome}: {detail}", file=sys.stderr)
-    if not args.json:
-        for d in result.denials:
-            _note(f"network refused {d.host}:{d.port} ({d.kind}): {d.reason}")
+        print(f"{nl}{paint('corral', 'bold')}: {paint(str(result.outcome), 'red', 'bold')}: "
+              f"{detail}", file=sys.stderr)
+        nl = ""
+    for d in result.denials:
+        _note(f"network refused {d.host}:{d.port} ({d.kind}): {d.reason}")
+    if live is not None and live.enabled:  # a person watches: how it ended, in one line
+        code = result.exit_code
+        how = (paint(f"exit {code}", "green" if code == 0 else "yellow")
+               if result.outcome is Outcome.EXIT else paint(str(result.outcome), "red"))
+        took = round(result.duration_ms) if result.duration_ms else result.usage.wall_ms
+        print(f"{nl}{paint('corral', 'bold')}: {how} {paint(f'in {took} ms', 'dim')} "
+              f"{paint(f'({args.level})', 'dim')}", file=sys.stderr)
     return status
 
 
