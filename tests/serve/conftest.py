@@ -17,6 +17,9 @@ from servehelp import Server, config_text, running
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server offering context-isolated (subproc): fast, no kernel primitives needed."""
     tmp = tmp_path_factory.mktemp("serve")
+    images = tmp_path_factory.mktemp("images")
     with running(tmp, config_text({"context-isolated": "subproc"},
-                                  carol="max_memory_mb = 600\nmax_sandboxes = 8")) as s:
+                                  carol="max_memory_mb = 600\nmax_sandboxes = 8",
+                                  image_roots=(str(images),))) as s:
+        s.image_root = images  # the one directory whose images tenants may name
         yield s

@@ -27,7 +27,8 @@ CAROL = "carol-token-0123456789abcdef"
 
 
 def config_text(levels: dict[str, str], *, max_body_bytes: int = 12 << 20,
-                grace_s: float = 2.0, carol: str = "", extra: str = "") -> str:
+                grace_s: float = 2.0, carol: str = "", extra: str = "",
+                image_roots: tuple[str, ...] = ()) -> str:
     """A config: tenants alice (default caps), bob (2 sandboxes, 1 run, 512 MiB) and
     carol (caps given by ``carol``, TOML lines)."""
     lv = "\n".join(f'{k} = "{v}"' for k, v in levels.items())
@@ -36,6 +37,7 @@ def config_text(levels: dict[str, str], *, max_body_bytes: int = 12 << 20,
 max_body_bytes = {max_body_bytes}
 grace_s = {grace_s}
 snippet_workers = 2
+image_roots = {json.dumps(list(image_roots))}
 {extra}
 [levels]
 {lv}
@@ -67,6 +69,7 @@ class Server:
     def __init__(self, tmp: Path, config: str, *, env: dict[str, str] | None = None,
                  reaper: bool = False, tls_ca: str | None = None) -> None:
         self.dir = tmp
+        self.image_root: Path | None = None
         tmp.mkdir(parents=True, exist_ok=True)
         self.config_path = tmp / "serve.toml"
         self.config_path.write_text(config)

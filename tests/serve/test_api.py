@@ -231,8 +231,9 @@ def test_snippets(alice: httpx.Client) -> None:
 _HANDLER = "def handler(payload, ctx):\n    return {'doubled': payload['n'] * 2}\n"
 
 
-def test_invoke(alice: httpx.Client, tmp_path: Any) -> None:
-    img = tmp_path / "handler-img"
+def test_invoke(server: Server, alice: httpx.Client) -> None:
+    assert server.image_root is not None
+    img = server.image_root / "handler-img"
     img.mkdir()
     (img / "h.py").write_text(_HANDLER)
     spec = {**SPEC, "mode": "json-stdio", "image": str(img)}
@@ -361,3 +362,20 @@ def test_keep_alive_answers_are_not_held_by_nagle(server: Server) -> None:
     finally:
         conn.close()
     assert statistics.median(took) < 0.02, f"median {statistics.median(took) * 1000:.1f} ms"
+
+
+def test_images_only_under_the_image_roots(server: Server, alice: httpx.Client,
+                                           tmp_path: Any) -> None:
+    """spec.image is a path on the server's host: a tenant names only what the config
+    allows (else it could copy any host directory into its sandbox)."""
+    assert server.image_root is not None
+    (tmp_path / "h.py").write_text(_HANDLER)
+    link = server.image_root / "escape"
+    link.symlink_to(tmp_path)
+    handler = {"artifact_id": "a", "version": "1", "module_path": "h.py"}
+    for image in ("/etc", str(tmp_path), str(link), str(server.image_root) + "/../x"):
+        spec = {**SPEC, "mode": "json-stdio", "image": image}
+        r = alice.post("/v1/sandboxes", json={"spec": spec})
+        assert r.status_code == 400 and r.json()["error"]["field"] == "image", (image, r.text)
+        r = alice.post("/v1/invoke", json={"spec": spec, "handler": handler, "input": 1})
+        assert r.status_code == 400 and r.json()["error"]["field"] == "image", (image, r.text)

@@ -30,7 +30,10 @@ def test_run_snippet_through_the_remote_provider(server: Server) -> None:
     asyncio.run(go())
 
 
-def test_invoke_through_the_remote_provider(server: Server, tmp_path: Path) -> None:
+def test_invoke_through_the_remote_provider(server: Server) -> None:
+    assert server.image_root is not None
+    tmp_path = server.image_root / "front-door"
+    tmp_path.mkdir()
     (tmp_path / "h.py").write_text("def handler(payload, ctx):\n"
                                    "    return {'hello': payload, 'tenant': ctx.tenant_id}\n")
     spec = SandboxSpec(level="context-isolated", network=NetworkPolicy.unrestricted(),

@@ -11,6 +11,7 @@
     default_sandbox_mem_mb = 256  # what a sandbox without limits.mem_mb counts against a cap
     tls_certfile = ""           # both set: HTTPS
     tls_keyfile = ""
+    image_roots = []            # dirs whose images tenants may name (spec.image)
 
     [levels]                    # level -> provider name; a level left out is not offered
     strict = "linux"
@@ -113,6 +114,10 @@ class ServeConfig:
     tls_keyfile: str | None = None
     #: JSON-lines logs of every request (on stderr)
     access_log: bool = True
+    #: directories whose images (``spec.image``: a handler directory, an OCI layout or
+    #: tar, a rootfs) tenants may name; empty: no images. An image is a path on the
+    #: server's host, so without this a tenant could copy any host directory in.
+    image_roots: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tenants:
@@ -141,6 +146,11 @@ class ServeConfig:
                 raise ConfigInvalidError(f"levels.{lv}", "must name a provider")
         if not self.levels:
             raise ConfigInvalidError("levels", "at least one level must be offered")
+        roots = tuple(self.image_roots)
+        object.__setattr__(self, "image_roots", roots)
+        for r in roots:
+            if not isinstance(r, str) or not r.startswith("/"):
+                raise ConfigInvalidError("image_roots", f"must be absolute paths: {r!r}")
         if (self.tls_certfile is None) != (self.tls_keyfile is None):
             raise ConfigInvalidError("tls_certfile", "TLS needs both tls_certfile and "
                                      "tls_keyfile")
@@ -178,7 +188,8 @@ def config_from_dict(doc: Mapping[str, Any]) -> ServeConfig:
         raise ConfigInvalidError(extra[0], "unknown table")
     server = dict(doc.get("server", {}))
     known = {"host", "port", "max_body_bytes", "grace_s", "snippet_workers",
-             "default_sandbox_mem_mb", "tls_certfile", "tls_keyfile", "access_log"}
+             "default_sandbox_mem_mb", "tls_certfile", "tls_keyfile", "access_log",
+             "image_roots"}
     bad = sorted(set(server) - known)
     if bad:
         raise ConfigInvalidError(f"server.{bad[0]}", "unknown key")

@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -253,6 +254,20 @@ class Service:
             raise ApiError("not-found", "no such process", what="process")
         return p
 
+    def check_image(self, spec: SandboxSpec) -> None:
+        """``spec.image`` is a path on this host: only one under ``image_roots`` (after
+        symlinks are resolved) is taken, so a tenant cannot name any host directory."""
+        if spec.image is None:
+            return
+        real = os.path.realpath(spec.image)
+        for root in self.config.image_roots:
+            r = os.path.realpath(root)
+            if real == r or real.startswith(r.rstrip("/") + "/"):
+                return
+        raise ConfigInvalidError("image", "this server takes images only under its "
+                                 "image_roots" if self.config.image_roots else
+                                 "this server takes no images (image_roots is empty)")
+
     def _mem(self, spec: SandboxSpec) -> int:
         return spec.limits.mem_mb or self.config.default_sandbox_mem_mb
 
@@ -311,6 +326,7 @@ class Service:
             if client_id in tenant.tombstones:
                 raise CreateCancelledError("the sandbox was destroyed before it was created")
         provider = self.provider_for(spec.level)
+        self.check_image(spec)
         mem = self._mem(spec)
         with self.sandbox_slot(tenant, mem):
             sb = await provider.create(spec)
@@ -540,6 +556,7 @@ class Service:
                     reply = await invoke_in(entry.sandbox, ref, payload, mode=the_mode, **kw)
                 else:
                     assert spec is not None
+                    self.check_image(spec)
                     with self.sandbox_slot(tenant, self._mem(spec)):
                         reply = await invoke(self.provider_for(spec.level), spec, ref, payload,
                                              **kw)
