@@ -24,12 +24,18 @@ async def node_infos(p: RayProvider) -> dict[str, dict[str, Any]]:
 
 
 async def no_leaks(p: RayProvider, seconds: float = 10.0) -> None:
-    """Wait until no node holds a sandbox or a process record; fail after ``seconds``."""
+    """Wait until no node holds a sandbox or a process record and no memory reservation
+    (placement group) is left; fail after ``seconds``."""
+    from ray.util import placement_group_table
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     while True:
         infos = await node_infos(p)
-        left = {a: (i["live"], i["procs"]) for a, i in infos.items() if i["live"] or i["procs"]}
+        left: dict[str, Any] = {a: (i["live"], i["procs"]) for a, i in infos.items()
+                                if i["live"] or i["procs"]}
+        pgs = [g for g in placement_group_table().values() if g.get("state") == "CREATED"]
+        if pgs:
+            left["placement groups"] = len(pgs)
         if not left:
             return
         if loop.time() > deadline:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from raysupport import no_leaks, node_infos, provider
 
+import corral
 from corral.core.errors import ProviderError
 from corral.core.spec import ProcessOpts, SandboxSpec
 
@@ -120,7 +121,7 @@ async def main():
     await sb.start_process([sys.executable, "-c", "import time; time.sleep(120)"],
                            ProcessOpts(stdin=False))
     info = _wire.unwrap(await sb.node.actor.info.remote())
-    print(sb.id, sb.node.address, *info["host_pids"][sb.id], flush=True)
+    print("SANDBOX", sb.id, sb.node.address, *info["host_pids"][sb.id], flush=True)
     await asyncio.sleep(600)
 
 asyncio.run(main())
@@ -133,10 +134,15 @@ def test_dead_driver_sandboxes_reaped(ray_cluster: Any,
     drv = subprocess.Popen([PY, "-c", _DRIVER, ray_cluster.address], stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, env=env, text=True)
     try:
-        line = drv.stdout.readline() if drv.stdout else ""
-        parts = line.split()
-        assert len(parts) >= 3, f"the driver did not report its sandbox: {line!r}"
-        sid, address, pids = parts[0], parts[1], [int(x) for x in parts[2:]]
+        seen = []
+        for line in drv.stdout or ():  # Ray may print lines of its own first
+            seen.append(line)
+            if line.startswith("SANDBOX "):
+                break
+        parts = seen[-1].split() if seen else []
+        assert len(parts) >= 4 and parts[0] == "SANDBOX", \
+            f"the driver did not report its sandbox: {seen!r}"
+        sid, address, pids = parts[1], parts[2], [int(x) for x in parts[3:]]
         assert all(_alive(x) for x in pids)
     finally:
         drv.kill()
@@ -168,3 +174,30 @@ def test_dead_driver_sandboxes_reaped(ray_cluster: Any,
         print(f"\n  dead driver: its sandbox was destroyed {took:.2f} s after the kill "
               "(lease 2 s)")
 
+
+
+def _created_pgs() -> list[dict[str, Any]]:
+    from ray.util import placement_group_table
+    return [pg for pg in placement_group_table().values() if pg.get("state") == "CREATED"]
+
+
+def test_memory_is_reserved_as_a_ray_resource(ray_cluster: Any) -> None:
+    async def go() -> None:
+        p = provider()
+        try:
+            before = len(_created_pgs())
+            sb = await p.create(SandboxSpec(limits=corral.SandboxLimits(mem_mb=300)))
+            pgs = _created_pgs()
+            assert len(pgs) == before + 1, pgs
+            bundle = next(iter(pgs[-1]["bundles"].values()))
+            assert bundle["memory"] == 300 * 1024 * 1024, bundle
+            assert bundle.get(f"node:{sb.node.address}"), bundle
+            # more memory than any worker has is refused before anything runs
+            with pytest.raises(ProviderError, match="no node has room"):
+                await p.create(SandboxSpec(limits=corral.SandboxLimits(mem_mb=1 << 30)))
+            await sb.destroy()
+            assert len(_created_pgs()) == before
+            await no_leaks(p)
+        finally:
+            await p.aclose()
+    asyncio.run(go())
