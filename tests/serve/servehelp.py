@@ -29,7 +29,8 @@ CAROL = "carol-token-0123456789abcdef"
 def config_text(levels: dict[str, str], *, max_body_bytes: int = 12 << 20,
                 grace_s: float = 2.0, carol: str = "", extra: str = "",
                 image_roots: tuple[str, ...] = ()) -> str:
-    """A config: tenants alice (default caps), bob (2 sandboxes, 1 run, 512 MiB) and
+    """A config: tenants alice (default caps), bob (2 sandboxes, 1 run, 512 MiB, 2
+    processes per sandbox) and
     carol (caps given by ``carol``, TOML lines)."""
     lv = "\n".join(f'{k} = "{v}"' for k, v in levels.items())
     return f"""
@@ -55,6 +56,7 @@ token = "{BOB}"
 max_sandboxes = 2
 max_runs = 1
 max_memory_mb = 512
+max_processes = 2
 
 [[tenants]]
 name = "carol"

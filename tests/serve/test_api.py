@@ -78,7 +78,8 @@ def test_info_names_levels_capabilities_caps(alice: httpx.Client) -> None:
     assert info["tenant"] == "alice"
     assert info["levels"] == ["context-isolated"]
     assert info["providers"]["context-isolated"]["name"] == "subproc"
-    assert set(info["caps"]) == {"max_sandboxes", "max_runs", "max_memory_mb"}
+    assert set(info["caps"]) == {"max_sandboxes", "max_runs", "max_memory_mb",
+                                 "max_processes"}
 
 
 def test_sandbox_life_cycle(alice: httpx.Client) -> None:
@@ -299,6 +300,15 @@ def test_caps_are_refused_with_the_error_tables_status(server: Server) -> None:
             assert slow.result().status_code == 200
         r = bob.post(f"/v1/sandboxes/{a}/exec", json={"argv": ["/bin/true"]})
         assert r.status_code == 200
+        # max_processes = 2 per sandbox: processes not yet ended (and seen ended)
+        sleeper = {"argv": [PY, "-c", "import time; time.sleep(30)"]}
+        p1 = bob.post(f"/v1/sandboxes/{a}/processes", json=sleeper).json()["id"]
+        assert bob.post(f"/v1/sandboxes/{a}/processes", json=sleeper).status_code == 201
+        r = bob.post(f"/v1/sandboxes/{a}/processes", json=sleeper)
+        assert r.status_code == 422 and r.json()["error"]["cap"] == "processes"
+        bob.post(f"/v1/sandboxes/{a}/processes/{p1}/kill")
+        bob.get(f"/v1/sandboxes/{a}/processes/{p1}/wait")
+        assert bob.post(f"/v1/sandboxes/{a}/processes", json=sleeper).status_code == 201
         bob.delete(f"/v1/sandboxes/{a}")
     with server.client(CAROL) as carol:  # max_memory_mb = 600; 256 MiB each without mem_mb
         x, y = _create(carol), _create(carol)

@@ -26,6 +26,7 @@
     max_sandboxes = 8           # sandboxes alive at once
     max_runs = 4                # runs, execs, snippets and invokes in flight at once
     max_memory_mb = 4096        # the sum of the memory of the tenant's live sandboxes
+    max_processes = 64          # started processes not yet ended, per sandbox
 
 Only the standard library here, so the CLI can read a config without starlette.
 """
@@ -74,6 +75,8 @@ class TenantConfig:
         max_runs: runs in flight at once: execs, ``/v1/runs`` runs, snippets, invokes.
         max_memory_mb: the sum of ``limits.mem_mb`` of its live sandboxes (a sandbox
             without one counts ``ServeConfig.default_sandbox_mem_mb``).
+        max_processes: processes started (``start_process``) and not yet ended, per
+            sandbox (each holds a stream and its buffer on the server).
     """
 
     name: str
@@ -81,6 +84,7 @@ class TenantConfig:
     max_sandboxes: int = 8
     max_runs: int = 4
     max_memory_mb: int = 4096
+    max_processes: int = 64
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -91,6 +95,7 @@ class TenantConfig:
         _count("tenants.max_sandboxes", self.max_sandboxes)
         _count("tenants.max_runs", self.max_runs)
         _count("tenants.max_memory_mb", self.max_memory_mb)
+        _count("tenants.max_processes", self.max_processes)
 
     def matches(self, token: str) -> bool:
         """Whether ``token`` is this tenant's (constant-time comparison of digests)."""
@@ -114,6 +119,8 @@ class ServeConfig:
     tls_keyfile: str | None = None
     #: JSON-lines logs of every request (on stderr)
     access_log: bool = True
+    #: connections and requests at once; beyond it uvicorn answers 503 at once
+    max_connections: int = 1000
     #: directories whose images (``spec.image``: a handler directory, an OCI layout or
     #: tar, a rootfs) tenants may name; empty: no images. An image is a path on the
     #: server's host, so without this a tenant could copy any host directory in.
@@ -134,6 +141,7 @@ class ServeConfig:
         _count("max_body_bytes", self.max_body_bytes, 1024)
         _count("snippet_workers", self.snippet_workers)
         _count("default_sandbox_mem_mb", self.default_sandbox_mem_mb)
+        _count("max_connections", self.max_connections)
         if isinstance(self.grace_s, bool) or not isinstance(self.grace_s, int | float) \
                 or self.grace_s < 0:
             raise ConfigInvalidError("grace_s", "must be a number of seconds >= 0")
@@ -161,7 +169,8 @@ class ServeConfig:
 
 
 def _tenant(doc: Mapping[str, Any], i: int) -> TenantConfig:
-    known = {"name", "token", "token_sha256", "max_sandboxes", "max_runs", "max_memory_mb"}
+    known = {"name", "token", "token_sha256", "max_sandboxes", "max_runs", "max_memory_mb",
+             "max_processes"}
     extra = sorted(set(doc) - known)
     if extra:
         raise ConfigInvalidError(f"tenants[{i}].{extra[0]}", "unknown key")
@@ -177,7 +186,8 @@ def _tenant(doc: Mapping[str, Any], i: int) -> TenantConfig:
             digest = bytes.fromhex(str(hexd))
         except ValueError:
             raise ConfigInvalidError(f"tenants[{i}].token_sha256", "not hex") from None
-    caps = {k: doc[k] for k in ("max_sandboxes", "max_runs", "max_memory_mb") if k in doc}
+    caps = {k: doc[k] for k in ("max_sandboxes", "max_runs", "max_memory_mb",
+                                "max_processes") if k in doc}
     return TenantConfig(name=doc.get("name", ""), token_sha256=digest, **caps)
 
 
@@ -189,7 +199,7 @@ def config_from_dict(doc: Mapping[str, Any]) -> ServeConfig:
     server = dict(doc.get("server", {}))
     known = {"host", "port", "max_body_bytes", "grace_s", "snippet_workers",
              "default_sandbox_mem_mb", "tls_certfile", "tls_keyfile", "access_log",
-             "image_roots"}
+             "image_roots", "max_connections"}
     bad = sorted(set(server) - known)
     if bad:
         raise ConfigInvalidError(f"server.{bad[0]}", "unknown key")

@@ -76,7 +76,9 @@ def serve(config: ServeConfig, *, log: JsonLog | None = None) -> int:
                   "address: bearer tokens travel in clear text (use TLS or a reverse proxy)")
     ucfg = uvicorn.Config(
         app, log_config=None, access_log=False, lifespan="on", loop="asyncio", http="auto",
-        timeout_graceful_shutdown=int(max(config.grace_s, 0)) or None,
+        # seconds; uvicorn types it int but waits with asyncio.wait_for (a float works)
+        timeout_graceful_shutdown=max(config.grace_s, 0.001),  # type: ignore[arg-type]
+        limit_concurrency=config.max_connections,
         ssl_certfile=config.tls_certfile, ssl_keyfile=config.tls_keyfile)
     server = _Server(ucfg, service)
     log.event("listening", host=host, port=port, url=f"{scheme}://{host}:{port}",

@@ -235,7 +235,7 @@ class Service:
                                      "capabilities": sorted(p.capabilities)}
                           for lv, p in self.providers.items()},
             "caps": {"max_sandboxes": c.max_sandboxes, "max_runs": c.max_runs,
-                     "max_memory_mb": c.max_memory_mb},
+                     "max_memory_mb": c.max_memory_mb, "max_processes": c.max_processes},
             "usage": {"sandboxes": tenant.sandbox_count, "runs": tenant.runs,
                       "memory_mb": tenant.mem_mb},
             "max_body_bytes": self.config.max_body_bytes,
@@ -452,6 +452,11 @@ class Service:
                             opts: ProcessOpts) -> ProcessEntry:
         entry = self.entry(tenant, sandbox_id)
         entry.prune()
+        try:
+            tenant.check_processes(entry)
+        except CorralError as e:
+            self._refused(e)
+            raise
         handle = await entry.sandbox.start_process(argv, opts)
         proc = ProcessEntry(id=new_id("p"), handle=handle)
         proc.start_pumps()

@@ -27,7 +27,7 @@ from corral.serve.config import TenantConfig
 
 __all__ = ["CapName", "ProcessEntry", "SandboxEntry", "TenantState", "new_id"]
 
-CapName = Literal["sandboxes", "runs", "memory"]
+CapName = Literal["sandboxes", "runs", "memory", "processes"]
 #: ids of sandboxes destroyed (or asked to be) kept per tenant, so a create that lands
 #: after its own cancellation's DELETE is rolled back
 _TOMBSTONES: Final = 1024
@@ -170,6 +170,12 @@ class TenantState:
             yield
         finally:
             self.runs -= 1
+
+    def check_processes(self, entry: SandboxEntry) -> None:
+        """Refuse one more started process in ``entry`` at ``max_processes``."""
+        live = sum(1 for p in entry.processes.values() if not p.delivered)
+        if live + 1 > self.config.max_processes:
+            raise self._refuse("processes", self.config.max_processes, live + 1)
 
     def bury(self, sandbox_id: str) -> None:
         """Remember that ``sandbox_id`` was destroyed (or its destroy was asked for)."""
