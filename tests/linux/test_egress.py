@@ -84,6 +84,7 @@ async def proxy(policy: EgressPolicy, **limits: Any,
     await p.start(path)
     try:
         yield p, path, resolver
+        assert p.internal_errors == 0
     finally:
         await p.aclose()
         shutil.rmtree(d, ignore_errors=True)
@@ -526,6 +527,23 @@ def test_bytes_sent_with_the_request_are_not_lost() -> None:
             assert await r.readexactly(11) == b"socks early"
             w.close()
     run(t)
+
+
+def test_non_ascii_digits_are_a_bad_request_not_a_crash() -> None:
+    """``'²'.isdigit()`` is true and ``int('²')`` fails: ports and lengths take ASCII
+    digits only, and the client gets a 400."""
+    async def t() -> None:
+        async with proxy(EgressPolicy.allowlist("api.example.test", LOOP)) as (p, path, _r):
+            for header in ("Host: api.example.test:\u00b2", "Content-Length: \u00b2"):
+                r, w = await asyncio.open_unix_connection(path)
+                w.write(f"GET http://api.example.test:80/ HTTP/1.1\r\n{header}\r\n\r\n"
+                        .encode("latin-1"))
+                assert (await r.read()).startswith(b"HTTP/1.1 400")
+                w.close()
+            assert [d.kind for d in p.denials()] == ["bad-request", "bad-request"]
+    run(t)
+    with pytest.raises(ConfigInvalidError):
+        parse_entry("a.example:\u00b2")
 
 
 def test_server_first_protocols_work_on_other_ports() -> None:

@@ -142,6 +142,7 @@ async def secret_proxy(upstream: ssl.SSLContext | None, policy: EgressPolicy | N
     await p.start(path)
     try:
         yield p, path
+        assert p.internal_errors == 0
     finally:
         await p.aclose()
         shutil.rmtree(d, ignore_errors=True)

@@ -39,6 +39,7 @@ import contextlib
 import errno
 import fcntl
 import ipaddress
+import logging
 import os
 import socket
 import ssl
@@ -53,6 +54,8 @@ from corral.core.errors import ConfigInvalidError
 
 if TYPE_CHECKING:
     from corral.providers.linux.host.egress_tls import EgressCA
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_CLIENT_HELLO",
@@ -165,6 +168,12 @@ class Denial:
 # --------------------------------------------------------------------------- names
 
 
+def _digits(s: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also accepts characters such as ``²`` (in
+    Latin-1) that ``int`` refuses."""
+    return s.isascii() and s.isdigit()
+
+
 def _plain_ip(s: str) -> IPAddress | None:
     try:
         ip = ipaddress.ip_address(s)
@@ -268,7 +277,7 @@ class Rule:
 
 
 def _port(s: str, entry: str) -> int:
-    if not s.isdigit() or not 0 < int(s) < 65536:
+    if not _digits(s) or not 0 < int(s) < 65536:
         raise ConfigInvalidError("network.hosts", f"bad port in {entry!r}")
     return int(s)
 
@@ -520,7 +529,7 @@ def _split_authority(authority: str, default_port: int | None) -> tuple[str, int
             rest = ":" + p
     if rest:
         p = rest[1:]
-        if not rest.startswith(":") or not p.isdigit() or len(p) > 5 or not 0 < int(p) < 65536:
+        if not rest.startswith(":") or not _digits(p) or len(p) > 5 or not 0 < int(p) < 65536:
             raise EgressDenied("bad-request", "malformed port")
         port = int(p)
     elif default_port is None:
@@ -764,6 +773,8 @@ class EgressProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self.path: str | None = None
         self.active = 0
+        #: connections ended by an unexpected exception (a bug; logged): tests want 0
+        self.internal_errors = 0
 
     # ---------------------------------------------------------------- public
 
@@ -862,6 +873,10 @@ class EgressProxy:
         except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 EgressDenied, _BadUpstream):
             pass
+        except Exception:
+            # a bug, not the client's doing: this connection ends, the proxy goes on
+            self.internal_errors += 1
+            _log.exception("egress proxy: internal error on a connection")
         finally:
             if not busy:
                 self.active -= 1
@@ -1348,7 +1363,7 @@ class EgressProxy:
                 raise EgressDenied("bad-request", "both Transfer-Encoding and Content-Length")
             body = None
         else:
-            if len(set(lengths)) > 1 or any(not v.isdigit() or len(v) > 18 for v in lengths):
+            if len(set(lengths)) > 1 or any(not _digits(v) or len(v) > 18 for v in lengths):
                 raise EgressDenied("bad-request", "bad Content-Length")
             body = int(lengths[0]) if lengths else 0
         secret_names = {h.name for h in target.secrets}
@@ -1521,7 +1536,7 @@ class EgressProxy:
             raise EgressDenied("unsupported", "request bodies with Transfer-Encoding are not "
                                "carried; send Content-Length")
         lengths = head.get_all("content-length")
-        if len(set(lengths)) > 1 or any(not v.isdigit() or len(v) > 18 for v in lengths):
+        if len(set(lengths)) > 1 or any(not _digits(v) or len(v) > 18 for v in lengths):
             raise EgressDenied("bad-request", "bad Content-Length")
         return host, port, origin
 
@@ -1604,7 +1619,7 @@ def _parse_response_head(data: bytes) -> tuple[str, int, list[tuple[str, str]]]:
     lines = data[:-4].decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or parts[0] not in ("HTTP/1.0", "HTTP/1.1") or \
-            not parts[1].isdigit() or len(parts[1]) != 3:
+            not _digits(parts[1]) or len(parts[1]) != 3:
         raise _BadUpstream("malformed status line")
     headers: list[tuple[str, str]] = []
     for line in lines[1:]:
@@ -1725,7 +1740,7 @@ async def _relay_response(req: HttpHead, up_r: asyncio.StreamReader,
                 await _copy_until_eof(up_r, c_w, idle)
                 close = True
         elif lengths:
-            if len(lengths) > 1 or not all(v.isdigit() and len(v) <= 18 for v in lengths):
+            if len(lengths) > 1 or not all(_digits(v) and len(v) <= 18 for v in lengths):
                 raise _BadUpstream("bad Content-Length in the response")
             await _copy_exact(up_r, c_w, int(lengths.pop()), idle)
         else:
