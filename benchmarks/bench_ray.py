@@ -9,9 +9,10 @@ in the same run:
 
 1. **Added cost per call.** ``run_snippet("1+1")`` through a warm :class:`SnippetPool`
    (slots made beforehand) on the local strict provider (``LinuxProvider`` in this
-   process) and on the Ray provider: p50/p99 of sequential runs and runs/s with 4
-   callers; and one ``exec`` of ``/bin/true`` in a live sandbox both ways. The added
-   cost is the difference of the p50s.
+   process) and on the Ray provider, run by run in turn (local, ray, local ...) so both
+   see the same load: p50/p99 of sequential runs, then runs/s with 4 callers; one
+   ``exec`` of ``/bin/true`` in a live sandbox both ways, in turn; and one bare Ray
+   actor call. The added cost is the difference of the p50s.
 2. **Nodes.** Runs/s of the same pool on the Ray provider with two worker nodes, then
    with one (the other stopped), 4 callers (2 slots per node).
 
@@ -31,7 +32,6 @@ import time
 import warnings
 from typing import Any
 
-from corral.core.contract import SandboxProvider
 from corral.core.spec import SandboxSpec
 from corral.snippets.host.pool import SnippetPool
 from corral.snippets.host.runner import run_snippet
@@ -42,24 +42,6 @@ SNIPPET = "1+1"
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-async def pooled(p: SandboxProvider, runs: int, *, slots: int, callers: int
-                 ) -> dict[str, float]:
-    """p50/p99 (ms) of sequential warm snippet runs and runs/s with ``callers`` at once."""
-    async with SnippetPool(providers={"strict": p}, spares=0, max_idle=16,
-                           max_workers=max(slots, callers)) as pool:
-        await pool.prewarm(level="strict", tenant_id="bench", count=slots)
-        for _ in range(20):
-            await run_snippet(SNIPPET, pool=pool, tenant_id="bench")
-        lat = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            t = await run_snippet(SNIPPET, pool=pool, tenant_id="bench")
-            lat.append((time.perf_counter() - t0) * 1000)
-            assert t.result == "2", t
-        rate = await throughput(pool, runs, callers)
-    return {"p50": pct(lat, 50), "p99": pct(lat, 99), "rate": rate}
 
 
 async def throughput(pool: SnippetPool, runs: int, callers: int) -> float:
@@ -73,23 +55,6 @@ async def throughput(pool: SnippetPool, runs: int, callers: int) -> float:
     t0 = time.perf_counter()
     await asyncio.gather(*(caller() for _ in range(callers)))
     return per * callers / (time.perf_counter() - t0)
-
-
-async def exec_rt(p: SandboxProvider, runs: int) -> dict[str, float]:
-    """p50/p99 (ms) of ``exec(["/bin/true"])`` in one live sandbox."""
-    sb = await p.create(SandboxSpec(tenant_id="bench-exec"))
-    try:
-        for _ in range(10):
-            await sb.exec(["/bin/true"])
-        lat = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            r = await sb.exec(["/bin/true"])
-            lat.append((time.perf_counter() - t0) * 1000)
-            assert r.exit_code == 0
-    finally:
-        await sb.destroy()
-    return {"p50": pct(lat, 50), "p99": pct(lat, 99)}
 
 
 def cpu_ms(pid: int) -> float:
@@ -127,21 +92,57 @@ async def nodes_rate(runs: int, callers: int) -> tuple[int, float, dict[str, Any
         await p.aclose()
 
 
-async def same_run(runs: int) -> dict[str, Any]:
+async def same_run(runs: int, callers: int) -> dict[str, Any]:
+    """Local strict and Ray, interleaved run by run (local, ray, local, ray ...) so that
+    both see the same load; then each one's rate with ``callers`` at once."""
     from corral.providers.linux import LinuxProvider
     from corral.providers.ray import RayProvider
+    local, rp = LinuxProvider(), RayProvider(node_resource="corral")
     out: dict[str, Any] = {}
-    local = LinuxProvider()
     try:
-        out["local_pool"] = await pooled(local, runs, slots=2, callers=4)
-        out["local_exec"] = await exec_rt(local, runs)
+        async with SnippetPool(providers={"strict": local}, spares=0, max_idle=16,
+                               max_workers=callers) as lpool, \
+                SnippetPool(providers={"strict": rp}, spares=0, max_idle=16,
+                            max_workers=callers) as rpool:
+            lat: dict[str, list[float]] = {"local": [], "ray": []}
+            for pool in (lpool, rpool):
+                await pool.prewarm(level="strict", tenant_id="bench", count=2)
+                for _ in range(20):
+                    await run_snippet(SNIPPET, pool=pool, tenant_id="bench")
+            for _ in range(runs):
+                for name, pool in (("local", lpool), ("ray", rpool)):
+                    t0 = time.perf_counter()
+                    t = await run_snippet(SNIPPET, pool=pool, tenant_id="bench")
+                    lat[name].append((time.perf_counter() - t0) * 1000)
+                    assert t.result == "2", t
+            for name, pool in (("local", lpool), ("ray", rpool)):
+                out[f"{name}_pool"] = {"p50": pct(lat[name], 50), "p99": pct(lat[name], 99),
+                                       "rate": await throughput(pool, runs, callers)}
+        lsb = await local.create(SandboxSpec(tenant_id="bench-exec"))
+        rsb = await rp.create(SandboxSpec(tenant_id="bench-exec"))
+        try:
+            ex: dict[str, list[float]] = {"local": [], "ray": []}
+            for i in range(runs + 10):
+                for name, sb in (("local", lsb), ("ray", rsb)):
+                    t0 = time.perf_counter()
+                    r = await sb.exec(["/bin/true"])
+                    if i >= 10:
+                        ex[name].append((time.perf_counter() - t0) * 1000)
+                    assert r.exit_code == 0
+            for name in ex:
+                out[f"{name}_exec"] = {"p50": pct(ex[name], 50), "p99": pct(ex[name], 99)}
+        finally:
+            await lsb.destroy()
+            await rsb.destroy()
+        actor = rp.nodes()[0].actor
+        rt = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            await actor.renew.remote("bench-rt", 60.0)
+            rt.append((time.perf_counter() - t0) * 1000)
+        out["actor_rt"] = {"p50": pct(rt, 50), "p99": pct(rt, 99)}
     finally:
         await local.aclose()
-    rp = RayProvider(node_resource="corral")
-    try:
-        out["ray_pool"] = await pooled(rp, runs, slots=2, callers=4)
-        out["ray_exec"] = await exec_rt(rp, runs)
-    finally:
         await rp.aclose()
     return out
 
@@ -163,7 +164,7 @@ def main() -> None:
             warnings.simplefilter("ignore")
             import ray  # type: ignore[import-untyped,unused-ignore]
             ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-        res = asyncio.run(same_run(args.runs))
+        res = asyncio.run(same_run(args.runs, args.callers))
         n2, rate2, spread2 = asyncio.run(nodes_rate(args.runs, args.callers))
         cluster.stop_node(cluster.workers[-1])
         deadline = time.monotonic() + 60
@@ -193,6 +194,8 @@ def main() -> None:
           f"{rp['rate']:.0f} runs/s ({args.callers} callers)")
     print(f"  added per call at p50: {rp['p50'] - lp['p50']:.2f} ms "
           f"(p99: {rp['p99'] - lp['p99']:.2f} ms)")
+    print(f"one Ray actor call (round trip): p50 {res['actor_rt']['p50']:.2f} ms  "
+          f"p99 {res['actor_rt']['p99']:.2f} ms")
     print(f"exec /bin/true, local:      p50 {le['p50']:.2f} ms  p99 {le['p99']:.2f} ms")
     print(f"exec /bin/true, ray:        p50 {re_['p50']:.2f} ms  p99 {re_['p99']:.2f} ms  "
           f"(added {re_['p50'] - le['p50']:.2f} ms at p50)")
