@@ -33,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
+import logging
 import os
 import sys
 import time
@@ -62,7 +64,13 @@ from corral.core.spec import (
     SandboxSpec,
 )
 from corral.snippets.host.limiter import FifoLimiter
-from corral.snippets.sandbox.worker import RECORDS_FILE, BadRecord, Collector
+from corral.snippets.sandbox.worker import (
+    CAPS as _CAPS,
+    LOGS_PREFIX,
+    RECORDS_FILE,
+    BadRecord,
+    Collector,
+)
 from corral.wire import records as _records
 from corral.wire.protocol import (
     ErrorFrame,
@@ -128,6 +136,7 @@ class _Slot:
         self.last_used = time.monotonic()
         self._out = aiter(process.stdout)
         self._decoder = FrameDecoder(_MAX_REPLY_BYTES)
+        self._buf = bytearray()  # an unfinished line of the template's stdout
         self._pending: list[Any] = []
         self._stderr = b""
         self._drain = asyncio.ensure_future(self._drain_stderr())
@@ -142,9 +151,14 @@ class _Slot:
     def alive(self) -> bool:
         return True  # a dead template shows on the next call
 
-    async def call(self, frame: bytes, job: Mapping[str, Any]) -> Any:
+    async def call(self, frame: bytes, job: Mapping[str, Any],
+                   on_logs: _LogSink | None = None) -> Any:
         """Send one invoke frame, return its output; ErrorFrame/EOF/garbage raise
-        UnhandledWorkerError."""
+        UnhandledWorkerError. A job with ``options["stream"]`` gets the run's log lines
+        as the template reads them (lines starting ``{"logs":``, see ``worker._run``),
+        each batch handed to ``on_logs``; they are the output's ``logs``."""
+        options = job.get("options")
+        streamed = _Streamed(options if isinstance(options, Mapping) else {}, on_logs)
         await self.process.stdin.write(frame)
         while not self._pending:
             try:
@@ -154,7 +168,7 @@ class _Slot:
                 raise UnhandledWorkerError(
                     "the snippet template exited without answering", exit_code=status.exit_code,
                     stderr_tail=self._stderr.decode("utf-8", "replace")) from None
-            self._pending.extend(self._decoder.feed(chunk))
+            self._feed(chunk, streamed)
         result = self._pending.pop(0)
         if isinstance(result, FrameErr):
             raise UnhandledWorkerError(f"the snippet template sent a bad frame: "
@@ -165,7 +179,26 @@ class _Slot:
                                        f"{frame_.error.code}: {frame_.error.message}")
         if not isinstance(frame_, OutputFrame):
             raise UnhandledWorkerError(f"unexpected {frame_.kind!r} frame from the template")
+        if streamed.wanted and isinstance(frame_.output, dict) and "logs" in frame_.output:
+            return {**frame_.output, "logs": streamed.lines}
         return frame_.output
+
+    def _feed(self, chunk: bytes, streamed: _Streamed) -> None:
+        """Split the template's stdout into lines: streamed log lines to ``streamed``,
+        frames to the frame decoder. A line past the reply cap raises
+        UnhandledWorkerError."""
+        self._buf += chunk
+        start = 0
+        while (nl := self._buf.find(b"\n", start)) >= 0:
+            line = bytes(self._buf[start:nl + 1])
+            start = nl + 1
+            if line.startswith(LOGS_PREFIX) and streamed.wanted:
+                streamed.take(line)
+            else:
+                self._pending.extend(self._decoder.feed(line))
+        del self._buf[:start]
+        if len(self._buf) > _MAX_REPLY_BYTES:
+            raise UnhandledWorkerError("the snippet template sent a line past the reply cap")
 
     async def leftovers(self) -> bool:
         """Whether the sandbox holds a process beyond its agent and the template."""
@@ -199,14 +232,16 @@ class _ForkSlot:
         """False once the sandbox's agent exited (seen through ``process-count``)."""
         return self._view.alive
 
-    async def call(self, frame: bytes, job: Mapping[str, Any]) -> Any:
-        """Fork one worker, hand it ``frame``, return the run's output. A worker that
+    async def call(self, frame: bytes, job: Mapping[str, Any],
+                   on_logs: _LogSink | None = None) -> Any:
+        """Fork one worker, hand it ``frame``, return the run's output (the run's log lines
+        also go to ``on_logs`` as they are read, a batch per chunk). A worker that
         cannot start, refuses the job or writes a record no honest worker writes (the run's
         own process writes them: hostile input), or an agent that exits, raise
         UnhandledWorkerError (the worker is killed first); a run whose process dies is a
         WorkerCrashed output."""
         options = dict(job.get("options") or {})
-        collector = Collector(options)
+        collector = Collector(options, on_logs)
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
@@ -271,6 +306,49 @@ class _ForkSlot:
 
 
 _AnySlot = _Slot | _ForkSlot
+#: where a run's log lines go as they arrive: a batch of the ``{"stream", "text"}`` dicts
+#: of the output's ``logs``, called on the pool's loop; it must not block
+_LogSink = Callable[[list[dict[str, str]]], None]
+
+
+class _Streamed:
+    """The log lines a template streams for one run (hostile input: the template's
+    sandbox runs the caller's snippet): each line is checked (a known stream, text), no
+    more lines than the log cap and no more bytes than an honest run writes, else
+    UnhandledWorkerError."""
+
+    def __init__(self, options: Mapping[str, Any], sink: _LogSink | None) -> None:
+        self.wanted = options.get("stream") is True
+        self.sink = sink
+        self.lines: list[dict[str, str]] = []
+        caps = options.get("caps")
+        caps = caps if isinstance(caps, Mapping) else {}
+
+        def cap(name: str) -> int:
+            value = caps.get(name, _CAPS[name])
+            return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+        self.max_lines = cap("log_lines")
+        self.left = _records.size_limit(cap("log_lines"), cap("log_bytes"), cap("facts_bytes"))
+
+    def take(self, line: bytes) -> None:
+        self.left -= len(line)
+        try:
+            doc = json.loads(line) if self.left >= 0 else None
+        except (ValueError, RecursionError):
+            doc = None
+        batch = doc.get("logs") if isinstance(doc, dict) and len(doc) == 1 else None
+        if not isinstance(batch, list) or len(self.lines) + len(batch) > self.max_lines:
+            raise UnhandledWorkerError("the snippet template streamed malformed log lines")
+        out: list[dict[str, str]] = []
+        for item in batch:
+            if not (isinstance(item, list) and len(item) == 2 and item[0] in _records.LOG_STREAMS
+                    and isinstance(item[1], str)):
+                raise UnhandledWorkerError("the snippet template streamed a malformed log line")
+            out.append({"stream": item[0], "text": item[1]})
+        self.lines.extend(out)
+        if self.sink is not None and out:
+            self.sink(out)
 
 
 def _process_view(sandbox: Sandbox, provider: SandboxProvider) -> SupportsProcessCount | None:
@@ -309,6 +387,19 @@ class _ProcessView:
                 return False
             await asyncio.sleep(_LEFTOVER_POLL_S)  # killed ones may be on their way out
         return self.extra() > 0
+
+
+_log = logging.getLogger(__name__)
+
+
+def _guarded(sink: _LogSink) -> _LogSink:
+    """``sink``, with an exception it raises logged instead of ending the run."""
+    def call(batch: list[dict[str, str]]) -> None:
+        try:
+            sink(batch)
+        except Exception:
+            _log.exception("a snippet run's log listener raised; the run goes on")
+    return call
 
 
 def _worker_source() -> str:
@@ -542,10 +633,19 @@ class SnippetPool:
 
     # -- running ---------------------------------------------------------------------
     async def run_job(self, job: Mapping[str, Any], *, tenant_id: str, level: Level,
-                      timeout_ms: int, parse: Callable[[Any], T] | None = None) -> Any:
+                      timeout_ms: int, parse: Callable[[Any], T] | None = None,
+                      on_logs: Callable[[list[dict[str, str]]], None] | None = None) -> Any:
         """Run one worker job (``{"op": "run", ...}``) and return the worker's raw output,
         or ``parse(output)`` when given (which raises UnhandledWorkerError for output no
         honest worker gives: the slot is then discarded like a crashed one).
+
+        ``on_logs``: called on this pool's loop with the run's log lines as the worker
+        writes them, a batch (the records read together, in order) of the
+        ``{"stream", "text"}`` dicts that make up the output's ``logs``, before the caps of
+        the transcript (:class:`~corral.snippets.host.transcript.LogCaps`); at most the
+        log cap's lines in all. It must return quickly (the run's records are read on the
+        same loop); an exception it raises is logged and the run goes on. A template slot
+        streams lines only for a job with ``options["stream"]`` (``run_snippet`` sets it).
 
         Returns None when the host backstop fired (the slot was killed).
         Raises UnhandledWorkerError when the template died or misbehaved.
@@ -565,7 +665,9 @@ class SnippetPool:
             self.served.append((tenant_id, level.value, slot.sandbox.id, slot.server_pid))
             wait_s = (timeout_ms + GRACE_MS + _BACKSTOP_MS) / 1000
             try:
-                output = await asyncio.wait_for(slot.call(frame, job), wait_s)
+                output = await asyncio.wait_for(
+                    slot.call(frame, job, None if on_logs is None else _guarded(on_logs)),
+                    wait_s)
                 parsed = output if parse is None else parse(output)
             except asyncio.CancelledError:
                 self._counts["cancelled"] += 1

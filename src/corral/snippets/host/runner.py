@@ -14,9 +14,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
+import logging
+import queue
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final, ParamSpec, TypeVar
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, Final, ParamSpec, TypeVar, cast
 
 from corral.core.cancel import CancelScope, CancelToken
 from corral.core.contract import SandboxProvider
@@ -26,6 +31,8 @@ from corral.core.sync import background_loop, sync_twin
 from corral.snippets.host.pool import GRACE_MS, PoolStatistics, SnippetPool
 from corral.snippets.host.transcript import (
     CAPS,
+    LogCaps,
+    LogLine,
     SnippetError,
     Transcript,
     transcript_from_wire,
@@ -53,6 +60,11 @@ MAX_FILES: Final = 64
 MAX_PAYLOAD_BYTES: Final = 1024 * 1024
 #: Paths inside a sandbox that tracebacks never show.
 _SANDBOX_PATHS: Final = ("/work", "/tmp")
+#: How long ``on_log`` listeners may hold the caller's loop before it is yielded.
+_DELIVER_SLICE_S: Final = 0.005
+#: how long an interrupted sync call waits for its cancelled run to clean up
+_CLEANUP_WAIT_S: Final = 30.0
+_log = logging.getLogger(__name__)
 
 FilesArg = Sequence[Mapping[str, str]] | Sequence[tuple[str, str]] | Mapping[str, str]
 T = TypeVar("T")
@@ -139,26 +151,120 @@ def _job(files: list[tuple[str, str]], timeout_ms: int, allowed: frozenset[str],
          mem_mb: int, guard: bool) -> dict[str, Any]:
     options = {
         "timeout_ms": timeout_ms, "grace_ms": GRACE_MS, "mem_mb": mem_mb, "caps": dict(CAPS),
+        "stream": True,  # a template streams the log lines as they come (pool._Slot)
         "allowed": sorted(allowed) if guard else None,
         "forbidden": sorted(FORBIDDEN_NAMES - {"__build_class__"}) if guard else [],
     }
     return {"op": "run", "files": [list(f) for f in files], "options": options}
 
 
+class _LogRelay:
+    """A run's log lines, live: capped as the transcript caps them (:class:`LogCaps`, so
+    the lines handed out are the transcript's lines) and handed to ``on_log`` on the
+    caller's event loop ``loop``, in order.
+
+    :meth:`feed` runs on the pool's loop (the caller's, or the process-wide pool's
+    thread): it only caps, queues and wakes the caller's loop, once per batch of lines
+    that arrived together, so reading the run never waits on the listener. The
+    caller's loop calls ``on_log`` for the queued lines; a listener slower than ~5 ms a
+    batch yields the loop between lines, so a run read on that same loop keeps being
+    read and its timeout keeps applying. A listener that raises is logged (the first
+    time with its traceback) and the run goes on. :meth:`drain`, awaited on the
+    caller's loop once the run is over, returns when every line was handed out."""
+
+    def __init__(self, on_log: Callable[[LogLine], None] | None,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._on_log, self._loop = on_log, loop
+        self.caps = LogCaps()
+        #: every line kept, in order (read on the pool's loop: the transcript's logs)
+        self.kept: list[LogLine] = []
+        self._queue: deque[LogLine] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self._idle: asyncio.Future[None] | None = None
+        self.failures = 0
+
+    def feed(self, batch: list[dict[str, str]]) -> None:
+        """Lines read from the run (the pool's ``on_logs``), on the pool's loop."""
+        lines = [line for item in batch
+                 if (line := self.caps.take(item["stream"], item["text"])) is not None]
+        if not lines:
+            return
+        self.kept.extend(lines)
+        if self._on_log is None:
+            return
+        with self._lock:
+            self._queue.extend(lines)
+            wake, self._scheduled = not self._scheduled, True
+        if wake:
+            if _running_loop() is self._loop:
+                self._loop.call_soon(self._deliver)
+            else:
+                with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+                    self._loop.call_soon_threadsafe(self._deliver)
+
+    def close(self) -> None:
+        """The run failed or was cancelled: hand out nothing more."""
+        with self._lock:
+            self._on_log = None
+            self._queue.clear()
+
+    def _deliver(self) -> None:
+        until = time.monotonic() + _DELIVER_SLICE_S
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._scheduled = False
+                    break
+                line = self._queue.popleft()
+                on_log = self._on_log
+            if on_log is None:
+                continue
+            try:
+                on_log(line)
+            except Exception:
+                self.failures += 1
+                if self.failures == 1:
+                    _log.exception("a snippet's on_log listener raised; the run goes on")
+            if time.monotonic() > until:  # a slow listener: let the loop breathe
+                self._loop.call_soon(self._deliver)
+                return
+        if self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+
+    async def drain(self) -> None:
+        """Wait (on the caller's loop) until every line fed so far was handed out."""
+        with self._lock:
+            if not self._scheduled:
+                return
+            self._idle = self._loop.create_future()
+        await self._idle
+        if self.failures > 1:
+            _log.warning("a snippet's on_log listener raised %d times", self.failures)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 async def _run_in(pool: SnippetPool, files: list[tuple[str, str]], *, tenant_id: str,
                   level: Level, timeout_ms: int, allowed: frozenset[str],
-                  guard: bool) -> Transcript:
+                  guard: bool, relay: _LogRelay) -> Transcript:
     job = _job(files, timeout_ms, allowed, pool.mem_mb, guard)
     loop = asyncio.get_running_loop()
     started = loop.time()
     transcript: Transcript | None = await pool.run_job(
         job, tenant_id=tenant_id, level=level, timeout_ms=timeout_ms,
-        parse=lambda output: _from_wire(output, level))
+        parse=lambda output: _from_wire(output, level), on_logs=relay.feed)
     if transcript is None:  # the host backstop killed a slot that did not answer
         elapsed = round((loop.time() - started) * 1000, 3)
         return Transcript(timed_out=True, duration_ms=elapsed, level=level, errors=(SnippetError(
             type="TimeoutError", message=f"the snippet ran past its {timeout_ms} ms timeout "
-            "and its sandbox was killed"),))
+            "and its sandbox was killed"),), logs=tuple(relay.kept),
+            truncated=frozenset({"logs"}) if relay.caps.cut else frozenset())
     return transcript
 
 
@@ -188,7 +294,7 @@ async def run_snippet(
     tenant_id: str = "default", cancel: CancelToken | None = None,
     allowed_imports: frozenset[str] | None = None, pool: SnippetPool | None = None,
     provider: SandboxProvider | None = None, _unsafe_skip_validation: bool = False,
-    network: NetworkPolicy | None = None,
+    network: NetworkPolicy | None = None, on_log: Callable[[LogLine], None] | None = None,
 ) -> Transcript:
     """Validate and run a Python snippet; return what it did.
 
@@ -214,6 +320,16 @@ async def run_snippet(
     was made with), on ``provider`` or a fresh one; ``pool`` does not go with it. The
     snippet still needs ``allowed_imports`` that let it use a client (``urllib``...);
     it reaches out only through the egress proxy (docs/network.md).
+
+    ``on_log``: called with each log line (a :class:`LogLine`, as the transcript holds it:
+    the same caps, the same cut text) as soon as the run writes it, in order, on the
+    event loop that awaits ``run_snippet`` (never from another thread); every call comes
+    before ``run_snippet`` returns, and ``Transcript.logs`` holds the same lines. Lines
+    that arrive together are handed out together (one wake-up of the loop). A listener
+    that raises is logged and the run goes on; a slow one delays only this call's
+    return, never the run (its timeout applies as always). Nothing is handed out after
+    the run fails or is cancelled. From :func:`run_snippet_sync` the listener runs in the
+    calling thread.
     """
     payload = _files(source, files)
     if pool is not None and provider is not None:
@@ -228,8 +344,25 @@ async def run_snippet(
         rejected = transcript_rejected(violations) if violations else None
     if rejected is not None:
         return rejected
-    kw: dict[str, Any] = dict(tenant_id=tenant_id, level=lv, timeout_ms=timeout,
-                              allowed=allowed, guard=not _unsafe_skip_validation)
+    relay = _LogRelay(on_log, asyncio.get_running_loop())
+    try:
+        transcript = await _dispatch(payload, pool=pool, provider=provider, network=network,
+                                     cancel=cancel, kw=dict(
+                                         tenant_id=tenant_id, level=lv, timeout_ms=timeout,
+                                         allowed=allowed, guard=not _unsafe_skip_validation,
+                                         relay=relay))
+    except BaseException:
+        relay.close()
+        raise
+    await relay.drain()
+    return transcript
+
+
+async def _dispatch(payload: list[tuple[str, str]], *, pool: SnippetPool | None,
+                    provider: SandboxProvider | None, network: NetworkPolicy | None,
+                    cancel: CancelToken | None, kw: dict[str, Any]) -> Transcript:
+    """The run on the pool it belongs to (see :func:`run_snippet`)."""
+    lv: Level = kw["level"]
     if network is not None and network.kind != "none":
         if pool is not None:
             raise ConfigInvalidError("network", "pass network= or pool=, not both (a "
@@ -324,10 +457,64 @@ class _DefaultPool:
 _DEFAULT: Final = _DefaultPool()
 atexit.register(_DEFAULT.shutdown)
 
+def _logs_in_calling_thread(fn: Callable[P, Coroutine[Any, Any, T]],
+                            plain: Callable[P, T]) -> Callable[P, T]:
+    """``plain`` (the sync twin of ``fn``), except that an ``on_log`` listener runs in
+    the calling thread: the run (on the process-wide loop) queues each line, and the
+    calling thread hands them out while it waits, so the listener never runs on the
+    ``corral-sync`` thread and a slow one never holds up a run there."""
+
+    def twin(*args: P.args, **kwargs: P.kwargs) -> T:
+        on_log = cast("Callable[[LogLine], None] | None", kwargs.get("on_log"))
+        if on_log is None:
+            return plain(*args, **kwargs)
+        loop = background_loop()
+        if _running_loop() is loop:
+            raise RuntimeError("a corral sync call from the corral-sync thread itself (an "
+                               "output callback?) would wait on itself: await the async door")
+        lines: queue.SimpleQueue[LogLine | None] = queue.SimpleQueue()
+        finished = threading.Event()
+        call = cast("Callable[..., Coroutine[Any, Any, T]]", fn)
+
+        async def run() -> T:
+            try:
+                return await call(*args, **{**kwargs, "on_log": lines.put})
+            finally:
+                finished.set()
+                lines.put(None)
+
+        fut: concurrent.futures.Future[T] | None = None
+        failures = 0
+        try:
+            fut = asyncio.run_coroutine_threadsafe(run(), loop)
+            while (line := lines.get()) is not None:
+                try:
+                    on_log(line)
+                except Exception:
+                    failures += 1
+                    if failures == 1:
+                        _log.exception("a snippet's on_log listener raised; the run goes on")
+            if failures > 1:
+                _log.warning("a snippet's on_log listener raised %d times", failures)
+            return fut.result()
+        except BaseException:
+            if fut is not None and not fut.done():
+                fut.cancel()
+                finished.wait(_CLEANUP_WAIT_S)
+            raise
+
+    twin.__name__ = twin.__qualname__ = plain.__name__
+    twin.__doc__ = plain.__doc__
+    twin.__wrapped__ = fn  # type: ignore[attr-defined]
+    return twin
+
+
 #: the synchronous twin of :func:`run_snippet` (same parameters), on the process-wide
 #: pool's event loop: a ``provider=`` or ``pool=`` passed from sync code is always used
-#: on that one loop. Cancel with the ``cancel`` token.
-run_snippet_sync = sync_twin(run_snippet, name="run_snippet_sync")
+#: on that one loop. Cancel with the ``cancel`` token. An ``on_log`` listener runs in
+#: the calling thread (between the run's lines, while the call waits).
+run_snippet_sync = _logs_in_calling_thread(
+    run_snippet, sync_twin(run_snippet, name="run_snippet_sync"))
 
 
 def set_max_concurrent_workers(n: int) -> None:

@@ -23,6 +23,7 @@ from corral.snippets.validator import Violation
 __all__ = [
     "CAPS",
     "LOG_STREAMS",
+    "LogCaps",
     "TRUNCATION_MARK",
     "LogLine",
     "SnippetError",
@@ -198,21 +199,55 @@ def _nesting_ok(value: object, limit: int) -> bool:
     return True
 
 
+class LogCaps:
+    """The transcript's log caps, applied one line at a time, in order: what
+    :func:`transcript_from_wire` keeps of a run's log lines, and what a live listener
+    (``run_snippet(on_log=...)``) is handed as the lines arrive. The same class does
+    both, so a line the caps count is the very line the listener got.
+
+    A line longer than ``line_chars`` is cut (ending in :data:`TRUNCATION_MARK`); once a
+    line would pass ``log_lines`` or ``log_bytes`` (UTF-8 of the kept text) no later line
+    is kept. ``cut`` says a cap cut something (``truncated`` then names ``logs``)."""
+
+    __slots__ = ("_size", "cut", "full", "kept")
+
+    def __init__(self) -> None:
+        self.kept = 0
+        self._size = 0
+        self.full = False
+        self.cut = False
+
+    def take(self, stream: str, text: str) -> LogLine | None:
+        """The line to keep for ``(stream, text)`` (already checked: a known stream and a
+        str), or None when the caps are spent."""
+        if self.full:
+            return None
+        if len(text) > CAPS["line_chars"]:
+            self.cut = True
+            text = text[: max(CAPS["line_chars"] - len(TRUNCATION_MARK), 0)] + TRUNCATION_MARK
+        self._size += len(text.encode("utf-8", "replace"))
+        if self.kept >= CAPS["log_lines"] or self._size > CAPS["log_bytes"]:
+            self.full = self.cut = True
+            return None
+        self.kept += 1
+        return LogLine(stream=stream, text=text)  # type: ignore[arg-type]  # checked
+
+
 def _logs(raw: object, cut: set[str]) -> tuple[LogLine, ...]:
     if not isinstance(raw, list):
         raise _bad("logs")
     out: list[LogLine] = []
-    size = 0
+    caps = LogCaps()
     for item in raw:
         if not isinstance(item, dict) or not isinstance(item.get("stream"), str) \
                 or item["stream"] not in LOG_STREAMS or not isinstance(item.get("text"), str):
             raise _bad("logs[]")
-        text = _cut(item["text"], CAPS["line_chars"], cut, "logs")
-        size += len(text.encode("utf-8", "replace"))
-        if len(out) >= CAPS["log_lines"] or size > CAPS["log_bytes"]:
-            cut.add("logs")
+        line = caps.take(item["stream"], item["text"])
+        if line is None:
             break
-        out.append(LogLine(stream=item["stream"], text=text))
+        out.append(line)
+    if caps.cut:
+        cut.add("logs")
     return tuple(out)
 
 

@@ -39,6 +39,7 @@ import sys
 import time
 import traceback
 import types
+from collections.abc import Callable
 from importlib.abc import Loader, MetaPathFinder
 from importlib.machinery import ModuleSpec
 from typing import Any, NoReturn
@@ -55,7 +56,8 @@ except ImportError:  # run as a file (``-I -S``): the codec beside it (the pool 
     with open(_path, encoding="utf-8") as _fh:
         exec(compile(_fh.read(), _path, "exec"), _records.__dict__)
 
-__all__ = ["RECORDS_FILE", "BadRecord", "Collector", "main", "run_child", "serve", "serve_once"]
+__all__ = ["LOGS_PREFIX", "RECORDS_FILE", "BadRecord", "Collector", "main", "run_child", "serve",
+           "serve_once"]
 
 #: the record codec's file name beside a template's worker file (``corral.wire.records``)
 RECORDS_FILE = "_corral_wire_records.py"
@@ -584,7 +586,11 @@ class Collector:
     worker never writes raises :class:`BadRecord`; so does more output than any honest run
     writes. Never buffers more than that bound."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, options: dict[str, Any],
+                 on_logs: Callable[[list[dict[str, str]]], None] | None = None) -> None:
+        #: called with the log lines of each chunk fed (records that arrived together, in
+        #: order, as they go into ``logs``), as soon as they are read
+        self.on_logs = on_logs
         given = options.get("caps")
         caps: dict[str, Any] = given if isinstance(given, dict) else {}
         self.caps = {**CAPS, **{k: v for k, v in caps.items() if isinstance(v, int)}}
@@ -593,6 +599,7 @@ class Collector:
         self.logs: list[dict[str, str]] = []
         self.end: dict[str, Any] | None = None
         self.reply: dict[str, Any] | None = None  # a --once child's pong or refusal
+        self.cut = False  # the worker cut a log line to the line cap
         self._decoder = _records.Decoder(log_lines=self.caps["log_lines"],
                                          log_bytes=self.caps["log_bytes"],
                                          facts_bytes=self.caps["facts_bytes"])
@@ -607,15 +614,19 @@ class Collector:
     def feed(self, chunk: bytes) -> None:
         """Take some output. Raises BadRecord at the first malformed record, or when the
         output grows past what any honest run writes."""
+        first = len(self.logs)
         for rec in self._decoder.feed(chunk):
             if isinstance(rec, _records.Log):
                 self.logs.append({"stream": rec.stream, "text": rec.text})
+                self.cut = self.cut or rec.cut
             elif isinstance(rec, _records.End):
                 self.end = rec.fields
             elif isinstance(rec, _records.Pong):
                 self.reply = {"pong": True, "pid": rec.pid}
             elif isinstance(rec, _records.Refused):
                 self.reply = {"refused": rec.text}
+        if self.on_logs is not None and len(self.logs) > first:
+            self.on_logs(self.logs[first:])
 
     def finish(self, code: int, killed: bool, elapsed_ms: float) -> dict[str, Any]:
         """The run's output, given how its process ended (exit code, negative: signal)."""
@@ -634,13 +645,34 @@ class Collector:
                          "and was killed"}
             end = {"facts": {}, "result": None, "duration_ms": elapsed_ms, "timed_out": killed,
                    "truncated": [], "errors": [error]}
+        if self.cut and "logs" not in end.get("truncated", ()):  # a line cut to the line cap
+            end = {**end, "truncated": [*end.get("truncated", ()), "logs"]}
         return {**end, "logs": self.logs}
 
 
+#: how a template's line of streamed log lines starts (``{"logs": [[stream, text], ...]}``);
+#: a frame starts ``{"v":``, so the host tells them apart by the first bytes
+LOGS_PREFIX = b'{"logs":'
+
+
+def _forward_logs(lines: list[dict[str, str]]) -> None:
+    """A template streams a run's log lines to the host as they arrive: one line per
+    chunk read from the child (the records that arrived together), flushed at once."""
+    out = sys.stdout.buffer
+    out.write(json.dumps({"logs": [[x["stream"], x["text"]] for x in lines]},
+                         ensure_ascii=False, separators=(",", ":"))
+              .encode("utf-8", "replace") + b"\n")
+    out.flush()
+
+
 def _run(job: dict[str, Any]) -> dict[str, Any]:
+    """One run in a fresh child, collected here. With ``options["stream"]`` the log lines
+    go to the host as they arrive (:func:`_forward_logs`) and the output leaves them out
+    (``logs`` is empty: the host has them already)."""
     files = {str(p): str(s) for p, s in job["files"]}
     options = dict(job["options"])
-    collector = Collector(options)
+    stream = options.get("stream") is True
+    collector = Collector(options, _forward_logs if stream else None)
     r, w = os.pipe()
     t0 = time.monotonic()
     pid = os.fork()
@@ -678,7 +710,8 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
     if bad is not None:
         raise bad  # the host gets an error frame: the worker is not to be trusted
     elapsed = (time.monotonic() - t0) * 1000
-    return collector.finish(os.waitstatus_to_exitcode(status), killed, elapsed)
+    output = collector.finish(os.waitstatus_to_exitcode(status), killed, elapsed)
+    return {**output, "logs": []} if stream else output
 
 
 def _killpg(pgid: int) -> None:
