@@ -28,6 +28,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from hypothesis import HealthCheck, given, settings, strategies as st
 from test_egress import LOOP, NAMES, FakeResolver, http_connect, http_server, run
 
 from corral.core.errors import ConfigInvalidError
@@ -565,3 +566,55 @@ def test_intercepted_framing_is_strict_and_upgrades_become_a_pipe() -> None:
             srv.close()
             await srv.wait_closed()
     run(t)
+
+
+_NAME = st.sampled_from(["Host", "Content-Length", "Transfer-Encoding", "Connection",
+                         "Expect", "Authorization", "X-Api-Key", "Upgrade", "X"])
+_VALUES = st.sampled_from(["api.example.test:{port}", "other.test", "", "3", "0", "3, 4",
+                           "-1", "\u00b2", "0x10", "chunked", "CHUNKED", "gzip, chunked",
+                           "close", "upgrade", "100-continue", "\u00e9\u00ff",
+                           "99999999999999999999"])
+_VALUE = st.one_of(_VALUES, _VALUES,
+                   st.text(st.characters(min_codepoint=0x20, max_codepoint=0xff), max_size=20))
+_LINE = st.one_of(st.builds(lambda n, v: f"{n}: {v}", _NAME, _VALUE),
+                  st.sampled_from(["bad line", ": novalue", "X:\tfolded", " leading"]))
+_REQUEST_LINE = st.one_of(   # half of them valid, so that the headers get read
+    st.tuples(st.sampled_from(["GET", "POST", "HEAD"]), st.sampled_from(["/", "/a?b"]),
+              st.sampled_from(["HTTP/1.1", "HTTP/1.0"])),
+    st.tuples(st.sampled_from(["TRACE", "CONNECT", "G\u00c9T", "", "OPTIONS"]),
+              st.sampled_from(["*", "http://api.example.test/", "/\u00e9", "x", "/"]),
+              st.sampled_from(["HTTP/2", "HTTP/1.1 ", "http/1.1", "HTTP/1.1"])))
+_REQUEST = st.builds(lambda line, lines, body: (*line, lines, body),
+                     _REQUEST_LINE, st.lists(_LINE, max_size=4), st.binary(max_size=40))
+
+
+@settings(max_examples=50, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(_REQUEST, min_size=1, max_size=3), st.booleans())
+def test_arbitrary_requests_inside_an_interception_never_crash_it(
+        requests: list[tuple[str, str, str, list[str], bytes]], forward: bool) -> None:
+    """Random request heads (mostly near-valid, some Latin-1 junk) and bodies, inside a
+    tunnel to a host with secrets (plain HTTP) or as plain proxy requests: every one
+    ends in a reply or a close, never an internal error, never the secret."""
+    async def t() -> None:
+        async with quirky_origin() as (port, _heads), secret_proxy(None) as (p, path):
+            p.limits = EgressLimits(header_timeout_s=0.5, idle_timeout_s=1.0)
+            if forward:
+                r, w = await asyncio.open_unix_connection(path)
+            else:
+                _h, r, w = await http_connect(path, f"api.example.test:{port}")
+            data = b""
+            for method, target, version, lines, body in requests:
+                if forward and target.startswith("/"):
+                    target = f"http://api.example.test:{port}{target}"
+                head = "\r\n".join([f"{method} {target} {version}",
+                                    *(x.replace("{port}", str(port)) for x in lines)])
+                data += (head + "\r\n\r\n").encode("latin-1") + body
+            w.write(data)
+            with contextlib.suppress(ConnectionError):
+                w.write_eof()
+                async with asyncio.timeout(5):
+                    reply = await r.read()
+                assert SECRET.encode() not in reply
+            w.close()
+    run(t, timeout=20)
