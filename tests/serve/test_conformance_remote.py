@@ -40,6 +40,7 @@ def test_remote_conformance_context_isolated(server: Server) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.slow
 @pytest.mark.linux
 @needs_strict(host_can_sandbox())
 def test_remote_conformance_strict(tmp_path: Path) -> None:

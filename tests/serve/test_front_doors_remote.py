@@ -48,6 +48,7 @@ def test_invoke_through_the_remote_provider(server: Server) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.slow
 @pytest.mark.linux
 @needs_strict(host_can_sandbox())
 def test_run_strict_through_the_remote_provider(tmp_path: Path) -> None:
