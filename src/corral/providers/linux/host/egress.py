@@ -1,10 +1,11 @@
-"""The host-side egress proxy: HTTP CONNECT, plain HTTP and SOCKS5 on one unix socket.
+"""The host-side egress proxy: HTTP CONNECT, plain HTTP and SOCKS5 on the same listeners.
 
-A sandbox with an ``allowlist`` or ``unrestricted`` network policy will (in a
-later change: this module is *not wired into the strict provider yet*) keep its
-own network namespace with no route out; its only way out is this proxy,
-reached over a unix socket bound into it. Every connection is decided here, on
-the host, by an :class:`EgressPolicy`:
+A sandbox with an ``allowlist`` or ``unrestricted`` network policy keeps its own
+network namespace with no route out; its only way out is this proxy, which the
+provider serves on a TCP socket made inside that namespace
+(:meth:`EgressProxy.add_listener`; a unix socket path works too:
+:meth:`EgressProxy.start`). Every connection is decided here, on the host, by an
+:class:`EgressPolicy`:
 
 * a name is matched against the policy *before* it is resolved (an unlisted
   name is never looked up), then resolved on the host, and each address it
@@ -17,7 +18,13 @@ the host, by an :class:`EgressPolicy`:
   in ``unrestricted`` mode, when it is public);
 * a tunnel whose client speaks TLS must name the tunnel's host in its SNI
   (if it sends one): the ClientHello is read and parsed, bounded, before it is
-  forwarded; for port 443 before the upstream connection is even opened.
+  forwarded; for port 443 before the upstream connection is even opened;
+* a host whose entry carries secret headers (:meth:`EgressPolicy.with_secret`)
+  is intercepted: the client's TLS is terminated with a leaf from a per-proxy CA
+  (``egress_tls``, the ``secrets`` extra), each HTTP/1.1 request gets the headers,
+  and the proxy's own verified TLS connection carries it upstream. Every other
+  tunnel is untouched, and once decided its bytes are moved with splice(2),
+  never entering Python.
 
 Whatever is not allowed fails closed with a clear error to the client (an HTTP
 status with a one-line reason, or a SOCKS5 reply code) and is recorded as a
@@ -749,11 +756,14 @@ class _UpstreamError(Exception):
 
 @final
 class EgressProxy:
-    """The proxy for one sandbox: ``await start(path)``, then clients connect to ``path``.
+    """The proxy for one sandbox: ``await start(path)`` (a unix socket) and/or ``await
+    add_listener(sock)`` (any listening socket), then clients connect there.
 
     ``policy`` may be replaced at any time (or use :meth:`allow` / :meth:`revoke`);
     a connection uses the policy current when its request was read. ``resolver``
-    defaults to :func:`system_resolver`; tests inject one.
+    defaults to :func:`system_resolver`; tests inject one. ``upstream_ssl_context``:
+    what the proxy trusts when it connects upstream itself for a host with secrets
+    (default: the system's CAs, verified, host name checked).
     """
 
     def __init__(self, policy: EgressPolicy, *, resolver: Resolver | None = None,
