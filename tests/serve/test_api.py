@@ -50,6 +50,9 @@ def test_health_openapi_metrics_are_public(server: Server) -> None:
         assert m.headers["content-type"].startswith("text/plain; version=0.0.4")
         assert "# TYPE corral_requests_total counter" in m.text
         assert "corral_sandboxes_alive{tenant=\"alice\"}" in m.text
+        assert "# TYPE corral_request_duration_seconds histogram" in m.text
+        assert 'corral_request_duration_seconds_bucket{route="GET /v1/health",le="+Inf"}' \
+            in m.text
 
 
 def test_openapi_names_every_route_and_nothing_else(server: Server) -> None:

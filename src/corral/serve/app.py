@@ -290,9 +290,11 @@ class _Api:
 
     def _done(self, request: Request, path: str, tenant: TenantState | None, status: int,
               t0: float) -> None:
-        ms = round((time.monotonic() - t0) * 1000, 2)
-        self.s.metrics.inc("corral_requests_total", route=f"{request.method} {path}",
-                           status=str(status))
+        took = time.monotonic() - t0
+        ms = round(took * 1000, 2)
+        route = f"{request.method} {path}"
+        self.s.metrics.inc("corral_requests_total", route=route, status=str(status))
+        self.s.metrics.observe("corral_request_duration_seconds", took, route=route)
         if status == 499:
             self.s.metrics.inc("corral_cancelled_total")
         self.s.log.event("request", method=request.method, path=request.url.path,

@@ -26,13 +26,36 @@ def _labels(labels: Labels) -> str:
     return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in labels) + "}"
 
 
+#: request latency buckets, seconds (Prometheus' defaults, plus 1 ms and 2.5 ms)
+BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                  10.0)
+
+
 class Metrics:
-    """Counters (``inc``) and gauges (``gauge``: a callable read at scrape time)."""
+    """Counters (``inc``), gauges (``gauge``: a callable read at scrape time) and
+    histograms (``observe``)."""
 
     def __init__(self) -> None:
         self._help: dict[str, tuple[str, str]] = {}
         self._counters: dict[str, dict[Labels, float]] = {}
         self._gauges: dict[str, Callable[[], Iterable[tuple[Mapping[str, str], float]]]] = {}
+        #: name -> labels -> (bucket counts, sum, count)
+        self._hists: dict[str, dict[Labels, tuple[list[int], float, int]]] = {}
+        self._buckets: dict[str, tuple[float, ...]] = {}
+
+    def histogram(self, name: str, help_: str, buckets: tuple[float, ...] = BUCKETS) -> None:
+        self._help[name] = ("histogram", help_)
+        self._hists.setdefault(name, {})
+        self._buckets[name] = buckets
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        series = self._hists[name]
+        counts, total, n = series.get(key) or ([0] * len(self._buckets[name]), 0.0, 0)
+        for i, le in enumerate(self._buckets[name]):
+            if value <= le:
+                counts[i] += 1
+        series[key] = (counts, total + value, n + 1)
 
     def counter(self, name: str, help_: str) -> None:
         self._help[name] = ("counter", help_)
@@ -60,6 +83,13 @@ class Metrics:
             if kind == "counter":
                 for key, v in sorted(self._counters[name].items()):
                     out.append(f"{name}{_labels(key)} {v:g}")
+            elif kind == "histogram":
+                for key, (counts, total, n) in sorted(self._hists[name].items()):
+                    for le, c in zip(self._buckets[name], counts, strict=True):
+                        out.append(f"{name}_bucket{_labels((*key, ('le', f'{le:g}')))} {c}")
+                    out.append(f"{name}_bucket{_labels((*key, ('le', '+Inf')))} {n}")
+                    out.append(f"{name}_sum{_labels(key)} {total:g}")
+                    out.append(f"{name}_count{_labels(key)} {n}")
             else:
                 for labels, v in self._gauges[name]():
                     out.append(f"{name}{_labels(tuple(sorted(labels.items())))} {v:g}")

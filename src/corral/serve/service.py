@@ -133,6 +133,8 @@ class Service:
         m.counter("corral_runs_total", "runs finished (exec, run, snippet, invoke), by kind "
                   "and how they ended")
         m.counter("corral_cancelled_total", "requests whose client went away mid-run")
+        m.histogram("corral_request_duration_seconds", "time to answer, by route (a stream: "
+                    "until it ends)")
         m.counter("corral_refused_total", "requests refused by a tenant cap, by cap")
         m.counter("corral_sandboxes_created_total", "sandboxes created, by level")
         m.gauge("corral_sandboxes_alive", "live sandboxes, by tenant", lambda: [
