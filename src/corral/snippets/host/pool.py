@@ -179,9 +179,13 @@ class _Slot:
                                        f"{frame_.error.code}: {frame_.error.message}")
         if not isinstance(frame_, OutputFrame):
             raise UnhandledWorkerError(f"unexpected {frame_.kind!r} frame from the template")
-        if streamed.wanted and isinstance(frame_.output, dict) and "logs" in frame_.output:
-            return {**frame_.output, "logs": streamed.lines}
-        return frame_.output
+        output = frame_.output
+        if isinstance(output, dict) and "logs" in output:
+            if streamed.wanted:
+                return {**output, "logs": streamed.lines}
+            if on_logs is not None and isinstance(output["logs"], list) and output["logs"]:
+                on_logs(output["logs"])  # not streamed: every line at once, at the end
+        return output
 
     def _feed(self, chunk: bytes, streamed: _Streamed) -> None:
         """Split the template's stdout into lines: streamed log lines to ``streamed``,

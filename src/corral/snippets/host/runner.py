@@ -235,10 +235,10 @@ class _LogRelay:
     async def drain(self) -> None:
         """Wait (on the caller's loop) until every line fed so far was handed out."""
         with self._lock:
-            if not self._scheduled:
-                return
-            self._idle = self._loop.create_future()
-        await self._idle
+            if self._scheduled:
+                self._idle = self._loop.create_future()
+        if self._idle is not None:
+            await self._idle
         if self.failures > 1:
             _log.warning("a snippet's on_log listener raised %d times", self.failures)
 
