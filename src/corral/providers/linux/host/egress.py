@@ -48,6 +48,7 @@ import fcntl
 import ipaddress
 import logging
 import os
+import re
 import socket
 import ssl
 import struct
@@ -350,6 +351,8 @@ def _is_latin1(s: str) -> bool:
     return True
 
 
+#: framing and routing headers whose "_" spellings are refused in an intercepted request
+_UNDERSCORE_CHECKED: Final = frozenset({"host", "content-length", "transfer-encoding"})
 #: headers a secret may not set: framing, routing and hop-by-hop ones
 _UNSETTABLE: Final = frozenset({"host", "content-length", "transfer-encoding", "connection",
                                 "proxy-connection", "keep-alive", "te", "trailer", "upgrade",
@@ -487,6 +490,7 @@ class HttpHead:
         return [v for k, v in self.headers if k == name]
 
 
+_CTL: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _TCHAR: Final = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
                           "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
@@ -512,8 +516,10 @@ def parse_http_head(data: bytes) -> HttpHead:
         raise EgressDenied("bad-request", "malformed request target")
     headers: list[tuple[str, str]] = []
     for line in lines[1:]:
-        if "\n" in line or "\r" in line or "\0" in line:
-            raise EgressDenied("bad-request", "bare CR or LF in header")
+        if _CTL.search(line):
+            # CR, LF, NUL and every other control but HTAB (RFC 9110 5.5): an upstream
+            # may read "\x0bchunked" or a folded line differently from this proxy
+            raise EgressDenied("bad-request", "control character in header")
         name, sep, value = line.partition(":")
         if not sep or not name or not set(name) <= _TCHAR:
             raise EgressDenied("bad-request", "malformed header line")
@@ -1042,11 +1048,6 @@ class EgressProxy:
         csock: socket.socket | None = None
         try:
             csock, buffered = await _detach(reader, writer)
-            if csock.family == socket.AF_UNIX:
-                # a unix socket's send buffer (208 KiB by default) bounds what is in flight
-                # to the client; TCP sockets tune theirs (up to tcp_wmem's maximum)
-                with contextlib.suppress(OSError):
-                    csock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _UNIX_SNDBUF)
             await self._pump(target, csock, usock, first + buffered, sniff=not first)
         finally:
             usock.close()
@@ -1362,7 +1363,17 @@ class EgressProxy:
             if _host_key(h_host) != target.tls_host or h_port != target.port:
                 raise EgressDenied("not-allowed", f"Host header {hosts[0][:80]!r} does not "
                                    f"match the tunnel host {target.tls_host}:{target.port}")
-        te = [t.strip().lower() for v in head.get_all("transfer-encoding") for t in v.split(",")]
+        secret_names = {h.name for h in target.secrets}
+        for k, _v in head.headers:
+            # an upstream that reads "_" as "-" (CGI-style) would frame or authorize by a
+            # header this proxy does not treat as such: refused, not forwarded
+            if "_" in k and k.replace("_", "-") in _UNDERSCORE_CHECKED | secret_names:
+                raise EgressDenied("bad-request", f"header {k[:40]!r} looks like "
+                                   f"{k.replace('_', '-')[:40]!r}")
+        # strip(" \t") only: str.strip() also drops "\xa0" and "\x85", which an upstream
+        # keeps ("chunked\xa0" is not chunked to it)
+        te = [t.strip(" \t").lower() for v in head.get_all("transfer-encoding")
+              for t in v.split(",")]
         lengths = head.get_all("content-length")
         body: int | None
         if te:
@@ -1376,7 +1387,6 @@ class EgressProxy:
             if len(set(lengths)) > 1 or any(not _digits(v) or len(v) > 18 for v in lengths):
                 raise EgressDenied("bad-request", "bad Content-Length")
             body = int(lengths[0]) if lengths else 0
-        secret_names = {h.name for h in target.secrets}
         lines = [f"{head.method} {head.target} {head.version}"]
         if not hosts:
             default = 443 if tls else 80
@@ -1800,6 +1810,11 @@ async def _detach(reader: asyncio.StreamReader,
     sock = socket.socket(fileno=os.dup(tsock.fileno()))
     try:
         sock.setblocking(False)
+        if sock.family == socket.AF_UNIX:
+            # a unix socket's send buffer (208 KiB by default) bounds what is in flight
+            # to the client; TCP sockets tune theirs (up to tcp_wmem's maximum)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _UNIX_SNDBUF)
         # StreamReader keeps what it read ahead in its (private) buffer (a KeyError here,
         # not lost bytes, if that ever changes); no await between taking it and dropping
         # the transport, so nothing more can arrive in between
