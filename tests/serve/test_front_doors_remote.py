@@ -66,3 +66,16 @@ def test_run_strict_through_the_remote_provider(tmp_path: Path) -> None:
                 t = await corral.run_snippet("sum(range(10))", provider=p)
                 assert t.result == "45" and t.level == corral.Level.STRICT
         asyncio.run(go())
+
+
+
+def test_remote_provider_from_sync_code(server: Server) -> None:
+    """The sync twins run on the process-wide loop; the provider opens its connections
+    there and is closed there (corral.core.sync)."""
+    from corral.core.sync import close_sync
+    p = RemoteProvider(server.url, ALICE)
+    try:
+        t = corral.run_snippet_sync("1 + 1", provider=p)
+        assert t.result == "2"
+    finally:
+        close_sync(p)

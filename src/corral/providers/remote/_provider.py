@@ -20,6 +20,7 @@ import contextlib
 import json
 import secrets
 import ssl
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final, final
 
@@ -131,7 +132,10 @@ class RemoteProvider(SandboxProvider):
         self.levels: frozenset[Level] = frozenset(offered)
         shared = frozenset.intersection(*offered.values()) if offered else frozenset()
         self.capabilities = frozenset(shared & _RELAYED)
-        self._clients: dict[int, Any] = {}
+        #: one AsyncClient per event loop (httpx's connections belong to the loop that
+        #: opened them); weak, so a finished ``asyncio.run`` loop takes its client along
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = \
+            weakref.WeakKeyDictionary()
         self._live: dict[str, RemoteSandbox] = {}
         self._closed = False
 
@@ -139,14 +143,14 @@ class RemoteProvider(SandboxProvider):
     def client(self) -> Any:
         """The AsyncClient of the running loop (one per loop: httpx's pool is loop-bound)."""
         loop = asyncio.get_running_loop()
-        c = self._clients.get(id(loop))
+        c = self._clients.get(loop)
         if c is None or c.is_closed:
             httpx = _httpx()
             c = httpx.AsyncClient(
                 base_url=self.url, headers=self._headers, verify=self._verify,
                 timeout=httpx.Timeout(self._timeout_s, read=None, write=self._timeout_s),
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
-            self._clients[id(loop)] = c
+            self._clients[loop] = c
         return c
 
     async def call(self, method: str, path: str, *, json_body: Any = None,
@@ -207,8 +211,8 @@ class RemoteProvider(SandboxProvider):
         self._closed = True
         live, self._live = list(self._live.values()), {}
         await asyncio.gather(*(sb.destroy() for sb in live), return_exceptions=True)
-        clients, self._clients = list(self._clients.values()), {}
-        for c in clients:
+        c = self._clients.pop(asyncio.get_running_loop(), None)
+        if c is not None:  # clients of other loops go with their loops
             with contextlib.suppress(Exception):
                 await c.aclose()
 
