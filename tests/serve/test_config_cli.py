@@ -121,3 +121,41 @@ def test_snapshot_handles_stay_with_their_tenant(tmp_path: Path) -> None:
                 await sa.restore(h)  # type: ignore[attr-defined]
                 assert await sa.read_file("secret.txt") == b"alice's"
         asyncio.run(go())
+
+
+def test_serve_without_a_config_takes_the_token_from_the_environment(tmp_path: Path) -> None:
+    import json
+    import os
+    import signal
+    import time
+    token = "env-token-0123456789abcdef"
+    log = tmp_path / "log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "corral", "serve", "--port", "0",
+                                 "--no-access-log"], stderr=fh,
+                                env={**os.environ, "CORRAL_SERVE_TOKEN": token})
+    try:
+        port = None
+        deadline = time.monotonic() + 30
+        while port is None and time.monotonic() < deadline:
+            for line in log.read_text().splitlines():
+                ev = json.loads(line)
+                if ev["event"] == "listening":
+                    assert ev["host"] == "127.0.0.1"  # loopback unless asked
+                    port = ev["port"]
+            time.sleep(0.05)
+        assert port is not None, log.read_text()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/v1/info",
+                              headers={"authorization": f"Bearer {token}"})
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert r.json()["tenant"] == "default"
+        assert token not in log.read_text()
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(30) == 0
