@@ -52,6 +52,7 @@ from corral.mcp.registry import SandboxRegistry
 
 if TYPE_CHECKING:
     from corral.snippets.host.pool import SnippetPool
+    from corral.snippets.host.transcript import LogLine
 
 try:
     from mcp.server.mcpserver import Context, MCPServer
@@ -214,35 +215,42 @@ def _decode(content: str, encoding: str) -> bytes:
 
 
 class _LiveOutput:
-    """A command's output while it runs, as MCP progress notifications: each chunk is one
-    notification whose ``progress`` is the bytes seen so far and whose ``message`` is
-    ``{"stream": "stdout"|"stderr", "text": ...}`` as JSON, in order. Sent only to a
-    client that asked for progress (a ``progressToken``); the final result carries all
-    the output anyway."""
+    """A command's output (or a snippet's log lines) while it runs, as MCP progress
+    notifications, in order. For a command each chunk is one notification whose
+    ``progress`` is the bytes seen so far and whose ``message`` is ``{"stream":
+    "stdout"|"stderr", "text": ...}`` as JSON; for a snippet each log line is one whose
+    ``progress`` is the lines seen so far and whose ``message`` is ``{"stream":
+    "stdout"|"stderr"|"log", "text": line}`` (the transcript's ``logs`` entry). Sent only
+    to a client that asked for progress (a ``progressToken``); the final result carries
+    all the output anyway."""
 
     def __init__(self, ctx: Context) -> None:
         import codecs
         self._ctx = ctx
-        self._queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        #: (what it adds to ``progress``, the message); None ends the pump
+        self._queue: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
         self._decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in (1, 2)}
         self._seen = 0
         self._task: asyncio.Task[None] | None = None
 
     def on_output(self, fd: int, chunk: bytes) -> None:
-        """The provider's ``on_output(fd, chunk)`` (called on the loop)."""
+        """The provider's ``on_output(fd, chunk)`` (called on the loop, in order)."""
         if chunk and fd in self._decoders:
-            self._queue.put_nowait((fd, chunk))
+            text = self._decoders[fd].decode(chunk)
+            self._queue.put_nowait((len(chunk), json.dumps(
+                {"stream": "stdout" if fd == 1 else "stderr", "text": text},
+                ensure_ascii=False) if text else ""))
+
+    def on_log(self, line: LogLine) -> None:
+        """``run_snippet``'s ``on_log`` (called on the loop, in order)."""
+        self._queue.put_nowait((1, json.dumps({"stream": line.stream, "text": line.text},
+                                              ensure_ascii=False)))
 
     async def _pump(self) -> None:
-        while True:
-            fd, chunk = await self._queue.get()
-            if fd == 0:
-                return
-            self._seen += len(chunk)
-            text = self._decoders[fd].decode(chunk)
-            if text:
-                message = json.dumps({"stream": "stdout" if fd == 1 else "stderr",
-                                      "text": text}, ensure_ascii=False)
+        while (item := await self._queue.get()) is not None:
+            step, message = item
+            self._seen += step
+            if message:
                 with contextlib.suppress(Exception):  # progress is advisory
                     await self._ctx.report_progress(self._seen, None, message)
 
@@ -253,7 +261,7 @@ class _LiveOutput:
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
         if exc[0] is None:  # sent what was queued before the result goes out
-            self._queue.put_nowait((0, b""))
+            self._queue.put_nowait(None)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._task), 5)
         self._task.cancel()
@@ -301,6 +309,7 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
         lifespan=lifespan, log_level="WARNING")
 
     async def run_in_sandbox(
+        ctx: Context,
         source: Annotated[str | None, Field(
             description="Python source, run as main.py (the last expression is the result)"
         )] = None,
@@ -312,12 +321,16 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
     ) -> CallToolResult:
         """Validate and run a Python snippet in a strict sandbox; return its transcript
         (logs, facts, result, errors, duration_ms, timed_out, truncated, level). A snippet
-        the validator refuses is not run: its errors are ValidationError entries."""
+        the validator refuses is not run: its errors are ValidationError entries. With a
+        progress token, each log line also arrives as a progress notification as the
+        snippet writes it."""
         async def call() -> CallToolResult:
             from corral.snippets.host.runner import run_snippet
             pool = await backend.snippet_pool()
-            transcript = await run_snippet(source, files=files, timeout_ms=timeout_ms,
-                                           level=cfg.level, tenant_id=TENANT, pool=pool)
+            async with _LiveOutput(ctx) as live:
+                transcript = await run_snippet(source, files=files, timeout_ms=timeout_ms,
+                                               level=cfg.level, tenant_id=TENANT, pool=pool,
+                                               on_log=live.on_log)
             doc = transcript.to_dict()
             link = playground_link(cfg.playground_url, source)
             if link is not None:
