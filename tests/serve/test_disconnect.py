@@ -158,3 +158,24 @@ async def _has_pid(sb: object) -> bool:
         return bool(await sb.read_file("pid"))  # type: ignore[attr-defined]
     except FileNotFoundError:
         return False
+
+
+def test_disconnect_cancels_a_snippet_and_frees_its_pool_permit(server: Server,
+                                                                bob: tuple[httpx.Client, str]
+                                                                ) -> None:
+    c, _sid = bob
+    assert c.post("/v1/snippets", json={"source": "1"}).status_code == 200  # pool warm
+    sock = _raw_request(server, "/v1/snippets", {"source": "while True:\n    pass",
+                                                 "timeout_ms": 10000})
+    try:
+        wait_metric(server, 'corral_snippet_pool{state="running"}', 1)
+    finally:
+        sock.close()
+    t0 = time.monotonic()
+    wait_metric(server, 'corral_snippet_pool{state="running"}', 0, seconds=5)
+    freed = time.monotonic() - t0
+    assert metric(server, 'corral_runs_in_flight{tenant="bob"}') == 0
+    assert freed < 0.1, f"the pool's permit was freed {freed * 1000:.0f} ms after"
+    assert (metric(server, 'corral_snippet_pool{state="cancelled"}') or 0) >= 1
+    r = c.post("/v1/snippets", json={"source": "2 + 2"})
+    assert r.status_code == 200 and r.json()["result"] == "4"

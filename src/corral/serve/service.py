@@ -143,10 +143,19 @@ class Service:
             ({"tenant": t.name}, float(t.runs)) for t in self.tenants.values()])
         m.gauge("corral_memory_reserved_mb", "memory counted against tenant caps, MiB",
                 lambda: [({"tenant": t.name}, float(t.mem_mb)) for t in self.tenants.values()])
+        m.gauge("corral_snippet_pool", "the snippet pool: runs running and queued, warm "
+                "slots idle, runs cancelled so far", self._pool_figures)
         m.gauge("corral_draining", "1 while the server drains", lambda: [
             ({}, 1.0 if self.draining else 0.0)])
         m.gauge("corral_uptime_seconds", "seconds since start", lambda: [
             ({}, round(time.time() - self.started, 3))])
+
+    def _pool_figures(self) -> list[tuple[dict[str, str], float]]:
+        if self._pool is None:
+            return []
+        st = self._pool.statistics()
+        return [({"state": k}, float(getattr(st, k)))
+                for k in ("running", "queued", "idle", "cancelled")]
 
     # -- life ------------------------------------------------------------------------
     async def start(self) -> None:
