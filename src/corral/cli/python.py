@@ -1,12 +1,13 @@
 """``corral python FILE.py | - | -c CODE``: run a snippet, show its transcript.
 
-For a person: the log lines (stderr and logging lines tagged), then the
-result (``=> repr``), the facts, the errors with their sanitized tracebacks
-and what was truncated. ``--json`` prints the transcript as one JSON object.
-Exit status: 0 when the snippet ran without an error, 1 when it raised or
-the validator refused it, 124 when it timed out; otherwise the table of
-``docs/cli.md`` (64 for a bad option or a file that does not exist, 69 when
-the level is not available here, 70 for an internal error).
+For a person: the log lines (stderr and logging lines tagged; on a terminal
+printed as the snippet writes them), then the result (``=> repr``), the
+facts, the errors with their sanitized tracebacks and what was truncated.
+``--json`` prints the transcript as one JSON object. Exit status: 0 when the
+snippet ran without an error, 1 when it raised or the validator refused it,
+124 when it timed out; otherwise the table of ``docs/cli.md`` (64 for a bad
+option or a file that does not exist, 69 when the level is not available
+here, 70 for an internal error).
 
 The code comes from ``-c CODE``, a file, or ``-`` (stdin). A bare argument
 that is not an existing file is still taken as code (``corral python
@@ -29,7 +30,9 @@ from corral.cli._terminal import sanitize
 from corral.core.errors import ConfigInvalidError
 
 if TYPE_CHECKING:
-    from corral.snippets.host.transcript import Transcript
+    from collections.abc import Callable
+
+    from corral.snippets.host.transcript import LogLine, Transcript
 
 #: --timeout when not given (the snippet runner's own default; a test keeps them equal)
 DEFAULT_TIMEOUT_MS = 5000
@@ -38,7 +41,7 @@ DEFAULT_TIMEOUT_MS = 5000
 MIN_TIMEOUT_MS = 100
 MAX_TIMEOUT_MS = 10_000
 
-__all__ = ["add_parser", "render", "run"]
+__all__ = ["add_parser", "live_logs", "render", "run"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -130,17 +133,22 @@ def _safe(text: str) -> str:
     return sanitize(text.encode("utf-8", "surrogateescape")).decode("utf-8")
 
 
-def render(t: Transcript, *, palette: Palette | None = None, terminal: bool = False) -> str:
+def _log_line(line: LogLine, paint: Callable[..., str], safe: Callable[[str], str]) -> str:
+    """One log line as shown: stdout as is, the others tagged ``[stderr]`` / ``[log]``."""
+    return (safe(line.text) if line.stream == "stdout" else
+            f"{paint(f'[{line.stream}]', 'yellow')} {safe(line.text)}")
+
+
+def render(t: Transcript, *, palette: Palette | None = None, terminal: bool = False,
+           logs: bool = True) -> str:
     """The transcript as text for a person. ``terminal``: every piece that came from
     the snippet (its logs, result, facts, errors, tracebacks, file names) is passed
     through the terminal sanitizer, so an escape sequence it printed shows as text
-    and does nothing; ``palette`` colours corral's own parts."""
+    and does nothing; ``palette`` colours corral's own parts. ``logs=False`` leaves the
+    log lines out (they were shown live, :func:`live_logs`)."""
     paint = (palette or Palette(False)).paint
     safe = _safe if terminal else _keep
-    out: list[str] = []
-    for line in t.logs:
-        out.append(safe(line.text) if line.stream == "stdout" else
-                   f"{paint(f'[{line.stream}]', 'yellow')} {safe(line.text)}")
+    out: list[str] = [_log_line(line, paint, safe) for line in t.logs] if logs else []
     if t.result is not None:
         out.append(f"{paint('=>', 'green', 'bold')} {safe(str(t.result))}")
     if t.facts:
@@ -163,6 +171,14 @@ def render(t: Transcript, *, palette: Palette | None = None, terminal: bool = Fa
     return "\n".join(out)
 
 
+def live_logs(status: LiveStatus, palette: Palette) -> Callable[[LogLine], None]:
+    """``run_snippet``'s ``on_log`` for a terminal: each line, sanitized and tagged as
+    :func:`render` shows it, printed on stdout as it arrives (above the status line)."""
+    def on_log(line: LogLine) -> None:
+        status.write(sys.stdout, _log_line(line, palette.paint, _safe) + "\n")
+    return on_log
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the snippet; print the transcript; exit 0, 1 or 124."""
     # imported here, not at the top: every verb's module loads to build the parser
@@ -183,11 +199,17 @@ def run(args: argparse.Namespace) -> int:
     status = LiveStatus(f"running a snippet at {args.level}", stream=sys.stderr,
                         enabled=is_tty(sys.stderr) and not args.json,
                         palette=Palette.for_stream(sys.stderr))
+    # on a terminal the log lines are printed as they come (sanitized); a pipe gets the
+    # transcript in one piece at the end, exactly as before
+    live = not args.json and is_tty(sys.stdout)
+    out_palette = Palette.for_stream(sys.stdout)
     try:
         with status:
             transcript = run_snippet_sync(files=files, level=args.level, timeout_ms=used,
                                           tenant_id=args.tenant, allowed_imports=allowed,
-                                          network=network if network.kind != "none" else None)
+                                          network=network if network.kind != "none" else None,
+                                          on_log=live_logs(status, out_palette) if live
+                                          else None)
     finally:
         shutdown_snippet_pool()
     if args.json:
@@ -196,8 +218,10 @@ def run(args: argparse.Namespace) -> int:
         doc["notes"] = notes
         print(json.dumps(doc, ensure_ascii=False, indent=2))
     else:
-        print(render(transcript, palette=Palette.for_stream(sys.stdout),
-                     terminal=is_tty(sys.stdout)))
+        text = render(transcript, palette=out_palette, terminal=is_tty(sys.stdout),
+                      logs=not live)
+        if text:
+            print(text)
     if transcript.timed_out:
         return EXIT_TIMEOUT
     return EXIT_OK if transcript.ok else EXIT_FAILED
