@@ -142,8 +142,19 @@ class _NDJSONResponse(Response):
             await send({"type": "http.response.start", "status": self.status_code,
                         "headers": self.raw_headers})
             started = True
-            async for ev in self._events:
-                await send({"type": "http.response.body", "body": _line(ev), "more_body": True})
+            try:
+                async for ev in self._events:
+                    await send({"type": "http.response.body", "body": _line(ev),
+                                "more_body": True})
+            except (CorralError, ApiError) as e:  # the stream's source failed: say so
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": _line(_error_event(e))})
+            except OSError:
+                raise
+            except Exception as e:  # a bug: logged by the caller's log, answered in the stream
+                from corral.core.errors import ProviderError
+                await send({"type": "http.response.body", "more_body": True, "body": _line(
+                    _error_event(ProviderError(f"internal error: {type(e).__name__}")))})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         gone = stopped = False
@@ -166,6 +177,12 @@ class _NDJSONResponse(Response):
             self._on_done(gone)
         if stopped:  # say why the stream ends, as its last line (bounded)
             await _stopped(send, started)
+
+
+def _error_event(err: CorralError | ApiError) -> Event:
+    if isinstance(err, ApiError):
+        return {"event": "error", "status": err.status, "error": err.to_dict()}
+    return {"event": "error", "status": err.http_status, "error": wire.error_to_json(err)}
 
 
 _STOPPED: Final = "the server stopped (SIGTERM) before the run ended; it was cancelled"
