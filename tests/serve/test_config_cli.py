@@ -159,3 +159,14 @@ def test_serve_without_a_config_takes_the_token_from_the_environment(tmp_path: P
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(30) == 0
+
+
+def test_metrics_token_when_configured(tmp_path: Path) -> None:
+    token = "metrics-token-0123456789"
+    cfg = config_text({"context-isolated": "subproc"}, extra=f'metrics_token = "{token}"')
+    with running(tmp_path, cfg) as s:
+        assert httpx.get(f"{s.url}/metrics").status_code == 401
+        with s.client(ALICE) as c:  # a tenant's token is not the metrics token
+            assert c.get("/metrics").status_code == 401
+        r = httpx.get(f"{s.url}/metrics", headers={"authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and "corral_requests_total" in r.text

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 from corral.core.errors import ConfigInvalidError, CorralError
 from corral.core.spec import HandlerRef, Level, NetworkPolicy, SandboxLimits
 from corral.providers.remote import wire
-from corral.serve.config import ServeConfig
+from corral.serve.config import ServeConfig, token_digest
 from corral.serve.logs import JsonLog
 from corral.serve.metrics import CONTENT_TYPE
 from corral.serve.service import EARLY_RELEASE, ApiError, Event, RunStream, Service
@@ -367,6 +368,12 @@ class _Api:
         return _json(document())
 
     async def metrics(self, request: Request) -> Response:
+        want = self.s.config.metrics_token_sha256
+        if want is not None:
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    token_digest(token.strip()), want):
+                raise ApiError("unauthorized", "/metrics needs the metrics token")
         return Response(self.s.metrics.render(), media_type=CONTENT_TYPE)
 
     # -- tenant ------------------------------------------------------------------------

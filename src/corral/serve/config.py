@@ -12,6 +12,7 @@
     tls_certfile = ""           # both set: HTTPS
     tls_keyfile = ""
     image_roots = []            # dirs whose images tenants may name (spec.image)
+    metrics_token = ""          # set (or metrics_token_sha256): /metrics asks for it
 
     [levels]                    # level -> provider name; a level left out is not offered
     strict = "linux"
@@ -121,6 +122,9 @@ class ServeConfig:
     access_log: bool = True
     #: connections and requests at once; beyond it uvicorn answers 503 at once
     max_connections: int = 1000
+    #: SHA-256 of the bearer token ``/metrics`` asks for; None: ``/metrics`` is open
+    #: (it names tenants and counts their work, nothing of their sandboxes' content)
+    metrics_token_sha256: bytes | None = None
     #: directories whose images (``spec.image``: a handler directory, an OCI layout or
     #: tar, a rootfs) tenants may name; empty: no images. An image is a path on the
     #: server's host, so without this a tenant could copy any host directory in.
@@ -159,6 +163,8 @@ class ServeConfig:
         for r in roots:
             if not isinstance(r, str) or not r.startswith("/"):
                 raise ConfigInvalidError("image_roots", f"must be absolute paths: {r!r}")
+        if self.metrics_token_sha256 is not None and len(self.metrics_token_sha256) != 32:
+            raise ConfigInvalidError("metrics_token_sha256", "must be a SHA-256 digest")
         if (self.tls_certfile is None) != (self.tls_keyfile is None):
             raise ConfigInvalidError("tls_certfile", "TLS needs both tls_certfile and "
                                      "tls_keyfile")
@@ -199,13 +205,26 @@ def config_from_dict(doc: Mapping[str, Any]) -> ServeConfig:
     server = dict(doc.get("server", {}))
     known = {"host", "port", "max_body_bytes", "grace_s", "snippet_workers",
              "default_sandbox_mem_mb", "tls_certfile", "tls_keyfile", "access_log",
-             "image_roots", "max_connections"}
+             "image_roots", "max_connections", "metrics_token", "metrics_token_sha256"}
     bad = sorted(set(server) - known)
     if bad:
         raise ConfigInvalidError(f"server.{bad[0]}", "unknown key")
     for k in ("tls_certfile", "tls_keyfile"):
         if not server.get(k):
             server.pop(k, None)
+    mt, mh = server.pop("metrics_token", None), server.pop("metrics_token_sha256", None)
+    if mt is not None and mh is not None:
+        raise ConfigInvalidError("server.metrics_token", "give metrics_token or "
+                                 "metrics_token_sha256, not both")
+    if mt is not None:
+        if not isinstance(mt, str) or len(mt) < 16:
+            raise ConfigInvalidError("server.metrics_token", "must be a string of 16+ chars")
+        server["metrics_token_sha256"] = token_digest(mt)
+    elif mh is not None:
+        try:
+            server["metrics_token_sha256"] = bytes.fromhex(str(mh))
+        except ValueError:
+            raise ConfigInvalidError("server.metrics_token_sha256", "not hex") from None
     tenants = tuple(_tenant(t, i) for i, t in enumerate(doc.get("tenants", ())))
     kw: dict[str, Any] = dict(server)
     if "levels" in doc:

@@ -252,7 +252,8 @@ def document() -> dict[str, Any]:
         "/v1/sandboxes/{sid}/invoke": {"post": _op(
             "handler dispatch in this sandbox (in-context is refused)", _ok(_ref("Reply")),
             params=sid, body=_json_body(_ref("InvokeRequest")), tag="handlers")},
-        "/metrics": {"get": _op("Prometheus text format", {"200": {
+        "/metrics": {"get": _op("Prometheus text format (a bearer token only when the "
+                                "config sets metrics_token)", {"200": {
             "description": "metrics", "content": {"text/plain": {"schema": {
                 "type": "string"}}}}}, public=True, tag="service")},
     }
