@@ -23,6 +23,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -455,8 +456,9 @@ def test_a_secret_host_cannot_be_turned_against_its_secret(linux: Any) -> None:
 # --------------------------------------------------------------------------- exhaustion
 
 #: inside: hold argv[1] idle connections, argv[2] slowloris heads (a byte a second),
-#: and argv[3] connections each sending an oversized head, all to the proxy; then
-#: flood argv[4] refused requests; print what happened
+#: and argv[3] connections each sending an oversized head, all to the proxy at once
+#: (past the proxy's limit, connections are answered 503 or reset unread); then, those
+#: closed, argv[4] refused requests one after another; print what happened
 FLOOD = r"""
 import json, socket, sys, threading, time
 idle, slow, huge, refused = map(int, sys.argv[1:5])
@@ -498,6 +500,9 @@ for _ in range(huge):
     except OSError as e:
         note(e)
     s.close()
+t.join()
+for s in held + slows:
+    s.close()
 codes = {}
 for i in range(refused):
     try:
@@ -508,7 +513,6 @@ for i in range(refused):
         s.close()
     except OSError as e:
         note(e)
-t.join()
 print(json.dumps({"held": len(held), "slow": len(slows), "huge": huge_status,
                   "codes": codes, "errors": errors}))
 """
@@ -559,7 +563,7 @@ def test_one_sandbox_flooding_its_proxy_does_not_starve_another(linux: Any) -> N
                 assert out["held"] + out["errors"].get("TimeoutError", 0) >= 500, out
                 assert all(s.startswith("HTTP/1.1 431") or s.startswith("HTTP/1.1 503")
                            or s == "" for s in out["huge"]), out
-                assert sum(out["codes"].values()) > 1000, out
+                assert sum(out["codes"].values()) > 1000, json.dumps(out)
                 assert set(out["codes"]) <= {"", "HTTP/1.1 403 Forbidden",
                                              "HTTP/1.1 503 Service Unavailable"}, out
                 # the other sandbox was served throughout, promptly
@@ -687,3 +691,84 @@ def test_probe_helpers() -> None:
     assert status({"got": ""}) == 0
     assert socks_code({"got": "\x05\x00\x05\x02"}) == 2
     assert socks_code({"got": "\x05"}) == -1
+
+
+# --------------------------------------------------------------------------- slow names
+
+#: inside: argv[1] CONNECTs at once to distinct names under argv[2] (port 80); prints
+#: the first line of each reply
+SLOW_NAMES = r"""
+import socket, sys
+socks = []
+for i in range(int(sys.argv[1])):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=30)
+    s.sendall(b"CONNECT n%d.%s:80 HTTP/1.1\r\n\r\n" % (i, sys.argv[2].encode()))
+    socks.append(s)
+lines = {}
+for s in socks:
+    try:
+        line = s.recv(200).split(b"\r\n")[0].decode()
+    except OSError as e:
+        line = type(e).__name__
+    lines[line] = lines.get(line, 0) + 1
+print(lines)
+"""
+
+
+def test_names_that_never_resolve_tie_up_neither_the_host_nor_other_sandboxes(
+        linux: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the host's own resolver (``getaddrinfo`` in threads), a sandbox under
+    ``unrestricted`` asks for many names whose servers never answer (played here by a
+    ``getaddrinfo`` that sleeps for ``*.slow.test``, as an unanswered lookup does): the
+    lookups of one proxy are bounded, they run in threads of their own, and meanwhile
+    another sandbox resolves and fetches, and the provider's own threads (pause and
+    resume) answer at once."""
+    real = socket.getaddrinfo
+    running: list[int] = [0, 0]           # now, most at once
+    lock = threading.Lock()
+
+    def fake(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(host, str) and host.endswith(".slow.test"):
+            with lock:
+                running[0] += 1
+                running[1] = max(running[1], running[0])
+            try:
+                time.sleep(2.0)
+            finally:
+                with lock:
+                    running[0] -= 1
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        if host == "fast.test":
+            return real("127.0.0.1", port, *args, **kwargs)
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+    with http_server({"*": b"listed"}) as listed:
+        async def test(p: Any) -> None:
+            if "pause" not in p.capabilities:
+                pytest.skip("no cgroup freezer here")
+            async with await p.create(spec(NetworkPolicy.unrestricted(), "a")) as a, \
+                    await p.create(spec(NetworkPolicy.unrestricted(
+                        f"127.0.0.1/32:{listed.port}"), "b")) as b:
+                await a.write_file("slow.py", SLOW_NAMES)
+                flood = asyncio.ensure_future(a.exec([PY, "/work/slow.py", "48", "slow.test"],
+                                                     ExecOpts(timeout_ms=120_000)))
+                while running[0] == 0 and not flood.done():
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.5)
+                t = time.monotonic()
+                await b.pause()
+                await b.resume()
+                pause_s = time.monotonic() - t
+                r = await b.exec([PY, "-c", FETCH, f"http://fast.test:{listed.port}/"])
+                assert r.stdout_text.split()[:2] == ["200", "listed"], r.stderr_text
+                fetch_s = float(r.stdout_text.split()[2])
+                r = await flood
+                assert r.exit_code == 0, r.stderr_text
+                assert "502" in r.stdout_text, r.stdout_text
+                assert pause_s < 1.5, pause_s
+                assert fetch_s < 2.0, fetch_s
+            from corral.providers.linux.host.egress import MAX_LOOKUPS
+            assert 0 < running[1] <= MAX_LOOKUPS, running
+
+        linux(test)

@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import errno
 import fcntl
+import functools
 import ipaddress
 import logging
 import os
@@ -66,7 +68,9 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 __all__ = [
+    "DNS_THREADS",
     "MAX_CLIENT_HELLO",
+    "MAX_LOOKUPS",
     "MAX_HEADER",
     "SPECIAL_RANGES",
     "Denial",
@@ -97,6 +101,11 @@ MAX_HEADER: Final = 16 * 1024
 MAX_CLIENT_HELLO: Final = 32 * 1024
 #: the most addresses of one name the proxy tries
 MAX_ADDRESSES: Final = 16
+#: threads that run every proxy's getaddrinfo (:func:`system_resolver`)
+DNS_THREADS: Final = 16
+#: lookups one proxy runs at once: a lookup keeps its slot until it really ends (not when
+#: the proxy stops waiting for it), so one sandbox holds at most this many DNS threads
+MAX_LOOKUPS: Final = 4
 _CHUNK: Final = 64 * 1024
 _TLS_PORTS: Final = frozenset({443})
 #: the pipe between two spliced sockets (the system's default maximum for unprivileged)
@@ -685,11 +694,27 @@ async def _read_client_hello(reader: _ExactReader) -> tuple[bytes, bytes]:
 # --------------------------------------------------------------------------- resolver
 
 
+_dns_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _dns_executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _dns_pool
+    if _dns_pool is None:
+        _dns_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=DNS_THREADS, thread_name_prefix="corral-egress-dns")
+    return _dns_pool
+
+
 async def system_resolver(host: str, port: int) -> Sequence[str]:
-    """Resolve ``host`` on the host with the event loop's getaddrinfo (TCP, numeric port)."""
+    """Resolve ``host`` on the host with getaddrinfo (TCP, numeric port), in threads of
+    the proxies' own (:data:`DNS_THREADS`), not the event loop's default executor: a
+    lookup whose name servers never answer holds its thread until the system resolver
+    gives up, whatever the proxy's timeout, and the default executor also runs the
+    provider's own work (pause, resume, destroy)."""
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                   proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICSERV)
+    infos = await loop.run_in_executor(_dns_executor(), functools.partial(
+        socket.getaddrinfo, host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP,
+        flags=socket.AI_NUMERICSERV))
     return [str(info[4][0]) for info in infos]
 
 
@@ -791,6 +816,8 @@ class EgressProxy:
         self.active = 0
         #: connections ended by an unexpected exception (a bug; logged): tests want 0
         self.internal_errors = 0
+        self._lookup_slots = asyncio.Semaphore(MAX_LOOKUPS)
+        self._lookups: set[asyncio.Future[Sequence[str]]] = set()
 
     # ---------------------------------------------------------------- public
 
@@ -838,6 +865,8 @@ class EgressProxy:
         servers, self._servers = self._servers, []
         for server in servers:
             server.close()
+        for lookup in list(self._lookups):
+            lookup.cancel()
         for w in list(self._writers):
             w.transport.abort()
         for t in list(self._tasks):
@@ -921,6 +950,23 @@ class EgressProxy:
         else:
             await self._http(first, reader, writer)
 
+    async def _lookup(self, key: str, port: int) -> Sequence[str]:
+        """``resolver(key, port)`` in one of this proxy's :data:`MAX_LOOKUPS` slots; a
+        caller that stops waiting (its timeout) leaves the lookup running to its end, and
+        only then is the slot free again."""
+        await self._lookup_slots.acquire()
+        task = asyncio.ensure_future(self._resolver(key, port))
+        self._lookups.add(task)
+
+        def done(t: asyncio.Future[Sequence[str]]) -> None:
+            self._lookups.discard(t)
+            self._lookup_slots.release()
+            if not t.cancelled():
+                t.exception()          # retrieved: a lookup nobody waits for any more
+
+        task.add_done_callback(done)
+        return await asyncio.shield(task)
+
     async def _decide(self, policy: EgressPolicy, host: str, port: int) -> _Target:
         """Check ``host:port`` against ``policy``, resolving a name on the host."""
         key = normalize_host(host)
@@ -930,7 +976,7 @@ class EgressProxy:
         policy.check_name(key, port)
         try:
             async with asyncio.timeout(self.limits.resolve_timeout_s):
-                resolved = await self._resolver(key, port)
+                resolved = await self._lookup(key, port)
         except (TimeoutError, OSError, UnicodeError) as e:
             raise EgressDenied("unresolvable", f"{key} does not resolve ({e})") from None
         ok: list[str] = []
