@@ -170,3 +170,18 @@ def test_metrics_token_when_configured(tmp_path: Path) -> None:
             assert c.get("/metrics").status_code == 401
         r = httpx.get(f"{s.url}/metrics", headers={"authorization": f"Bearer {token}"})
         assert r.status_code == 200 and "corral_requests_total" in r.text
+
+
+def test_a_provider_that_cannot_start_fails_the_server(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(config_text({"context-isolated": "nosuch"}))
+    r = subprocess.run([sys.executable, "-m", "corral", "serve", "--config", str(cfg),
+                        "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 64 and "unknown provider 'nosuch'" in r.stderr
+    cfg.write_text(config_text({"context-isolated": "subproc"}).replace(
+        "[provider_options.linux]", "[provider_options.subproc]\nbogus = 1\n"
+        "[provider_options.linux]"))
+    r = subprocess.run([sys.executable, "-m", "corral", "serve", "--config", str(cfg),
+                        "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 70, r.stderr[-2000:]
+    assert "startup failed" in r.stderr

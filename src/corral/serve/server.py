@@ -54,12 +54,19 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve(config: ServeConfig, *, log: JsonLog | None = None) -> int:
-    """Serve ``config`` until SIGTERM / SIGINT, drain, and return 0."""
+    """Serve ``config`` until SIGTERM / SIGINT, drain, and return 0 (70 when the app
+    could not start: a provider could not be made; the log says why).
+
+    Raises:
+        ConfigInvalidError: a level names an unknown provider.
+    """
     import uvicorn
 
+    from corral.providers import get_provider_class
     from corral.serve.app import create_app
     from corral.serve.service import Service
-
+    for name in set(config.levels.values()):  # an unknown provider: config-invalid now
+        get_provider_class(name)
     log = log or JsonLog(enabled=config.access_log)
     service = Service(config, log=log)
     app = create_app(config, service=service)
@@ -85,8 +92,13 @@ def serve(config: ServeConfig, *, log: JsonLog | None = None) -> int:
               tenants=[t.name for t in config.tenants])
     try:
         server.run(sockets=[sock])
+    except SystemExit:  # uvicorn exits 3 when the lifespan's startup failed
+        pass
     finally:
         sock.close()
+    if not server.started:  # the lifespan failed (a provider could not be made): logged
+        log.event("stopped", sev="error", reason="startup failed")
+        return 70
     log.event("stopped")
     return 0
 
@@ -123,3 +135,8 @@ class _Server:
 
     def run(self, sockets: list[socket.socket]) -> None:
         self._server.run(sockets=sockets)
+
+    @property
+    def started(self) -> bool:
+        """Whether the app started (its lifespan made the providers) and served."""
+        return bool(self._server.started)
