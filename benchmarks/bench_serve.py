@@ -218,8 +218,9 @@ def main() -> int:
             alive = _metric(url, 'corral_sandboxes_alive{tenant="bench"}')
             print(f"  runs in flight: {runs}")
             print(f"  sandboxes alive: {alive} (1: the exec sandbox)")
+            idle = _metric(url, 'corral_snippet_pool{state="idle"}')
             print(f"  processes under the server: {len(_descendants(proc.pid))} "
-                  f"(before the load: {baseline})")
+                  f"(before the load: {baseline}; warm snippet slots idle now: {idle})")
         finally:
             os.kill(proc.pid, signal.SIGTERM)
             code = proc.wait(60)
