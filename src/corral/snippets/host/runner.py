@@ -252,9 +252,10 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 async def _run_in(pool: SnippetPool, files: list[tuple[str, str]], *, tenant_id: str,
                   level: Level, timeout_ms: int, allowed: frozenset[str],
-                  guard: bool, relay: _LogRelay) -> Transcript:
+                  guard: bool, relay: _LogRelay | None = None) -> Transcript:
     job = _job(files, timeout_ms, allowed, pool.mem_mb, guard)
     loop = asyncio.get_running_loop()
+    relay = relay if relay is not None else _LogRelay(None, loop)
     started = loop.time()
     transcript: Transcript | None = await pool.run_job(
         job, tenant_id=tenant_id, level=level, timeout_ms=timeout_ms,
