@@ -772,3 +772,87 @@ def test_names_that_never_resolve_tie_up_neither_the_host_nor_other_sandboxes(
             assert 0 < running[1] <= MAX_LOOKUPS, running
 
         linux(test)
+
+
+# --------------------------------------------------------------------------- descriptors
+
+#: inside: open argv[1] CONNECT tunnels to api.test:argv[2] (a server that accepts and
+#: never answers) and keep them for argv[3] seconds; print how many were set up
+HOLD_TUNNELS = r"""
+import socket, sys, time
+ok, errs, socks = 0, {}, []
+for i in range(int(sys.argv[1])):
+    try:
+        s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+        s.sendall(b"CONNECT api.test:%s HTTP/1.1\r\n\r\n" % sys.argv[2].encode())
+        r = s.recv(100)
+        if b" 200 " in r:
+            ok += 1
+            s.sendall(b"x")
+        socks.append(s)
+    except OSError as e:
+        errs[type(e).__name__] = errs.get(type(e).__name__, 0) + 1
+print(ok, errs, flush=True)
+time.sleep(float(sys.argv[3]))
+"""
+
+#: a server that accepts connections and holds them, never answering (its port on stdout)
+HOLD_SERVER = r"""
+import socket
+srv = socket.create_server(("127.0.0.1", 0), backlog=2048)
+print(srv.getsockname()[1], flush=True)
+held = []
+while True:
+    held.append(srv.accept()[0])
+"""
+
+
+def test_tunnels_from_one_sandbox_leave_the_host_descriptors(linux: Any) -> None:
+    """Under a common RLIMIT_NOFILE of 1024, one sandbox holding 256 tunnels (each a
+    client socket, an upstream socket and a pipe per direction in the host) took every
+    descriptor of the host process: the next sandbox's exec failed with EMFILE and its
+    fetches hung. Now the proxies of a process keep within the limit (less a reserve,
+    one proxy at most half of it): the flood gets fewer tunnels, the other sandbox
+    works throughout."""
+    import resource
+    import subprocess
+
+    from corral.providers.linux.host.egress import FD_RESERVE, FDS_PER_CONNECTION
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip("the hard descriptor limit is under 1024 here")
+    hold = subprocess.Popen([PY, "-c", HOLD_SERVER], stdout=subprocess.PIPE, text=True)
+    assert hold.stdout is not None
+    hport = int(hold.stdout.readline())
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        with http_server({"*": b"listed"}) as listed:
+            async def test(p: Any) -> None:
+                policy = NetworkPolicy.allowlist("api.test", "127.0.0.1/32")
+                async with await p.create(spec(policy, "a")) as a, \
+                        await p.create(spec(policy, "b")) as b:
+                    flood = asyncio.ensure_future(a.exec(
+                        [PY, "-c", HOLD_TUNNELS, "256", str(hport), "6"],
+                        ExecOpts(timeout_ms=60_000)))
+                    while _host_fds() < 200 and not flood.done():
+                        await asyncio.sleep(0.1)
+                    await asyncio.sleep(1.0)
+                    peak = _host_fds()
+                    r = await b.exec([PY, "-c", FETCH, f"http://api.test:{listed.port}/"])
+                    assert r.stdout_text.split()[:2] == ["200", "listed"], r.stderr_text
+                    r = await flood
+                    assert r.exit_code == 0, r.stderr_text
+                    got = int(r.stdout_text.split()[0])
+                    share = (1024 - FD_RESERVE) // 2 // FDS_PER_CONNECTION
+                    assert 0 < got <= share, r.stdout_text
+                    assert peak < 1024 - FD_RESERVE // 2, peak
+                    assert any(d.reason.endswith("descriptor limit")
+                               for d in a.network_denials())
+
+            linux(test, egress_resolver=MapResolver(NAMES))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        hold.kill()
+        hold.wait()
+        hold.stdout.close()

@@ -51,6 +51,7 @@ import ipaddress
 import logging
 import os
 import re
+import resource
 import socket
 import ssl
 import struct
@@ -69,6 +70,8 @@ _log = logging.getLogger(__name__)
 
 __all__ = [
     "DNS_THREADS",
+    "FDS_PER_CONNECTION",
+    "FD_RESERVE",
     "MAX_CLIENT_HELLO",
     "MAX_LOOKUPS",
     "MAX_HEADER",
@@ -108,6 +111,24 @@ DNS_THREADS: Final = 16
 MAX_LOOKUPS: Final = 4
 _CHUNK: Final = 64 * 1024
 _TLS_PORTS: Final = frozenset({443})
+#: descriptors one proxied connection holds at most: the client's socket (and its dup
+#: while it is taken over), the upstream's, and a pipe per direction
+FDS_PER_CONNECTION: Final = 7
+#: descriptors of the host process that proxies never take (its other work needs them)
+FD_RESERVE: Final = 256
+#: descriptors held by the connections of every proxy of this process (the estimate
+#: FDS_PER_CONNECTION per connection)
+_FDS_IN_USE: list[int] = [0]
+
+
+def _fd_budget() -> int:
+    """The descriptors every proxy of this process may hold together: the process's
+    RLIMIT_NOFILE (soft) less :data:`FD_RESERVE`, read at each connection (a host may
+    raise its limit while running)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or soft > 1 << 24:
+        soft = 1 << 24
+    return max(soft - FD_RESERVE, 0)
 #: the pipe between two spliced sockets (the system's default maximum for unprivileged)
 _PIPE_SIZE: Final = 1 << 20
 #: the send buffer of a unix-socket client of a tunnel (the kernel doubles it)
@@ -817,6 +838,8 @@ class EgressProxy:
         #: connections ended by an unexpected exception (a bug; logged): tests want 0
         self.internal_errors = 0
         self._lookup_slots = asyncio.Semaphore(MAX_LOOKUPS)
+        #: descriptors this proxy's connections may hold (FDS_PER_CONNECTION each)
+        self._fds = 0
         self._lookups: set[asyncio.Future[Sequence[str]]] = set()
 
     # ---------------------------------------------------------------- public
@@ -908,9 +931,22 @@ class EgressProxy:
         self._tasks.add(task)
         self._writers.add(writer)
         busy = self.active >= self.limits.max_connections
-        if not busy:
+        # the host process's descriptors are shared by every proxy (and everything else
+        # it does): a connection that would take this proxy past half of what the
+        # process may spend on proxies, or all proxies past it, is closed unread
+        cost = 1 if busy else FDS_PER_CONNECTION
+        budget = _fd_budget()
+        over = _FDS_IN_USE[0] + cost > budget or self._fds + cost > budget // 2
+        if not over:
+            self._fds += cost
+            _FDS_IN_USE[0] += cost
+        if not busy and not over:
             self.active += 1
         try:
+            if over:
+                self._record("", 0, EgressDenied(
+                    "busy", "too many connections for the host's descriptor limit"))
+                return
             if busy and len(self._tasks) > 2 * self.limits.max_connections:
                 self._record("", 0, EgressDenied("busy", "too many connections"))
                 return
@@ -923,11 +959,14 @@ class EgressProxy:
             self.internal_errors += 1
             _log.exception("egress proxy: internal error on a connection")
         finally:
-            if not busy:
+            if not busy and not over:
                 self.active -= 1
             await _shutdown(writer, self.limits.idle_timeout_s)
             self._writers.discard(writer)
             self._tasks.discard(task)
+            if not over:
+                self._fds -= cost
+                _FDS_IN_USE[0] -= cost
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      busy: bool) -> None:
