@@ -314,14 +314,16 @@ def _read_body(f: Any, head: bytes) -> bytes:
 
 
 @contextmanager
-def raw_server(ctx: ssl.SSLContext | None) -> Iterator[RawServer]:
-    srv = socket.create_server(("127.0.0.1", 0))
+def raw_server(ctx: ssl.SSLContext | None, port: int = 0) -> Iterator[RawServer]:
+    """With ``ctx``, a connection whose first byte is a TLS handshake is served in TLS,
+    any other in plain HTTP (the server a port 443 that also reads plain text)."""
+    srv = socket.create_server(("127.0.0.1", port))
     out = RawServer(srv.getsockname()[1])
     stop = threading.Event()
 
     def conn(c: socket.socket) -> None:
         try:
-            if ctx is not None:
+            if ctx is not None and c.recv(1, socket.MSG_PEEK) == b"\x16":
                 c = ctx.wrap_socket(c, server_side=True)
             f = c.makefile("rb")
             while True:
@@ -856,3 +858,45 @@ def test_tunnels_from_one_sandbox_leave_the_host_descriptors(linux: Any) -> None
         hold.kill()
         hold.wait()
         hold.stdout.close()
+
+
+def test_a_secret_never_crosses_the_network_in_clear_to_port_443(linux: Any) -> None:
+    """A secret entry on port 443: plain HTTP inside a CONNECT tunnel to that port, or a
+    plain proxy request to it, used to get the secret added and sent in clear; both are
+    refused now, while TLS to the same port gets it (the control)."""
+    pytest.importorskip("cryptography")
+    ca = make_ca("sec.test")
+    secret = "corral-secret-" + secrets.token_hex(12)
+    try:
+        server = raw_server(ca.server_context(), 443)
+        srv = server.__enter__()
+    except OSError as e:
+        pytest.skip(f"cannot listen on 127.0.0.1:443 here ({e})")
+    try:
+        async def test(p: Any) -> None:
+            policy = NetworkPolicy(
+                kind="allowlist", hosts=("sec.test:443", "127.0.0.1/32:443"),
+                secret_headers={"sec.test:443": {"X-Api-Key": secret}})
+            async with await p.create(spec(policy)) as sb:
+                req = "GET /x HTTP/1.1\r\nHost: sec.test\r\nConnection: close\r\n\r\n"
+                got = await probe(sb, {
+                    "control tls": tunnel_tls("sec.test:443", "sec.test", ["send", req],
+                                              ["all"]),
+                    "plain in tunnel": [["send", "CONNECT sec.test:443 HTTP/1.1\r\n\r\n"],
+                                        ["until", "\r\n\r\n"], ["send", req], ["all"]],
+                    "plain proxy": [["send", "GET http://sec.test:443/x HTTP/1.1\r\n\r\n"],
+                                    ["all"]],
+                })
+                denials = got.pop("__denials__")["got"]
+                assert status(got["control tls"]) == 200, got["control tls"]
+                assert " 403 " in got["plain in tunnel"]["got"], got["plain in tunnel"]
+                assert status(got["plain proxy"]) == 403, got["plain proxy"]
+                assert [d.kind for d in denials] == ["not-allowed"] * 2, denials
+                assert all("in clear" in d.reason for d in denials)
+            assert len(srv.heads) == 1, srv.heads
+            assert f"x-api-key: {secret}" in srv.heads[0].decode("latin-1")
+
+        linux(test, egress_resolver=MapResolver(NAMES),
+              egress_upstream_ssl_context=ssl.create_default_context(cafile=ca.ca_file))
+    finally:
+        server.__exit__(None, None, None)

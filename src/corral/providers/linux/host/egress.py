@@ -791,6 +791,13 @@ _HOP_BY_HOP: Final = frozenset({"connection", "proxy-connection", "keep-alive",
                                 "trailer", "upgrade"})
 
 
+def _clear_secrets(port: int) -> EgressDenied:
+    """The refusal of plain HTTP to a TLS port (443) of a host with secrets: they would
+    cross the network in clear, though the entry names the TLS port."""
+    return EgressDenied("not-allowed", f"plain HTTP to port {port} of a host with secrets "
+                        "(they would cross the network in clear): use TLS")
+
+
 def _http_reply(status: int, text: str, reason: str) -> bytes:
     body = f"corral egress: {reason}\n".encode("utf-8", "replace")
     return (f"HTTP/1.1 {status} {text}\r\nContent-Type: text/plain; charset=utf-8\r\n"
@@ -1332,6 +1339,12 @@ class EgressProxy:
                     "unsupported", "TLS started before the tunnel reply (not carried to a "
                     "host with secrets)"))
                 return
+            if not tls and target.port in lim.tls_ports:
+                err = _clear_secrets(target.port)
+                self._record(target.host, target.port, err)
+                with contextlib.suppress(OSError):
+                    csock.send(_http_reply(403, "Forbidden", err.reason))
+                return
             assert self._ca is not None
             ctx = self._ca.server_context(target.tls_host, target.port) if tls else None
             c_r = asyncio.StreamReader(limit=max(lim.header_bytes, _CHUNK))
@@ -1591,6 +1604,8 @@ class EgressProxy:
             else:
                 host, port, origin = self._absolute(head)
                 target = await self._decide(self.policy, host, port)
+                if target.secrets and port in self.limits.tls_ports:
+                    raise _clear_secrets(port)
         except EgressDenied as e:
             self._record(host, port, e)
             status, text = _HTTP_STATUS[e.kind]
