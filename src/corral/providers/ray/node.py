@@ -475,6 +475,8 @@ _DOCTOR: dict[str, Any] = {}
 def _doctor() -> dict[str, Any]:
     """``corral doctor``'s report for this host (probed once per actor)."""
     if not _DOCTOR:
-        from corral.cli.doctor import collect
-        _DOCTOR.update(collect())
+        from corral.providers.linux.host import hostinfo
+        info = hostinfo.probe()
+        _DOCTOR.update({"host": info.to_dict(),
+                        "providers": [r.to_dict() for r in hostinfo.providers_report(info)]})
     return _DOCTOR
