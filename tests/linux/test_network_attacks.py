@@ -21,6 +21,7 @@ import os
 import secrets
 import socket
 import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -900,3 +901,40 @@ def test_a_secret_never_crosses_the_network_in_clear_to_port_443(linux: Any) -> 
               egress_upstream_ssl_context=ssl.create_default_context(cafile=ca.ca_file))
     finally:
         server.__exit__(None, None, None)
+
+
+# --------------------------------------------------------------------------- the operator
+
+#: inside: SOCKS5 CONNECTs to names carrying terminal escapes and line ends (refused
+#: as malformed before any lookup), then one to a listed name (the control)
+ESCAPES = r"""
+import socket, sys
+for name in (b"\x1b]0;owned\x07\x1b[2J.test", b"a.test\ncorral: note: all clear",
+             b"\xe2\x80\xae.test", sys.argv[1].encode()):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(b"\x05\x01\x00\x05\x01\x00\x03" + bytes([len(name)]) + name + b"\x00\x50")
+    got = b""
+    while len(got) < 12 and (more := s.recv(12 - len(got))):
+        got += more
+    print(got[3], flush=True)
+"""
+
+
+def test_names_the_sandbox_sends_reach_the_operators_terminal_escaped(linux: Any) -> None:
+    """`corral run` notes each denial on stderr, with the host as the sandbox sent it: a
+    SOCKS5 name may hold any byte (escape sequences, a line end forging a corral note, a
+    bidi override). They are written escaped; the listed name's control goes through."""
+    with http_server({"*": b"listed"}):
+        r = subprocess.run(
+            [PY, "-m", "corral", "run", "--level", "strict", "--allow-host", "api.test:80",
+             "--", PY, "-c", ESCAPES, "api.test"],
+            capture_output=True, timeout=120, cwd="/")
+        codes = r.stdout.split()
+        assert codes[:3] == [b"1", b"1", b"1"], (r.stdout, r.stderr)
+        # api.test is listed but not resolvable here: unreachable (4), not refused (2)
+        assert codes[3] == b"4", r.stdout
+        notes = [ln for ln in r.stderr.split(b"\n") if ln.startswith(b"corral: note:")]
+        assert len(notes) == 4, r.stderr
+        assert b"\x1b" not in r.stderr and b"\x07" not in r.stderr, r.stderr
+        assert b"\xe2\x80\xae" not in r.stderr, r.stderr
+        assert b"all clear" in notes[1] and b"\\n" in notes[1], notes

@@ -791,6 +791,15 @@ _HOP_BY_HOP: Final = frozenset({"connection", "proxy-connection", "keep-alive",
                                 "trailer", "upgrade"})
 
 
+def _printable(text: str) -> str:
+    """``text`` with every non-printable character (controls, escapes, line ends, bidi
+    overrides) written as a Python escape; ``text`` itself when it has none."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def _clear_secrets(port: int) -> EgressDenied:
     """The refusal of plain HTTP to a TLS port (443) of a host with secrets: they would
     cross the network in clear, though the entry names the TLS port."""
@@ -930,7 +939,11 @@ class EgressProxy:
     def _record(self, host: str, port: int, err: EgressDenied) -> None:
         if len(self._denials) == self._denials.maxlen:
             self.denials_dropped += 1
-        self._denials.append(Denial(host[:255], port, err.kind, err.reason, time.time()))
+        # the host is as the sandbox sent it (a SOCKS5 name may hold any character) and
+        # `corral run` prints denials on the operator's terminal: escapes and line ends
+        # are shown escaped, never as themselves
+        self._denials.append(Denial(_printable(host[:255]), port, err.kind,
+                                    _printable(err.reason), time.time()))
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
