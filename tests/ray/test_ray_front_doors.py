@@ -85,3 +85,36 @@ def test_invoke(ray_cluster: Any) -> None:
     finally:
         import shutil
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_process_count_sees_a_detached_leftover(ray_cluster: Any) -> None:
+    """``process-count`` through the Ray provider: a process's end brings the count; a
+    detached child left behind shows (the snippet pool retires such a slot)."""
+    from corral.core.contract import SupportsProcessCount
+    from corral.core.spec import ProcessOpts
+
+    async def go() -> None:
+        p = provider()
+        try:
+            assert "process-count" in p.capabilities
+            sb = await p.create(SandboxSpec(tenant_id="pc"))
+            assert isinstance(sb, SupportsProcessCount) and sb.alive
+            h = await sb.start_process([sys.executable, "-c", "pass"], ProcessOpts(stdin=False))
+            await h.wait()
+            assert sb.process_count() == 0
+            code = ("import os, time\n"
+                    "if os.fork() == 0:\n"
+                    "    os.setsid(); time.sleep(60)\n")
+            h = await sb.start_process([sys.executable, "-c", code], ProcessOpts(stdin=False))
+            await h.wait()
+            for _ in range(50):
+                if sb.process_count() >= 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert sb.process_count() >= 1
+            await sb.destroy()
+            assert not sb.alive and sb.process_count() == 0
+            await no_leaks(p)
+        finally:
+            await p.aclose()
+    asyncio.run(go())

@@ -31,6 +31,7 @@ from corral.core.contract import (
     SandboxProvider,
     SupportsForkEntry,
     SupportsPause,
+    SupportsProcessCount,
     SupportsRestore,
     SupportsSnapshot,
     SupportsStreamingExec,
@@ -406,13 +407,23 @@ class NodeHost:
         rec.out.clear()
         rec.err.clear()
         done = self._done(rec)
+        pc = None
         if done:
             self._procs.pop(pid, None)
             box = self._boxes.get(rec.sid)
             if box is not None:
                 box.procs.discard(pid)
+                pc = _count(box.sb)
         return ok({"out": out, "err": errb, "out_eof": rec.out_eof, "err_eof": rec.err_eof,
-                   "final": rec.final if done else None})
+                   "final": rec.final if done else None, "pc": pc})
+
+    async def count(self, sid: str) -> Reply:
+        """``process-count`` of a sandbox: (whether it serves, its processes besides its
+        agent), or None where the node's provider does not offer it."""
+        try:
+            return ok(_count(self._box(sid).sb))
+        except Exception as e:
+            return err(e, where=self._where())
 
     @staticmethod
     def _done(rec: _Proc) -> bool:
@@ -460,6 +471,12 @@ class NodeHost:
             await self._p.aclose()
             self._p = None
         return ok(None)
+
+
+def _count(sb: Sandbox) -> tuple[bool, int] | None:
+    if not isinstance(sb, SupportsProcessCount):
+        return None
+    return (sb.alive, sb.process_count())
 
 
 def _idle_spares(p: SandboxProvider) -> int:

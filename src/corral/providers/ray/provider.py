@@ -42,9 +42,9 @@ __all__ = ["NodeRef", "RayProcess", "RayProvider", "RaySandbox"]
 T = TypeVar("T")
 
 NAMESPACE = "corral"
-#: the capabilities a RaySandbox can forward (process-count is not: it is a sync read)
+#: the capabilities a RaySandbox can forward
 _FORWARDED = frozenset({"strict", "streaming", "streaming-exec", "warm-fork", "snapshot",
-                        "restore", "pause"})
+                        "restore", "pause", "process-count"})
 _MIB = 1024 * 1024
 
 
@@ -504,6 +504,9 @@ class RaySandbox(Sandbox):
         self.spec = spec
         self.pg = pg
         self._destroyed = False
+        #: ``process-count`` as last read on the node: (serves, processes besides its agent)
+        self._pc: tuple[bool, int] = (True, 0)
+        self._pc_task: asyncio.Future[None] | None = None
 
     def __hash__(self) -> int:
         return id(self)
@@ -536,6 +539,7 @@ class RaySandbox(Sandbox):
             if got["err"]:
                 on_output(2, got["err"])
             if got["final"] is not None:
+                self._note_count(got.get("pc"))
                 r: RunResult = _wire.unwrap(got["final"])
                 return r
 
@@ -561,6 +565,33 @@ class RaySandbox(Sandbox):
         pid = await self._call(lambda: a.start.remote(self.id, list(args), opts, entry))
         return RayProcess(self, pid)
 
+    # -- process-count: read from the node at each process's end, refreshed on demand ----
+    @property
+    def alive(self) -> bool:
+        """Whether the sandbox serves: not destroyed, its node not lost, and its agent alive
+        when last read (at the end of its latest process, or a refresh)."""
+        return not self._destroyed and not self.node.lost.is_set() and self._pc[0]
+
+    def process_count(self) -> int:
+        """Its processes besides its agent, as last read on the node (the end of its latest
+        process comes with a fresh count). A count above 0 also starts a refresh, so a
+        caller polling it (the snippet pool, for processes on their way out) sees the node
+        again a round trip later."""
+        if not self.alive:
+            return 0
+        if self._pc[1] > 0 and (self._pc_task is None or self._pc_task.done()):
+            self._pc_task = asyncio.ensure_future(self._refresh_count())
+        return self._pc[1]
+
+    def _note_count(self, pc: Any) -> None:
+        if pc is not None:
+            self._pc = (bool(pc[0]), int(pc[1]))
+
+    async def _refresh_count(self) -> None:
+        a = self.node.actor
+        with contextlib.suppress(Exception):
+            self._note_count(await self._call(lambda: a.count.remote(self.id)))
+
     async def _lifecycle(self, op: str, handle: SnapshotHandle | None = None) -> Any:
         a = self.node.actor
         return await self._call(lambda: a.lifecycle.remote(self.id, op, handle))
@@ -569,6 +600,8 @@ class RaySandbox(Sandbox):
         if self._destroyed:
             return
         self._destroyed = True
+        if self._pc_task is not None:
+            self._pc_task.cancel()
         try:
             if not self.node.lost.is_set():
                 with contextlib.suppress(ProviderError):
@@ -685,6 +718,7 @@ class RayProcess(ProcessHandle):
                     err_eof = True
                     self._err.put_nowait(None)
                 if got["final"] is not None:
+                    self._sb._note_count(got.get("pc"))
                     try:
                         self._final.set_result(_wire.unwrap(got["final"]))
                     except Exception as e:  # wait() raises it
