@@ -166,6 +166,16 @@ def _spelling_attempts(q: int) -> dict[str, list[list[Any]]]:
                         ("nul", b"api.test\x00.evil"), ("bytes", b"\xff\xfe.test"),
                         ("nul-tail", b"api.test\x00")):
         att[f"socks edge {label}"] = socks_name(name, q)
+    # SOCKS5 commands and forms the proxy does not carry, and SOCKS4a (not SOCKS5)
+    qb = q.to_bytes(2, "big")
+    greet = "\x05\x01\x00"
+    for label, req in (("bind", b"\x05\x02\x00\x01\x7f\x00\x00\x01" + qb),
+                       ("udp", b"\x05\x03\x00\x01\x7f\x00\x00\x01" + qb),
+                       ("atyp 5", b"\x05\x01\x00\x05\x7f\x00\x00\x01" + qb)):
+        att[f"socks cmd {label}"] = [["send", greet + req.decode("latin-1")], ["n", 12], ["all"]]
+    att["proto socks userpass only"] = [["send", "\x05\x01\x02"], ["all"]]
+    att["proto socks4a"] = [["send", ("\x04\x01" + qb.decode("latin-1")
+                                      + "\x00\x00\x00\x01user\x00127.0.0.1\x00")], ["all"]]
     # the proxy itself (a loop) and the service by an allowed name on its port
     att["connect proxy 3128"] = connect("127.0.0.1:3128")
     att["connect api.test:3128"] = connect("api.test:3128")
@@ -204,12 +214,17 @@ def test_host_spellings_never_reach_the_hosts_loopback(linux: Any, kind: str) ->
                         continue
                     text = reply["got"]
                     assert "the host's own service" not in text, (label, reply)
-                    if label.startswith("socks"):
+                    if label == "proto socks userpass only":
+                        assert text == "\x05\xff", reply
+                    elif label == "proto socks4a":
+                        # read as an HTTP head that never ends: nothing, then a 408
+                        assert text == "" or status(reply) == 408, reply
+                    elif label.startswith("socks"):
                         assert socks_code(reply) > 0, (label, reply)
                     else:
                         assert 400 <= status(reply) < 600, (label, reply)
                 # every refusal is listed as a denial (the probe made one per attempt)
-                assert len(denials) >= len(got) - 4
+                assert len(denials) >= len(got) - 4, (len(denials), len(got))
             assert service.connections == 0
             assert len(listed.requests) == 4
 
