@@ -953,3 +953,114 @@ def test_names_the_sandbox_sends_reach_the_operators_terminal_escaped(linux: Any
         assert b"\x1b" not in r.stderr and b"\x07" not in r.stderr, r.stderr
         assert b"\xe2\x80\xae" not in r.stderr, r.stderr
         assert b"all clear" in notes[1] and b"\\n" in notes[1], notes
+
+
+# --------------------------------------------------------------------------- TLS starts
+
+#: inside: for each (label, hex prefix, SNI) of the JSON argv[2], CONNECT to argv[1], send
+#: the prefix and a real ClientHello for that SNI, print what came back (hex) as JSON
+TLS_STARTS = r"""
+import json, socket, ssl, sys
+out = {}
+for label, prefix, sni in json.loads(sys.argv[2]):
+    bio_in, bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ssl.create_default_context().wrap_bio(bio_in, bio_out, server_hostname=sni)
+    try:
+        obj.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    s.sendall(b"CONNECT %s HTTP/1.1\r\n\r\n" % sys.argv[1].encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    s.sendall(bytes.fromhex(prefix) + bio_out.read())
+    s.settimeout(2)
+    got = b""
+    try:
+        while d := s.recv(4096):
+            got += d
+    except (TimeoutError, OSError):
+        pass
+    out[label] = got.hex()
+    s.close()
+print(json.dumps(out))
+"""
+
+
+class _Sink(list[bytes]):
+    port: int = 0
+
+
+@contextmanager
+def byte_sink() -> Iterator[_Sink]:
+    """A TCP server on 127.0.0.1 keeping the first bytes of each connection (its port is
+    ``sink.port``); it never answers."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.1)
+    got = _Sink()
+    got.port = srv.getsockname()[1]
+    stop = threading.Event()
+
+    def conn(c: socket.socket) -> None:
+        c.settimeout(5)
+        data = b""
+        try:
+            while len(data) < 4096 and (d := c.recv(4096)):
+                data += d
+        except OSError:
+            pass
+        got.append(data)
+        c.close()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=conn, args=(c,), daemon=True).start()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield got
+    finally:
+        stop.set()
+        t.join(5)
+        srv.close()
+
+
+def test_a_tls_record_before_the_client_hello_does_not_skip_the_sni_check(
+        linux: Any) -> None:
+    """The SNI check reads the tunnel's first bytes: a TLS warning alert (which Go's TLS
+    stack, for one, skips before a ClientHello), a ChangeCipherSpec or application data
+    record first used to make the tunnel "not TLS" and forwarded a ClientHello naming
+    any host unchecked. Now such a start is refused and nothing reaches the upstream;
+    the control (a ClientHello naming the tunnel's host) goes through."""
+    with byte_sink() as sink:
+        async def test(p: Any) -> None:
+            policy = NetworkPolicy.allowlist(f"api.test:{sink.port}",
+                                             f"127.0.0.1/32:{sink.port}")
+            async with await p.create(spec(policy)) as sb:
+                cases = [("control", "", "api.test"),
+                         ("mismatch", "", "other.test"),
+                         ("alert first", "1503010002015a", "other.test"),
+                         ("ccs first", "140303000101", "other.test"),
+                         ("data first", "170303000100", "other.test")]
+                r = await sb.exec([PY, "-c", TLS_STARTS, f"api.test:{sink.port}",
+                                   json.dumps(cases)], ExecOpts(timeout_ms=60_000))
+                assert r.exit_code == 0, r.stderr_text
+                got = json.loads(r.stdout_text)
+                alert = "1503030002" + "0231"
+                for label in ("mismatch", "alert first", "ccs first", "data first"):
+                    assert got[label] == alert, (label, got[label])
+                assert got["control"] == "", got["control"]
+                assert sorted(d.kind for d in r.denials) == \
+                    ["bad-request"] * 3 + ["sni-mismatch"], r.denials
+            await asyncio.sleep(0.5)
+            sent = [b for b in sink if b]
+            assert len(sent) == 1 and sent[0][:1] == b"\x16", sink
+            assert b"api.test" in sent[0] and b"other.test" not in sent[0]
+
+        linux(test, egress_resolver=MapResolver(NAMES))

@@ -774,6 +774,9 @@ class _Target:
 
 _SOCKS_OK: Final = b"\x05\x00\x00\x01\x00\x00\x00\x00\x00\x00"
 _TLS_ALERT_ACCESS_DENIED: Final = b"\x15\x03\x03\x00\x02\x02\x31"
+#: TLS record types other than handshake (change_cipher_spec, alert, application_data,
+#: heartbeat): with a version byte 3 after them, a client starts TLS without a ClientHello
+_TLS_OTHER_RECORDS: Final = frozenset({0x14, 0x15, 0x17, 0x18})
 _HTTP_STATUS: Final[dict[DenialKind, tuple[int, str]]] = {
     "not-allowed": (403, "Forbidden"), "non-public-address": (403, "Forbidden"),
     "sni-mismatch": (403, "Forbidden"), "bad-request": (400, "Bad Request"),
@@ -1091,6 +1094,21 @@ class EgressProxy:
     async def _check_tls(self, target: _Target, prefix: bytes, reader: _ExactReader) -> bytes:
         """Given the client's first byte(s), read a whole ClientHello if this is TLS and
         check its SNI against the target; return the bytes to forward first."""
+        if prefix and prefix[0] in _TLS_OTHER_RECORDS:
+            # another TLS record first (a warning alert, which some stacks such as Go's
+            # skip before the ClientHello): the ClientHello after it would go unchecked
+            try:
+                async with asyncio.timeout(self.limits.header_timeout_s):
+                    more = await reader.readexactly(1) if len(prefix) < 2 else b""
+            except asyncio.IncompleteReadError as e:
+                return prefix + e.partial
+            except TimeoutError:
+                return prefix
+            prefix += more
+            if prefix[1] == 3:
+                raise EgressDenied("bad-request", "a TLS record other than a handshake "
+                                   "before the ClientHello")
+            return prefix
         if not prefix or prefix[0] != 0x16:
             return prefix
         try:
