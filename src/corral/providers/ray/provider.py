@@ -143,7 +143,8 @@ class RayProvider(SandboxProvider):
         self._rlock: asyncio.Lock | None = None
         self._live: set[RaySandbox] = set()
         self._preloads: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
-        self._renewer: asyncio.Task[None] | None = None
+        self._renewer: asyncio.Future[None] | None = None
+        self._watcher: asyncio.Future[None] | None = None
         self._closed = False
         #: nodes that could not be attached: address -> why
         self.attach_errors: dict[str, str] = {}
@@ -205,6 +206,8 @@ class RayProvider(SandboxProvider):
     async def refresh(self, *, force: bool = False) -> list[NodeRef]:
         """Bring the node list up to date (at most once a second unless ``force``): lost
         nodes are dropped, new ones (a node that came back) attached. Returns the nodes."""
+        if not force and time.monotonic() - self._refreshed < 1.0:
+            return list(self._nodes.values())  # without waiting for a refresh in progress
         if self._rlock is None:
             self._rlock = asyncio.Lock()
         async with self._rlock:
@@ -430,15 +433,27 @@ class RayProvider(SandboxProvider):
     def _start_renewer(self) -> None:
         if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.ensure_future(self._renew_loop())
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.ensure_future(self._watch_loop())
 
     async def _renew_loop(self) -> None:
+        """Renew this provider's lease on every node (all at once) each third of it."""
         while not self._closed:
-            for node in list(self._nodes.values()):
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(
-                        _await(node.actor.renew.remote(self.owner, self.lease_s)),
-                        self.lease_s / 3)
+            await asyncio.gather(*(_guard(n.actor.renew.remote(self.owner, self.lease_s),
+                                          self.lease_s / 3)
+                                   for n in list(self._nodes.values())),
+                                 return_exceptions=True)
             await asyncio.sleep(self.lease_s / 3)
+
+    async def _watch_loop(self) -> None:
+        """Once a second, while this provider has sandboxes, look at Ray's node list: a
+        node Ray reports dead is marked lost at once (calls in flight there fail even if no
+        reply ever comes), a node that came back is attached."""
+        while not self._closed:
+            if self._live:
+                with contextlib.suppress(Exception):
+                    await self.refresh(force=True)
+            await asyncio.sleep(1.0)
 
     async def aclose(self) -> None:
         """Destroy this provider's sandboxes on every node and end its lease. Idempotent;
@@ -446,10 +461,11 @@ class RayProvider(SandboxProvider):
         if self._closed:
             return
         self._closed = True
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(BaseException):
-                await self._renewer
+        for task in (self._renewer, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         for sb in list(self._live):
             with contextlib.suppress(Exception):
                 await sb.destroy()
