@@ -40,14 +40,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                                         "(pip install corral[ray])"))
 
 
+_RUNNING: list[Any] = []  # the cluster while it runs (at most one)
+
+
+def _stop() -> None:
+    """Disconnect and stop the cluster (once); the rest of the suite runs without it."""
+    while _RUNNING:
+        cluster = _RUNNING.pop()
+        try:
+            import ray
+            if ray.is_initialized():
+                ray.shutdown()
+        finally:
+            cluster.stop()
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the cluster after the last test of this folder, not at the end of the whole
+    session: the tests after these do not share the machine with a Ray cluster."""
+    here = os.path.dirname(__file__)
+    if _RUNNING and (nextitem is None or not str(nextitem.path).startswith(here)):
+        _stop()
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
-    """The running cluster (a LocalCluster), with this process connected to it."""
+    """The running cluster (a LocalCluster), with this process connected to it. Started
+    once per session; stopped after the last test of this folder (or at the session's
+    end)."""
     import warnings
 
     from corral.providers.ray.cluster import LocalCluster
     cluster = LocalCluster(workers=2, head_cpus=0, port=6391)
     cluster.start()
+    _RUNNING.append(cluster)
     old = {k: os.environ.get(k) for k in ("RAY_USAGE_STATS_ENABLED", "RAY_AUTH_MODE")}
     os.environ.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"})
     try:
@@ -58,14 +84,9 @@ def ray_cluster() -> Iterator[Any]:
                      namespace="corral-tests")
         yield cluster
     finally:
-        try:
-            import ray
-            if ray.is_initialized():
-                ray.shutdown()
-        finally:
-            cluster.stop()
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        _stop()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
