@@ -55,6 +55,7 @@ import resource
 import socket
 import ssl
 import struct
+import threading
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -117,8 +118,22 @@ FDS_PER_CONNECTION: Final = 7
 #: descriptors of the host process that proxies never take (its other work needs them)
 FD_RESERVE: Final = 256
 #: descriptors held by the connections of every proxy of this process (the estimate
-#: FDS_PER_CONNECTION per connection)
+#: FDS_PER_CONNECTION per connection); proxies may run on event loops of several threads
 _FDS_IN_USE: list[int] = [0]
+_FDS_LOCK: Final = threading.Lock()
+
+
+def _take_fds(cost: int, own: int) -> bool:
+    """Count ``cost`` more descriptors for a proxy holding ``own`` (a negative ``cost``
+    gives them back); False, counting nothing, when that would pass the process's
+    budget or give the proxy more than half of it."""
+    with _FDS_LOCK:
+        if cost > 0:
+            budget = _fd_budget()
+            if _FDS_IN_USE[0] + cost > budget or own + cost > budget // 2:
+                return False
+        _FDS_IN_USE[0] += cost
+        return True
 
 
 def _fd_budget() -> int:
@@ -958,11 +973,9 @@ class EgressProxy:
         # it does): a connection that would take this proxy past half of what the
         # process may spend on proxies, or all proxies past it, is closed unread
         cost = 1 if busy else FDS_PER_CONNECTION
-        budget = _fd_budget()
-        over = _FDS_IN_USE[0] + cost > budget or self._fds + cost > budget // 2
+        over = not _take_fds(cost, self._fds)
         if not over:
             self._fds += cost
-            _FDS_IN_USE[0] += cost
         if not busy and not over:
             self.active += 1
         try:
@@ -984,12 +997,14 @@ class EgressProxy:
         finally:
             if not busy and not over:
                 self.active -= 1
-            await _shutdown(writer, self.limits.idle_timeout_s)
-            self._writers.discard(writer)
-            self._tasks.discard(task)
-            if not over:
-                self._fds -= cost
-                _FDS_IN_USE[0] -= cost
+            try:
+                await _shutdown(writer, self.limits.idle_timeout_s)
+            finally:        # even when cancelled in there (aclose): the budget never leaks
+                self._writers.discard(writer)
+                self._tasks.discard(task)
+                if not over:
+                    self._fds -= cost
+                    _take_fds(-cost, 0)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      busy: bool) -> None:
