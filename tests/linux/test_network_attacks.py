@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 from netservers import MapResolver, http_server, make_ca
 
+from corral.core.errors import ConfigInvalidError
 from corral.core.spec import ExecOpts, NetworkPolicy, SandboxSpec
 
 pytestmark = pytest.mark.linux
@@ -700,6 +701,10 @@ def test_preview_urls_carry_connections_in_only(linux: Any) -> None:
                 r = await sb.exec([PY, "-c", TAKEOVER])
                 assert r.stdout_text.count(": OSError") == 6, r.stdout_text
                 await proc.kill()
+                # the proxy's own port is not exposed: its URL would give every local
+                # user of the host the sandbox's egress (and secrets)
+                with pytest.raises(ConfigInvalidError, match="egress proxy"):
+                    await sb.expose(3128)
             assert service.connections == 0
 
         linux(test, egress_resolver=MapResolver(NAMES))

@@ -220,6 +220,11 @@ class SandboxNetwork:
             raise ConfigInvalidError("port", f"not a TCP port: {port!r}")
         if self._closed:
             raise ProviderError("the sandbox was destroyed")
+        if port == PROXY_PORT and self.proxy is not None:
+            # the URL would hand the sandbox's egress (its allowlist, its secrets) to
+            # every local user of the host
+            raise ConfigInvalidError("port", f"port {PROXY_PORT} is the sandbox's egress "
+                                     "proxy, not exposed")
         if port in self._exposed:
             return self._url(self._exposed[port][0])
         if len(self._exposed) >= MAX_EXPOSED:
