@@ -99,6 +99,8 @@ class _Out:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def log(self, stream: str, text: str) -> None:
+        if self.dropped:  # the caps are spent: no later line either (as the host keeps them)
+            return
         text, cut = _cut(text, self.caps["line_chars"])
         size = len(text.encode("utf-8", "replace"))
         if self.lines >= self.caps["log_lines"] or self.bytes + size > self.caps["log_bytes"]:
