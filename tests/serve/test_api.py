@@ -392,3 +392,28 @@ def test_images_only_under_the_image_roots(server: Server, alice: httpx.Client,
         assert r.status_code == 400 and r.json()["error"]["field"] == "image", (image, r.text)
         r = alice.post("/v1/invoke", json={"spec": spec, "handler": handler, "input": 1})
         assert r.status_code == 400 and r.json()["error"]["field"] == "image", (image, r.text)
+
+
+def test_snippet_log_lines_stream_while_it_runs(alice: httpx.Client) -> None:
+    """The NDJSON stream gives each log line as the snippet writes it: the first line
+    is read while the snippet still sleeps (it would not be there if lines came with
+    the transcript), then the rest, then the transcript with the same lines."""
+    src = "import time\nprint('one', flush=True)\ntime.sleep(1.5)\nprint('two')\n'end'"
+    with alice.stream("POST", "/v1/snippets", json={"source": src, "stream": True},
+                      timeout=30) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        first = json.loads(next(lines))
+        assert first == {"event": "log", "stream": "stdout", "text": "one"}
+        # the run has not ended: its pool slot is still taken
+        assert alice.get("/metrics").text.count('corral_runs_in_flight{tenant="alice"} 1') == 1
+        rest = [json.loads(x) for x in lines if x]
+    assert rest[0] == {"event": "log", "stream": "stdout", "text": "two"}
+    t = rest[-1]["transcript"]
+    assert rest[-1]["event"] == "transcript" and t["result"] == "'end'"
+    assert t["logs"] == [{"stream": "stdout", "text": "one"}, {"stream": "stdout", "text": "two"}]
+
+
+def test_snippet_stream_refused_before_it_starts_keeps_its_status(alice: httpx.Client) -> None:
+    r = alice.post("/v1/snippets", json={"source": "1", "level": "strict", "stream": True})
+    assert r.status_code == 501 and r.json()["error"]["code"] == "level-not-supported"

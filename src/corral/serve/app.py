@@ -384,15 +384,44 @@ class _Api:
         doc = self._doc(body)
         from corral.snippets.host.runner import DEFAULT_TIMEOUT_MS
         timeout = doc.get("timeout_ms", DEFAULT_TIMEOUT_MS)
-        t = await self.s.snippet(tenant, source=doc.get("source"), files=doc.get("files"),
-                                 timeout_ms=timeout, level=_level(doc.get("level")))
+        level = _level(doc.get("level"))
         if not _stream_wanted(request, doc):
-            return _json(t)
+            return _json(await self.s.snippet(tenant, source=doc.get("source"),
+                                              files=doc.get("files"), timeout_ms=timeout,
+                                              level=level))
+        # live: each log line as the snippet writes it, then the transcript. The run
+        # starts now; a refusal that comes before any line (a bad argument, a full cap)
+        # is still answered with its status, not as a 200 stream
+        lines: asyncio.Queue[Any] = asyncio.Queue()
+        task = asyncio.ensure_future(self.s.snippet(
+            tenant, source=doc.get("source"), files=doc.get("files"), timeout_ms=timeout,
+            level=level, on_log=lines.put_nowait))
+        task.add_done_callback(lambda _: lines.put_nowait(None))
+        first = asyncio.ensure_future(lines.get())
+        try:
+            await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()
+            first.cancel()
+            raise
+        nothing_written = not first.done() or first.result() is None
+        if (task.done() and not task.cancelled() and task.exception() is not None
+                and nothing_written):  # refused before it wrote anything
+            first.cancel()
+            raise task.exception()  # type: ignore[misc]
 
         async def events() -> AsyncIterator[Event]:
-            for line in t["logs"]:
-                yield {"event": "log", **line}
-            yield {"event": "transcript", "transcript": t}
+            try:
+                line = await first
+                while line is not None:
+                    yield {"event": "log", "stream": line.stream, "text": line.text}
+                    line = await lines.get()
+                yield {"event": "transcript", "transcript": await task}
+            finally:
+                if not task.done():  # the client went away, or the server stops
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
 
         return _NDJSONResponse(None, events(), lambda: self.s.draining)
 

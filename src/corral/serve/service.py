@@ -19,7 +19,7 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from corral.core.contract import (
     Sandbox,
@@ -54,6 +54,9 @@ from corral.serve.config import ServeConfig
 from corral.serve.logs import JsonLog
 from corral.serve.metrics import Metrics
 from corral.serve.state import ProcessEntry, SandboxEntry, TenantState, new_id
+
+if TYPE_CHECKING:
+    from corral.snippets.host.transcript import LogLine
 
 __all__ = ["EARLY_RELEASE", "ApiError", "Event", "RunStream", "Service"]
 
@@ -529,8 +532,10 @@ class Service:
         return self._pool
 
     async def snippet(self, tenant: TenantState, *, source: str | None, files: Any,
-                      timeout_ms: int, level: Level | None) -> dict[str, Any]:
-        """Validate and run a snippet in the service's pool; its transcript as JSON."""
+                      timeout_ms: int, level: Level | None,
+                      on_log: Callable[[LogLine], None] | None = None) -> dict[str, Any]:
+        """Validate and run a snippet in the service's pool; its transcript as JSON.
+        ``on_log`` gets each log line as the snippet writes it (on this loop)."""
         from corral.snippets import run_snippet
         lv = level or next((x for x in _SNIPPET_LEVELS if x in self.providers), None)
         if lv is None or lv not in self.providers:
@@ -540,7 +545,8 @@ class Service:
         with self.run_slot(tenant):
             try:
                 t = await run_snippet(source, files=files, timeout_ms=timeout_ms, level=lv,
-                                      tenant_id=tenant.name, pool=self._snippet_pool())
+                                      tenant_id=tenant.name, pool=self._snippet_pool(),
+                                      on_log=on_log)
             except BaseException as e:
                 self._count_run("snippet", None, e)
                 raise
