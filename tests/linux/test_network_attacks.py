@@ -16,6 +16,7 @@ to it (its connection count stays 0).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
 import secrets
@@ -1074,3 +1075,60 @@ def test_a_tls_record_before_the_client_hello_does_not_skip_the_sni_check(
             assert b"api.test" in sent[0] and b"other.test" not in sent[0]
 
         linux(test, egress_resolver=MapResolver(NAMES))
+
+
+# --------------------------------------------------------------------------- the host itself
+
+
+def _host_address() -> str | None:
+    """A non-loopback address of this host: the source a UDP socket "connected" towards
+    a documentation address would use (nothing is sent); None without such a route."""
+    for family, probe_addr in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect((probe_addr, 9))
+            except OSError:
+                continue
+            addr = str(s.getsockname()[0])
+            if not ipaddress.ip_address(addr).is_loopback:
+                return addr
+    return None
+
+
+def test_the_hosts_own_addresses_are_refused_unless_listed_one_by_one(linux: Any) -> None:
+    """``unrestricted`` (or a listed range) used to let the sandbox reach the host's own
+    non-loopback address, so every service the host binds to 0.0.0.0 (a ``corral
+    serve``, a database firewalled from outside): by literal, by SOCKS5 address, by a
+    name resolving to it. Now an address of the host needs a listing of that one address;
+    the listed loopback server is the control. No connection is made to the address."""
+    addr = _host_address()
+    if addr is None:
+        pytest.skip("this host has no non-loopback address with a route")
+    ip = ipaddress.ip_address(addr)
+    net = ipaddress.ip_network(f"{addr}/{24 if ip.version == 4 else 64}", strict=False)
+    lit = addr if ip.version == 4 else f"[{addr}]"
+    with http_server({"*": b"listed"}) as listed:
+        p_ = listed.port
+
+        async def test(p: Any) -> None:
+            policy = NetworkPolicy.unrestricted(str(net), f"127.0.0.1/32:{p_}")
+            async with await p.create(spec(policy)) as sb:
+                raw = socket.inet_pton(socket.AF_INET if ip.version == 4 else socket.AF_INET6,
+                                       addr)
+                got = await probe(sb, {
+                    "control": connect(f"api.test:{p_}"),
+                    "connect": connect(f"{lit}:{p_}"),
+                    "plain": [["send", f"GET http://{lit}:{p_}/ HTTP/1.1\r\n\r\n"], ["all"]],
+                    "socks": socks(1 if ip.version == 4 else 4, raw, p_),
+                    "name": connect(f"self.test:{p_}"),
+                })
+                denials = got.pop("__denials__")["got"]
+                assert status(got["control"]) == 200, got["control"]
+                assert status(got["connect"]) == 403, got["connect"]
+                assert status(got["plain"]) == 403, got["plain"]
+                assert socks_code(got["socks"]) == 2, got["socks"]
+                assert status(got["name"]) == 403, got["name"]
+                assert len(denials) == 4, denials
+                assert all("address of this host" in d.reason for d in denials), denials
+
+        linux(test, egress_resolver=MapResolver({**NAMES, "self.test": [addr]}))

@@ -809,6 +809,34 @@ _HOP_BY_HOP: Final = frozenset({"connection", "proxy-connection", "keep-alive",
                                 "trailer", "upgrade"})
 
 
+def _is_host_address(ip: IPAddress) -> bool:
+    """Whether ``ip`` is an address of this host's own interfaces: a UDP socket
+    "connected" to it (which sends nothing) gets it as its own source address."""
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect((str(ip), 9))
+            return bool(s.getsockname()[0] == str(ip))
+    except OSError:
+        return False
+
+
+def _check_not_host(policy: EgressPolicy, ip: IPAddress, port: int) -> None:
+    """Refuse an address of the host itself (outside loopback, which the range table
+    covers) unless the policy lists that one address: a public address of the host would
+    reach the services it binds to 0.0.0.0 from inside (a ``corral serve``, a database
+    firewalled from outside), and a listed range (``10.0.0.0/8``) should not include
+    the host that runs the sandbox."""
+    if ip.is_loopback or not _is_host_address(ip):
+        return
+    for r in policy.allow:
+        if r.kind == "net" and r.net is not None and r.net.prefixlen == r.net.max_prefixlen \
+                and r.matches_ip(ip, port):
+            return
+    raise EgressDenied("non-public-address",
+                       f"{ip} is an address of this host, not listed by itself in the policy")
+
+
 def _printable(text: str) -> str:
     """``text`` with every non-printable character (controls, escapes, line ends, bidi
     overrides) written as a Python escape; ``text`` itself when it has none."""
@@ -1049,6 +1077,7 @@ class EgressProxy:
         key = normalize_host(host)
         if not isinstance(key, str):
             policy.check_address(key, port, by_name=False)
+            _check_not_host(policy, key, port)
             return _Target(host, port, (str(key),), "")
         policy.check_name(key, port)
         try:
@@ -1066,6 +1095,7 @@ class EgressProxy:
                 continue
             try:
                 policy.check_address(ip, port, by_name=True)
+                _check_not_host(policy, ip, port)
             except EgressDenied as e:
                 first_err = first_err or EgressDenied(
                     e.kind, f"{key} resolves to {e.reason}")
