@@ -1132,3 +1132,65 @@ def test_the_hosts_own_addresses_are_refused_unless_listed_one_by_one(linux: Any
                 assert all("address of this host" in d.reason for d in denials), denials
 
         linux(test, egress_resolver=MapResolver({**NAMES, "self.test": [addr]}))
+
+
+def test_connection_cannot_list_framing_or_secret_headers(linux: Any) -> None:
+    """``Connection: content-length`` made the plain-HTTP path drop the length it framed
+    the body by: an upstream that reads on after the response (this test's raw server
+    does) took the body as a second request, unchecked, with any ``Host``. A
+    ``Connection`` listing ``Content-Length``, ``Transfer-Encoding``, ``Host`` or a
+    secret's header is now refused, plain and intercepted; the controls go through."""
+    secret = "corral-secret-" + secrets.token_hex(12)
+    with raw_server(None) as up:
+        o = up.port
+
+        async def test(p: Any) -> None:
+            policy = NetworkPolicy(
+                kind="allowlist", hosts=(f"api.test:{o}", f"sec.test:{o}", f"127.0.0.1/32:{o}"),
+                secret_headers={f"sec.test:{o}": {"X-Api-Key": secret}})
+            async with await p.create(spec(policy)) as sb:
+                smuggled = "GET /smuggled HTTP/1.1\r\nHost: admin.test\r\n\r\n"
+
+                def post(target: str, host: str, extra: str) -> str:
+                    return (f"POST {target} HTTP/1.1\r\nHost: {host}\r\n{extra}"
+                            f"Content-Length: {len(smuggled)}\r\n\r\n{smuggled}")
+
+                plain = post(f"http://api.test:{o}/p", f"api.test:{o}", "")
+                inner = post("/t", f"sec.test:{o}", "")
+
+                def tunnel(req: str) -> list[list[Any]]:
+                    return [["send", f"CONNECT sec.test:{o} HTTP/1.1\r\n\r\n"],
+                            ["until", "\r\n\r\n"], ["send", req], ["all"]]
+
+                got = await probe(sb, {
+                    "plain control": [["send", plain], ["all"]],
+                    "plain lists length": [["send", post(f"http://api.test:{o}/p",
+                                                         f"api.test:{o}",
+                                                         "Connection: content-length\r\n")],
+                                           ["all"]],
+                    "plain lists host": [["send", post(f"http://api.test:{o}/p", f"api.test:{o}",
+                                                       "Connection: keep-alive, Host\r\n")],
+                                         ["all"]],
+                    "tunnel control": tunnel(inner.replace("\r\n\r\n",
+                                                           "\r\nConnection: close\r\n\r\n", 1)),
+                    "tunnel lists length": tunnel(post("/t", f"sec.test:{o}",
+                                                       "Connection: content-length\r\n")),
+                    "tunnel lists secret": tunnel(post("/t", f"sec.test:{o}",
+                                                       "Connection: X-Api-Key\r\n")),
+                })
+                denials = got.pop("__denials__")["got"]
+                assert status(got["plain control"]) == 200, got["plain control"]
+                assert "200 OK" in got["tunnel control"]["got"].split("\r\n\r\n", 1)[1], \
+                    got["tunnel control"]
+                for label in ("plain lists length", "plain lists host"):
+                    assert status(got[label]) == 400, (label, got[label])
+                for label in ("tunnel lists length", "tunnel lists secret"):
+                    assert " 400 " in got[label]["got"].split("\r\n\r\n", 1)[1], \
+                        (label, got[label])
+                assert [d.kind for d in denials] == ["bad-request"] * 4, denials
+            heads = [h.decode("latin-1") for h in up.heads]
+            assert len(heads) == 2 and not any("smuggled" in h for h in heads), heads
+            assert up.bodies == [smuggled.encode()] * 2, up.bodies
+            assert secret in heads[1] and secret not in heads[0]
+
+        linux(test, egress_resolver=MapResolver(NAMES))

@@ -837,6 +837,16 @@ def _check_not_host(policy: EgressPolicy, ip: IPAddress, port: int) -> None:
                        f"{ip} is an address of this host, not listed by itself in the policy")
 
 
+def _check_connection_tokens(head: HttpHead, secret_names: frozenset[str]) -> None:
+    """Refuse a ``Connection`` header that lists a framing or routing header (or a
+    secret's): a hop that honours it drops ``Content-Length`` (the body becomes the next
+    request, unchecked, with any ``Host``) or the secret, where this proxy did not."""
+    listed = {t.strip(" \t").lower() for v in head.get_all("connection") for t in v.split(",")}
+    bad = listed & (_UNDERSCORE_CHECKED | secret_names)
+    if bad:
+        raise EgressDenied("bad-request", f"Connection lists {sorted(bad)[0][:40]!r}")
+
+
 def _printable(text: str) -> str:
     """``text`` with every non-printable character (controls, escapes, line ends, bidi
     overrides) written as a Python escape; ``text`` itself when it has none."""
@@ -1538,6 +1548,7 @@ class EgressProxy:
                 raise EgressDenied("not-allowed", f"Host header {hosts[0][:80]!r} does not "
                                    f"match the tunnel host {target.tls_host}:{target.port}")
         secret_names = {h.name for h in target.secrets}
+        _check_connection_tokens(head, frozenset(secret_names))
         for k, _v in head.headers:
             # an upstream that reads "_" as "-" (CGI-style) would frame or authorize by a
             # header this proxy does not treat as such: refused, not forwarded
@@ -1734,6 +1745,7 @@ class EgressProxy:
         lengths = head.get_all("content-length")
         if len(set(lengths)) > 1 or any(not _digits(v) or len(v) > 18 for v in lengths):
             raise EgressDenied("bad-request", "bad Content-Length")
+        _check_connection_tokens(head, frozenset())
         return host, port, origin
 
     async def _forward(self, head: HttpHead, origin: str, target: _Target,
