@@ -949,16 +949,18 @@ for name in (b"\x1b]0;owned\x07\x1b[2J.test", b"a.test\ncorral: note: all clear"
 def test_names_the_sandbox_sends_reach_the_operators_terminal_escaped(linux: Any) -> None:
     """`corral run` notes each denial on stderr, with the host as the sandbox sent it: a
     SOCKS5 name may hold any byte (escape sequences, a line end forging a corral note, a
-    bidi override). They are written escaped; the listed name's control goes through."""
+    bidi override). They are written escaped; the control, a listed name, is decided
+    on its merits (loopback)."""
     with http_server({"*": b"listed"}):
         r = subprocess.run(
-            [PY, "-m", "corral", "run", "--level", "strict", "--allow-host", "api.test:80",
-             "--", PY, "-c", ESCAPES, "api.test"],
+            [PY, "-m", "corral", "run", "--level", "strict", "--allow-host", "localhost:80",
+             "--", PY, "-c", ESCAPES, "localhost"],
             capture_output=True, timeout=120, cwd="/")
         codes = r.stdout.split()
         assert codes[:3] == [b"1", b"1", b"1"], (r.stdout, r.stderr)
-        # api.test is listed but not resolvable here: unreachable (4), not refused (2)
-        assert codes[3] == b"4", r.stdout
+        # localhost is listed, resolved from /etc/hosts (no DNS query leaves the host)
+        # and refused as loopback (2), not as malformed (1)
+        assert codes[3] == b"2", r.stdout
         notes = [ln for ln in r.stderr.split(b"\n") if ln.startswith(b"corral: note:")]
         assert len(notes) == 4, r.stderr
         assert b"\x1b" not in r.stderr and b"\x07" not in r.stderr, r.stderr
