@@ -121,16 +121,23 @@ class LocalCluster:
         here = os.path.join(os.path.dirname(sys.executable), "ray")
         return here if os.path.exists(here) else "ray"
 
-    def _start(self, ip: str, args: list[str], *, cpus: int, head: bool) -> LocalNode:
+    def _start(self, ip: str, args: list[str], *, cpus: int, head: bool,
+               uid: int | None = None) -> LocalNode:
         tmp = os.path.join(self.root, ip)
         os.makedirs(tmp, exist_ok=True)
         log = os.path.join(self.root, f"{ip}.log")
         argv = [self._ray_bin(), "start", "--block", f"--node-ip-address={ip}",
                 f"--num-cpus={cpus}", f"--temp-dir={tmp}", "--disable-usage-stats",
                 f"--object-store-memory={self.object_store_mb * 1024 * 1024}", *args]
+        env = self.env
+        if uid is not None:  # a node run by an unprivileged user (its own HOME, temp dir)
+            os.chmod(self.root, 0o711)
+            os.chown(tmp, uid, uid)
+            env = {**env, "HOME": tmp}
+            argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv]
         with open(log, "ab") as fh:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
-                                    env=self.env, start_new_session=True, cwd=self.root)
+                                    env=env, start_new_session=True, cwd=tmp)
         return LocalNode(ip=ip, proc=proc, log=log, head=head)
 
     def start(self, timeout: float = 90.0) -> LocalCluster:
@@ -152,11 +159,13 @@ class LocalCluster:
             args.append(f'--resources={{"{self.worker_resource}": 1}}')
         return args
 
-    def add_worker(self, *, wait: bool = True, timeout: float = 90.0) -> LocalNode:
-        """Start one more worker node on the next loopback address."""
+    def add_worker(self, *, wait: bool = True, timeout: float = 90.0,
+                   uid: int | None = None) -> LocalNode:
+        """Start one more worker node on the next loopback address; ``uid``: run it as that
+        unprivileged user (as root only), a node whose strict provider has no cgroup."""
         ip = f"127.0.0.{self._next_ip}"
         self._next_ip += 1
-        node = self._start(ip, self._worker_args(), cpus=self.num_cpus, head=False)
+        node = self._start(ip, self._worker_args(), cpus=self.num_cpus, head=False, uid=uid)
         self.workers.append(node)
         if wait:
             self._wait_log(node, timeout)
@@ -218,6 +227,7 @@ class LocalCluster:
         """Stop every node (workers first) and remove the private root."""
         for w in self.workers:
             self.stop_node(w)
+        self.workers = []
         if self.head is not None:
             self.stop_node(self.head)
         if self._own_root:
