@@ -970,12 +970,13 @@ def test_names_the_sandbox_sends_reach_the_operators_terminal_escaped(linux: Any
 
 # --------------------------------------------------------------------------- TLS starts
 
-#: inside: for each (label, hex prefix, SNI) of the JSON argv[2], CONNECT to argv[1], send
-#: the prefix and a real ClientHello for that SNI, print what came back (hex) as JSON
+#: inside: for each (label, hex prefix, SNI, split) of the JSON argv[2], CONNECT to argv[1],
+#: send the prefix and a real ClientHello for that SNI (re-framed into records of at most
+#: ``split`` bytes, sent a record at a time, when split > 0), print what came back (hex)
 TLS_STARTS = r"""
-import json, socket, ssl, sys
+import json, socket, ssl, sys, time
 out = {}
-for label, prefix, sni in json.loads(sys.argv[2]):
+for label, prefix, sni, split in json.loads(sys.argv[2]):
     bio_in, bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
     obj = ssl.create_default_context().wrap_bio(bio_in, bio_out, server_hostname=sni)
     try:
@@ -987,7 +988,16 @@ for label, prefix, sni in json.loads(sys.argv[2]):
     head = b""
     while b"\r\n\r\n" not in head:
         head += s.recv(1)
-    s.sendall(bytes.fromhex(prefix) + bio_out.read())
+    hello = bio_out.read()
+    if split:
+        body = hello[5:5 + int.from_bytes(hello[3:5], "big")]
+        s.sendall(bytes.fromhex(prefix))
+        for i in range(0, len(body), split):
+            part = body[i:i + split]
+            s.sendall(hello[:3] + len(part).to_bytes(2, "big") + part)
+            time.sleep(0.01)
+    else:
+        s.sendall(bytes.fromhex(prefix) + hello)
     s.settimeout(2)
     got = b""
     try:
@@ -1049,32 +1059,36 @@ def test_a_tls_record_before_the_client_hello_does_not_skip_the_sni_check(
     """The SNI check reads the tunnel's first bytes: a TLS warning alert (which Go's TLS
     stack, for one, skips before a ClientHello), a ChangeCipherSpec or application data
     record first used to make the tunnel "not TLS" and forwarded a ClientHello naming
-    any host unchecked. Now such a start is refused and nothing reaches the upstream;
-    the control (a ClientHello naming the tunnel's host) goes through."""
+    any host unchecked. Now such a start is refused and nothing reaches the upstream; a
+    ClientHello split over many 7-byte records (sent apart) is checked whole; the
+    controls (a ClientHello naming the tunnel's host, whole and split) go through."""
     with byte_sink() as sink:
         async def test(p: Any) -> None:
             policy = NetworkPolicy.allowlist(f"api.test:{sink.port}",
                                              f"127.0.0.1/32:{sink.port}")
             async with await p.create(spec(policy)) as sb:
-                cases = [("control", "", "api.test"),
-                         ("mismatch", "", "other.test"),
-                         ("alert first", "1503010002015a", "other.test"),
-                         ("ccs first", "140303000101", "other.test"),
-                         ("data first", "170303000100", "other.test")]
+                cases = [("control", "", "api.test", 0),
+                         ("control split", "", "api.test", 7),
+                         ("mismatch", "", "other.test", 0),
+                         ("mismatch split", "", "other.test", 7),
+                         ("alert first", "1503010002015a", "other.test", 0),
+                         ("ccs first", "140303000101", "other.test", 0),
+                         ("data first", "170303000100", "other.test", 0)]
                 r = await sb.exec([PY, "-c", TLS_STARTS, f"api.test:{sink.port}",
                                    json.dumps(cases)], ExecOpts(timeout_ms=60_000))
                 assert r.exit_code == 0, r.stderr_text
                 got = json.loads(r.stdout_text)
                 alert = "1503030002" + "0231"
-                for label in ("mismatch", "alert first", "ccs first", "data first"):
+                for label in ("mismatch", "mismatch split", "alert first", "ccs first",
+                              "data first"):
                     assert got[label] == alert, (label, got[label])
-                assert got["control"] == "", got["control"]
+                assert got["control"] == got["control split"] == "", got
                 assert sorted(d.kind for d in r.denials) == \
-                    ["bad-request"] * 3 + ["sni-mismatch"], r.denials
+                    ["bad-request"] * 3 + ["sni-mismatch"] * 2, r.denials
             await asyncio.sleep(0.5)
             sent = [b for b in sink if b]
-            assert len(sent) == 1 and sent[0][:1] == b"\x16", sink
-            assert b"api.test" in sent[0] and b"other.test" not in sent[0]
+            assert len(sent) == 2 and all(b[:1] == b"\x16" for b in sent), sink
+            assert all(b"other.test" not in b for b in sent)
 
         linux(test, egress_resolver=MapResolver(NAMES))
 
