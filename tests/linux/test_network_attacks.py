@@ -306,29 +306,39 @@ def test_plain_http_cannot_reach_a_second_host(linux: Any) -> None:
 @dataclass
 class RawServer:
     """An HTTPS (or HTTP) server on 127.0.0.1 that keeps every request head raw and
-    answers ``ok`` (keep-alive), reading bodies by Content-Length or chunked."""
+    answers ``ok`` (keep-alive), reading bodies by Content-Length or chunked (keeping the
+    first 4 KiB of each; ``body_sizes`` has their whole lengths)."""
 
     port: int = 0
     heads: list[bytes] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)
+    body_sizes: list[int] = field(default_factory=list)
     connections: int = 0
 
 
-def _read_body(f: Any, head: bytes) -> bytes:
+def _read_body(f: Any, head: bytes) -> tuple[bytes, int]:
+    """(the first 4 KiB, the whole length) of a request's body."""
     lines = head.decode("latin-1").split("\r\n")[1:]
     hdr = [(k.strip().lower(), v.strip()) for k, _, v in (ln.partition(":") for ln in lines)]
     if any(k == "transfer-encoding" and "chunked" in v.lower() for k, v in hdr):
-        body = b""
+        body, total = b"", 0
         while True:
             size = int(f.readline().split(b";")[0].strip() or b"0", 16)
             if not size:
                 while f.readline() not in (b"\r\n", b""):
                     pass
-                return body
-            body += f.read(size)
+                return body, total
+            while size:
+                part = f.read(min(size, 1 << 16))
+                if not part:
+                    return body, total
+                size -= len(part)
+                total += len(part)
+                body = body if len(body) >= 4096 else (body + part)[:4096]
             f.readline()
     n = next((int(v) for k, v in hdr if k == "content-length" and v.isascii() and v.isdigit()), 0)
-    return f.read(n) if n else b""
+    data = f.read(n) if n else b""
+    return data[:4096], len(data)
 
 
 @contextmanager
@@ -352,7 +362,9 @@ def raw_server(ctx: ssl.SSLContext | None, port: int = 0) -> Iterator[RawServer]
                         return
                     head += line
                 out.heads.append(head)
-                out.bodies.append(_read_body(f, head))
+                body, size = _read_body(f, head)
+                out.bodies.append(body)
+                out.body_sizes.append(size)
                 c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
         except (OSError, ValueError):
             pass
@@ -998,7 +1010,7 @@ for label, prefix, sni, split in json.loads(sys.argv[2]):
             time.sleep(0.01)
     else:
         s.sendall(bytes.fromhex(prefix) + hello)
-    s.settimeout(2)
+    s.settimeout(1)
     got = b""
     try:
         while d := s.recv(4096):
@@ -1208,5 +1220,58 @@ def test_connection_cannot_list_framing_or_secret_headers(linux: Any) -> None:
             assert len(heads) == 2 and not any("smuggled" in h for h in heads), heads
             assert up.bodies == [smuggled.encode()] * 2, up.bodies
             assert secret in heads[1] and secret not in heads[0]
+
+        linux(test, egress_resolver=MapResolver(NAMES))
+
+
+#: inside: CONNECT to argv[1] (a host with secrets, plain HTTP inside), then one POST whose
+#: chunked body is argv[2] MiB of 64 KiB chunks, sent as fast as the proxy takes it
+ENDLESS = r"""
+import socket, sys
+s = socket.create_connection(("127.0.0.1", 3128), timeout=30)
+s.sendall(b"CONNECT %s HTTP/1.1\r\n\r\n" % sys.argv[1].encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    head += s.recv(1)
+s.sendall(b"POST /up HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n"
+          % sys.argv[1].encode())
+chunk = b"10000\r\n" + b"x" * 65536 + b"\r\n"
+for _ in range(int(sys.argv[2]) * 16):
+    s.sendall(chunk)
+s.sendall(b"0\r\n\r\n")
+print(s.recv(100).split(b"\r\n")[0].decode())
+"""
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:"))
+
+
+def test_an_endless_chunked_body_to_a_secret_host_is_streamed(linux: Any) -> None:
+    """A request body that never seems to end (256 MiB, chunked) to an intercepted host:
+    the proxy streams it (the host process's memory grows by far less than the body)
+    and the upstream gets it whole, with the secret once."""
+    secret = "corral-secret-" + secrets.token_hex(12)
+    with raw_server(None) as up:
+        o = up.port
+
+        async def test(p: Any) -> None:
+            policy = NetworkPolicy(kind="allowlist", hosts=(f"sec.test:{o}", f"127.0.0.1/32:{o}"),
+                                   secret_headers={f"sec.test:{o}": {"X-Api-Key": secret}})
+            async with await p.create(spec(policy)) as sb:
+                rss0 = _rss_kib()
+                peak = rss0
+                run = asyncio.ensure_future(sb.exec([PY, "-c", ENDLESS, f"sec.test:{o}", "256"],
+                                                    ExecOpts(timeout_ms=120_000)))
+                while not run.done():
+                    peak = max(peak, _rss_kib())
+                    await asyncio.sleep(0.05)
+                r = await run
+                assert r.exit_code == 0, r.stderr_text
+                assert r.stdout_text.strip() == "HTTP/1.1 200 OK", r.stdout_text
+                assert (peak - rss0) < 64 * 1024, (rss0, peak)
+            assert up.body_sizes == [256 << 20], up.body_sizes
+            assert up.heads[0].decode("latin-1").count(secret) == 1
 
         linux(test, egress_resolver=MapResolver(NAMES))
