@@ -11,8 +11,11 @@ if ! "$PY" -c 'import ensurepip' 2>/dev/null; then
   fi
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q -e .
+# CORRAL_MAIN_NO_INSTALL=1: use the .venv as it is (tests/test_main_job.py runs this script)
+[ "${CORRAL_MAIN_NO_INSTALL:-}" = 1 ] || .venv/bin/python -m pip install -q -e .
 .venv/bin/corral doctor | sed -n '1,/^Providers/p'
 echo "--- corral run --level strict -- python examples/inside.py"
+# the interpreter by absolute path: at strict a relative path names a file inside the
+# sandbox's /work; corral binds the interpreter the venv's python links to
 exec .venv/bin/corral run --level strict --mem-mb 128 --max-processes 64 --timeout 10000 \
-  --stdin examples/inside.py -- .venv/bin/python -I -S -
+  --stdin examples/inside.py -- "$PWD/.venv/bin/python" -I -S -
