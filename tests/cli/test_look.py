@@ -13,6 +13,7 @@ import select
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -249,3 +250,23 @@ def test_python_piped_gives_the_text_as_is() -> None:
     assert r.returncode == 0
     assert r.stdout.splitlines()[0] == b"\x1b[31mR"  # a pipe: exact, for programs
     assert ESC not in r.stderr
+
+
+def test_a_host_only_command_at_strict_gets_a_hint(tmp_path: Any) -> None:
+    """A command that exists on the host but not in the sandbox (a pyenv shim, a tool
+    under ~ or /opt): the 127 comes with what the sandbox sees and how to fix it."""
+    from strict_tier import host_can_sandbox, unavailable
+    if host_can_sandbox():
+        unavailable(host_can_sandbox())
+    tool = tmp_path / "tool"
+    tool.write_text("#!/bin/sh\necho hi\n")
+    tool.chmod(0o755)
+    r = subprocess.run([PY, "-m", "corral", "run", "--level", "strict", "--", str(tool)],
+                       capture_output=True, timeout=60, check=False)
+    assert r.returncode == 127
+    assert b"exists on this host but not inside the strict sandbox" in r.stderr
+    assert b"--ro-bind its directory" in r.stderr
+    # and a command that runs there and itself exits 127 gets no such note
+    r = subprocess.run([PY, "-m", "corral", "run", "--level", "strict", "--", "/bin/sh",
+                        "-c", "exit 127"], capture_output=True, timeout=60, check=False)
+    assert r.returncode == 127 and b"exists on this host" not in r.stderr

@@ -429,6 +429,8 @@ def _run(args: argparse.Namespace, cmd: str, cmd_args: list[str], status: LiveSt
         saved: list[dict[str, Any]] = []
         result = _with_signals_cancelling(
             token, lambda: _run_strict(args, cmd, cmd_args, token, out, copies, wanted, saved))
+        if not (args.json or args.events):
+            _hint_unseen(cmd, result)
         return _finish(args, result, out, saved, status)
     if _network(args).kind != "none":
         raise ConfigInvalidError("--network/--allow-host",
@@ -482,6 +484,18 @@ def _run(args: argparse.Namespace, cmd: str, cmd_args: list[str], status: LiveSt
 #: a provider default's field -> how the note names it
 _NAMES: dict[str, str] = {"mem_mb": "memory", "max_processes": "process-count",
                           "cpu_ms": "CPU"}
+
+
+def _hint_unseen(cmd: str, result: RunResult) -> None:
+    """A command that exists on this host but not inside the strict sandbox (a pyenv
+    shim under ~, a tool in /opt): its 127 says only "No such file or directory"."""
+    real = os.path.realpath(cmd) if os.path.isabs(cmd) else None
+    if (real is not None and result.outcome is Outcome.EXIT and result.exit_code == 127
+            and result.detail == f"{real}: No such file or directory"
+            and os.path.exists(real)):
+        _note(f"{real} exists on this host but not inside the strict sandbox, which sees "
+              "/usr, the interpreter's prefix and --bind/--ro-bind paths: give a path "
+              "under /usr, or --ro-bind its directory (docs/cli.md)")
 
 
 #: the status line of the run in progress (a note is written above it)
