@@ -70,8 +70,8 @@ import sys
 import time
 
 from corral.providers.linux.host.cgroupfiles import (
+    CgroupReader,
     limit_writes,
-    read_int,
     start_ticks,
     write_text,
 )
@@ -377,23 +377,7 @@ class _Limits:
 _MIB: Final = 1024 * 1024
 
 
-def _read_keyed(path: str | None) -> dict[str, int]:
-    if path is None:
-        return {}
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            text = f.read()
-    except FileNotFoundError:
-        return {}
-    out = {}
-    for line in text.splitlines():
-        k, _, v = line.partition(" ")
-        if v.strip().lstrip("-").isdigit():
-            out[k] = int(v)
-    return out
-
-
-class _Cgroup:
+class _Cgroup(CgroupReader):
     """One sandbox cgroup, made and read as ``host.cgroups.CgroupManager.create`` and
     ``SandboxCgroup`` do (same name, dirs, limit files and values; a test holds them
     equal), without loading that module (its dataclasses cost more than the whole
@@ -443,10 +427,6 @@ class _Cgroup:
             raise
         return cg
 
-    def _file(self, key: str, name: str) -> str | None:
-        d = self.dirs.get("unified" if self.version == "v2" else key)
-        return None if d is None else os.path.join(d, name)
-
     def _apply(self, limits: _Limits) -> None:
         """``SandboxCgroup.apply``: memory+swap and pids (cpu is accounted, not capped)."""
         for key, name, value in limit_writes(self.version, limits.mem_mb,
@@ -467,32 +447,6 @@ class _Cgroup:
         ``cgroup.procs`` write waits for), on v2 ``cgroup.procs``."""
         name = "tasks" if self.version == "v1" else "cgroup.procs"
         return [os.path.join(d, name) for d in self.dirs.values()]
-
-    def cpu_ms(self) -> int:
-        if self.version == "v2":
-            return _read_keyed(self._file("", "cpu.stat")).get("usage_usec", 0) // 1000
-        if self.version == "v1":
-            return read_int(self._file("cpuacct", "cpuacct.usage")) // 1_000_000
-        return 0
-
-    def oom_kills(self) -> int:
-        if self.version == "v2":
-            return _read_keyed(self._file("", "memory.events")).get("oom_kill", 0)
-        if self.version != "v1":
-            return 0
-        if not self.oom_source.startswith("memory.oom_control"):  # V1_PEAK_FALLBACK
-            lim = read_int(self._file("memory", "memory.memsw.limit_in_bytes"))
-            top = read_int(self._file("memory", "memory.memsw.max_usage_in_bytes"))
-            return int(0 < lim < 1 << 62 and top >= lim)
-        return _read_keyed(self._file("memory", "memory.oom_control")).get("oom_kill", 0)
-
-    def peak_mb(self) -> int:
-        peak = read_int(self._file("memory", "memory.peak" if self.version == "v2"
-                                    else "memory.max_usage_in_bytes"))
-        return -(-peak // _MIB)
-
-    def pids_max_events(self) -> int:
-        return _read_keyed(self._file("pids", "pids.events")).get("max", 0)
 
     def _pids(self) -> list[int]:
         out: set[int] = set()

@@ -1,6 +1,7 @@
 """The cgroup file primitives the provider (``cgroups``, ``cgroupfs``) and the CLI's
 one-shot path (``oneshot``) share: reading and writing cgroupfs files, a process's start
-time (cgroup names carry it), and which files a sandbox's limits are written to.
+time (cgroup names carry it), which files a sandbox's limits are written to, and what a
+sandbox's cgroup reads back (:class:`CgroupReader`).
 
 Standard library only (``os``), no dataclasses or corral imports: the one-shot path loads
 it on every run.
@@ -10,9 +11,14 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["limit_writes", "read_int", "read_text", "start_ticks", "write_text"]
+__all__ = ["V1_PEAK_FALLBACK", "CgroupReader", "limit_writes", "read_int", "read_keyed",
+           "read_text", "start_ticks", "write_text"]
 
 _MIB = 1024 * 1024
+#: v1 oom evidence on kernels < 4.13 (no oom_kill line). Not failcnt: on 6.18 an
+#: oom-killed v1 cgroup showed memory.failcnt and memory.memsw.failcnt both 0.
+V1_PEAK_FALLBACK = ("memory.memsw.max_usage_in_bytes reaching the limit (no oom_kill "
+                    "counter: a hit, not proof of a kill)")
 
 
 def read_text(path: str) -> str:
@@ -41,6 +47,22 @@ def read_int(path: str | None) -> int:
     return int(s) if s.isdigit() else 0
 
 
+def read_keyed(path: str | None) -> dict[str, int]:
+    """A ``key value`` file (cpu.stat, memory.events, oom_control, ...); {} when absent."""
+    if path is None:
+        return {}
+    try:
+        text = read_text(path)
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        k, _, v = line.partition(" ")
+        if v.strip().lstrip("-").isdigit():
+            out[k] = int(v)
+    return out
+
+
 def start_ticks(pid: int) -> int | None:
     """Start time of ``pid`` in clock ticks since boot; None if gone or a zombie."""
     try:
@@ -67,3 +89,54 @@ def limit_writes(version: str, mem_mb: int | None, max_processes: int | None
     if max_processes is not None:
         out.append(("pids", "pids.max", str(max_processes)))
     return out
+
+
+class CgroupReader:
+    """What one sandbox's cgroup reads back: the provider's ``SandboxCgroup`` and the
+    one-shot path's ``_Cgroup`` both are one (they hold ``version``, ``dirs``: controller
+    key -> dir, and ``oom_source``: how this host shows an oom kill)."""
+
+    __slots__ = ()
+    version: str
+    dirs: dict[str, str]
+    oom_source: str
+
+    def _file(self, key: str, name: str) -> str | None:
+        d = self.dirs.get("unified" if self.version == "v2" else key)
+        return None if d is None else os.path.join(d, name)
+
+    def cpu_ms(self) -> int:
+        """CPU time used by every process here since the cgroup was made (ms)."""
+        if self.version == "v2":
+            return read_keyed(self._file("", "cpu.stat")).get("usage_usec", 0) // 1000
+        if self.version == "v1":
+            return read_int(self._file("cpuacct", "cpuacct.usage")) // 1_000_000
+        return 0
+
+    def oom_kills(self) -> int:
+        """The out-of-memory kill count (see ``oom_source``)."""
+        if self.version == "v2":
+            return read_keyed(self._file("", "memory.events")).get("oom_kill", 0)
+        if self.version != "v1":
+            return 0
+        if self.oom_source == V1_PEAK_FALLBACK:
+            lim = read_int(self._file("memory", "memory.memsw.limit_in_bytes"))
+            top = read_int(self._file("memory", "memory.memsw.max_usage_in_bytes"))
+            return int(0 < lim < 1 << 62 and top >= lim)
+        return read_keyed(self._file("memory", "memory.oom_control")).get("oom_kill", 0)
+
+    def peak_mb(self) -> int:
+        """The peak memory of the cgroup (MiB, rounded up; 0 where not measured)."""
+        if self.version not in ("v1", "v2"):
+            return 0
+        peak = read_int(self._file("memory", "memory.peak" if self.version == "v2"
+                                   else "memory.max_usage_in_bytes"))
+        return -(-peak // _MIB)
+
+    def pids_max_events(self) -> int:
+        """How many forks or clones failed here because of ``pids.max``."""
+        return read_keyed(self._file("pids", "pids.events")).get("max", 0)
+
+    def pids_max_hit(self) -> bool:
+        """Whether a fork or clone failed here because of ``pids.max``."""
+        return self.pids_max_events() > 0

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from typing import Literal, final
 
 from corral.core.errors import ConfigInvalidError, ProviderError
-from corral.providers.linux.host.cgroupfiles import read_int, read_text, write_text
+from corral.providers.linux.host.cgroupfiles import (
+    V1_PEAK_FALLBACK,
+    read_int,
+    read_keyed,
+    read_text,
+    write_text,
+)
 
 __all__ = [
     "CgroupSupport",
@@ -54,12 +60,6 @@ V2_DELEGATE_HOW = ("systemd: run under `systemd-run --user --scope -p Delegate=y
                    "(or a unit with Delegate=yes); docker: `docker run --cgroupns=private` with "
                    "a writable /sys/fs/cgroup (--privileged, or a cgroup rw mount); or pass a "
                    "delegated directory as cgroup_root")
-#: v1 oom evidence on kernels < 4.13 (no oom_kill line). Not failcnt: on 6.18 an
-#: oom-killed v1 cgroup showed memory.failcnt and memory.memsw.failcnt both 0.
-V1_PEAK_FALLBACK = ("memory.memsw.max_usage_in_bytes reaching the limit (no oom_kill "
-                     "counter: a hit, not proof of a kill)")
-
-
 CgroupVersion = Literal["v1", "v2", "none"]
 
 
@@ -239,22 +239,6 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
         else:
             for c in ctrls.split(","):
                 out[c] = path
-    return out
-
-
-def read_keyed(path: str | None) -> dict[str, int]:
-    """A ``key value`` file (cpu.stat, memory.events, oom_control, ...); {} when absent."""
-    if path is None:
-        return {}
-    try:
-        text = read_text(path)
-    except FileNotFoundError:
-        return {}
-    out = {}
-    for line in text.splitlines():
-        k, _, v = line.partition(" ")
-        if v.strip().lstrip("-").isdigit():
-            out[k] = int(v)
     return out
 
 

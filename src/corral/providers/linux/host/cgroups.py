@@ -39,9 +39,8 @@ from typing import Final, final
 
 from corral.core.errors import ConfigInvalidError, LevelNotSupportedError, ProviderError
 from corral.core.spec import SandboxLimits
-from corral.providers.linux.host.cgroupfiles import limit_writes, start_ticks
+from corral.providers.linux.host.cgroupfiles import CgroupReader, limit_writes, start_ticks
 from corral.providers.linux.host.cgroupfs import (
-    V1_PEAK_FALLBACK,
     CgroupSupport,
     CgroupUsage,
     CgroupVersion,
@@ -198,8 +197,10 @@ class CgroupManager:
 
 
 @final
-class SandboxCgroup:
-    """One sandbox's cgroup: a dir per v1 hierarchy, or one v2 dir."""
+class SandboxCgroup(CgroupReader):
+    """One sandbox's cgroup: a dir per v1 hierarchy, or one v2 dir. Its readings
+    (``cpu_ms``, ``oom_kills``, ``peak_mb``, ``pids_max_events``) are
+    :class:`~corral.providers.linux.host.cgroupfiles.CgroupReader`'s."""
 
     def __init__(self, name: str, version: CgroupVersion, dirs: dict[str, str],
                  oom_source: str = "") -> None:
@@ -221,10 +222,6 @@ class SandboxCgroup:
     def procs_files(self) -> list[str]:
         """The cgroup.procs files a child writes its own pid into (before unsharing)."""
         return [os.path.join(d, "cgroup.procs") for d in self.dirs.values()]
-
-    def _file(self, key: str, name: str) -> str | None:
-        d = self.dirs.get("unified" if self.version == "v2" else key)
-        return None if d is None else os.path.join(d, name)
 
     def apply(self, limits: SandboxLimits) -> None:
         """Write ``limits`` (memory+swap and pids; cpu is accounted, not capped)."""
@@ -344,47 +341,14 @@ class SandboxCgroup:
 
     def usage(self) -> CgroupUsage:
         """CPU time, peak memory, oom kills and live pids (0 where not measured)."""
-        cpu_ms = peak = ooms = current = 0
-        if self.version == "v2":
-            cpu_ms = read_keyed(self._file("", "cpu.stat")).get("usage_usec", 0) // 1000
-            peak = read_int(self._file("", "memory.peak"))
-            ooms = read_keyed(self._file("", "memory.events")).get("oom_kill", 0)
-        elif self.version == "v1":
-            cpu_ms = read_int(self._file("cpuacct", "cpuacct.usage")) // 1_000_000
-            peak = read_int(self._file("memory", "memory.max_usage_in_bytes"))
-            ooms = self.oom_kills()
         current = read_int(self._file("pids", "pids.current"))
-        return CgroupUsage(cpu_ms=cpu_ms, peak_mem_mb=-(-peak // _MIB), oom_kills=ooms,
+        return CgroupUsage(cpu_ms=self.cpu_ms(), peak_mem_mb=self.peak_mb(),
+                           oom_kills=self.oom_kills(),
                            pids_current=current)
-
-    def cpu_ms(self) -> int:
-        """CPU time used by every process here since the cgroup was made (ms); cheaper
-        than usage(), for the provider's CPU watcher."""
-        if self.version == "v2":
-            return read_keyed(self._file("", "cpu.stat")).get("usage_usec", 0) // 1000
-        if self.version == "v1":
-            return read_int(self._file("cpuacct", "cpuacct.usage")) // 1_000_000
-        return 0
-
-    def oom_kills(self) -> int:
-        """The out-of-memory kill count alone (see ``oom_source``); cheaper than usage()."""
-        if self.version == "v2":
-            return read_keyed(self._file("", "memory.events")).get("oom_kill", 0)
-        if self.version != "v1":
-            return 0
-        if self.oom_source == V1_PEAK_FALLBACK:
-            lim = read_int(self._file("memory", "memory.memsw.limit_in_bytes"))
-            top = read_int(self._file("memory", "memory.memsw.max_usage_in_bytes"))
-            return int(0 < lim < 1 << 62 and top >= lim)
-        return read_keyed(self._file("memory", "memory.oom_control")).get("oom_kill", 0)
 
     def memory_hit(self) -> bool:
         """Whether the kernel killed a process here for memory (see ``oom_source``)."""
-        return self.usage().oom_kills > 0
-
-    def pids_max_hit(self) -> bool:
-        """Whether a fork or clone failed here because of ``pids.max``."""
-        return read_keyed(self._file("pids", "pids.events")).get("max", 0) > 0
+        return self.oom_kills() > 0
 
 
 #: how to get cgroup limits, or do without them: the fix a refusal names

@@ -380,16 +380,10 @@ class LinuxSandbox(Sandbox):
         """The pids controller's count of refused forks (0 if unknown)."""
         if self._cg is None:
             return 0
-        d = self._cg.dirs.get("unified") or self._cg.dirs.get("pids")
         try:
-            with open(os.path.join(d, "pids.events")) as f:
-                for line in f:
-                    k, _, v = line.partition(" ")
-                    if k == "max":
-                        return int(v)
-        except (OSError, TypeError, ValueError):
-            pass
-        return 0
+            return int(self._cg.pids_max_events())
+        except (OSError, ValueError):
+            return 0
 
     def _limit_hit(self, run: Run, info: ExitInfo, before: tuple[int, int]
                    ) -> tuple[Outcome, int, int | None, str] | None:
