@@ -8,14 +8,13 @@ import base64
 import io
 import json
 import os
-import pty
-import select
 import subprocess
 import sys
 import time
 from typing import Any
 
 import pytest
+from ptyrun import on_pty, terminal_env, text
 
 from corral.cli import main
 from corral.cli._style import LiveStatus, Palette, colour_wanted
@@ -68,40 +67,10 @@ def test_status_disabled_draws_nothing() -> None:
     assert err.getvalue() == "" and out.getvalue() == "a\n"
 
 
-def _run_on_pty(args: list[str], timeout: float = 30.0) -> tuple[int, bytes, bytes]:
+def _run_on_pty(args: list[str]) -> tuple[int, bytes, bytes]:
     """``corral ARGS`` with stderr on a pty (a person's terminal), stdout on a pipe."""
-    master, slave = pty.openpty()
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
-    env["TERM"] = "xterm"
-    proc = subprocess.Popen([PY, "-m", "corral", *args], stdout=subprocess.PIPE,
-                            stderr=slave, stdin=subprocess.DEVNULL, env=env)
-    os.close(slave)
-    tty = bytearray()
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # EIO: every slave end closed
-                    break
-                if not chunk:
-                    break
-                tty += chunk
-            elif proc.poll() is not None:
-                break
-        assert proc.stdout is not None
-        out = proc.stdout.read()
-        code = proc.wait(timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        os.close(master)
-    return code, out, bytes(tty)
+    code, out, seen = on_pty(args, timeout=30)
+    return code, out, text(seen)
 
 
 def test_terminal_gets_a_live_status_and_a_coloured_end_pipe_gets_the_bytes() -> None:
@@ -121,28 +90,10 @@ def test_terminal_failure_is_red() -> None:
 
 
 def test_no_color_keeps_the_status_line_but_drops_colour() -> None:
-    master, slave = pty.openpty()
-    env = dict(os.environ, NO_COLOR="1", TERM="xterm")
-    try:
-        r = subprocess.run([PY, "-m", "corral", "run", "--", PY, "-c",
-                            "import time; time.sleep(0.3)"], stdout=subprocess.PIPE,
-                           stderr=slave, env=env, timeout=30, check=False)
-        os.close(slave)
-        slave = -1
-        tty = b""
-        while select.select([master], [], [], 0.2)[0]:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            tty += chunk
-    finally:
-        if slave != -1:
-            os.close(slave)
-        os.close(master)
-    assert r.returncode == 0
+    code, _, seen = on_pty(["run", "--", PY, "-c", "import time; time.sleep(0.3)"],
+                           env=terminal_env(NO_COLOR="1"), timeout=30)
+    tty = text(seen)
+    assert code == 0
     assert b"running python" in tty and b"exit 0" in tty
     assert b"\x1b[3" not in tty and b"\x1b[1m" not in tty  # no SGR colour, only the erase
 
@@ -199,34 +150,9 @@ def test_json_and_events_do_not_go_together(capsys: pytest.CaptureFixture[str]) 
 
 def _python_on_pty(code: str) -> bytes:
     """``corral python -c CODE`` with stdout and stderr on one pty: what a person sees."""
-    master, slave = pty.openpty()
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
-    env["TERM"] = "xterm"
-    proc = subprocess.Popen([PY, "-m", "corral", "python", "--level", "context-isolated",
-                             "-c", code], stdout=slave, stderr=slave,
-                            stdin=subprocess.DEVNULL, env=env)
-    os.close(slave)
-    seen = bytearray()
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if select.select([master], [], [], 0.1)[0]:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                seen += chunk
-            elif proc.poll() is not None:
-                break
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(master)
-    return bytes(seen)
+    _, _, seen = on_pty(["python", "--level", "context-isolated", "-c", code],
+                        stdout_too=True)
+    return text(seen)
 
 
 # an OSC that sets the window title, a colour, and C1 CSI: each must reach the

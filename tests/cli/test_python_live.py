@@ -4,12 +4,10 @@ in one piece, as before."""
 
 from __future__ import annotations
 
-import os
-import pty
-import select
 import subprocess
 import sys
-import time
+
+from ptyrun import on_pty
 
 PY = sys.executable
 SOURCE = ("import time, logging\nprint('one')\ntime.sleep(0.8)\n"
@@ -19,33 +17,8 @@ SOURCE = ("import time, logging\nprint('one')\ntime.sleep(0.8)\n"
 def _on_pty(code: str) -> tuple[int, list[tuple[float, bytes]]]:
     """``corral python -c CODE`` with stdout and stderr on one pty; the chunks a person
     sees, each with when it came."""
-    master, slave = pty.openpty()
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
-    env["TERM"] = "xterm"
-    proc = subprocess.Popen([PY, "-m", "corral", "python", "--level", "context-isolated",
-                             "-c", code], stdout=slave, stderr=slave,
-                            stdin=subprocess.DEVNULL, env=env)
-    os.close(slave)
-    seen: list[tuple[float, bytes]] = []
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if select.select([master], [], [], 0.05)[0]:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                seen.append((time.monotonic(), chunk))
-            elif proc.poll() is not None:
-                break
-        status = proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(master)
+    status, _, seen = on_pty(["python", "--level", "context-isolated", "-c", code],
+                             stdout_too=True)
     return status, seen
 
 

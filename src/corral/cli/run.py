@@ -300,7 +300,7 @@ class _Output:
     def __init__(self, stream: Any, *, raw: bool, status: LiveStatus | None = None) -> None:
         self.stream = stream
         self.buffer: BinaryIO | None = getattr(stream, "buffer", None)
-        self.sanitizer = None if raw or not _is_tty(stream) else TerminalSanitizer()
+        self.sanitizer = None if raw or not is_tty(stream) else TerminalSanitizer()
         self.status = status
 
     def write(self, chunk: bytes) -> None:
@@ -326,7 +326,6 @@ class _Output:
             self.stream.flush()
 
 
-_is_tty = is_tty
 #: the two streams' sinks: for a person (or a pipe), or ``--events``
 _Outs = tuple["_Output", "_Output"] | tuple["_Events", "_Events"]
 
@@ -336,7 +335,6 @@ class _Events:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.status = None
 
     def write(self, chunk: bytes) -> None:
         _event(self.name, **_data(chunk))
