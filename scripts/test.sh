@@ -12,7 +12,7 @@ fi
 # the playground's browser test drives Debian's chromium (headless, over the DevTools protocol)
 if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    chromium >/dev/null
+    chromium fonts-dejavu-core >/dev/null
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
