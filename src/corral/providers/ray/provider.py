@@ -5,10 +5,14 @@ actor (detached and named per node, so every driver shares it); ``create`` ranks
 nodes (:mod:`.placement`), reserves the sandbox's memory as Ray's ``memory`` resource
 on the chosen node (a one-bundle placement group pinned there by the node's
 ``node:<ip>`` resource), and asks that node's actor to build the sandbox. The
-:class:`RaySandbox` the caller gets forwards every contract method to that actor.
+:class:`RaySandbox` the caller gets forwards every contract method to that actor over
+the actor's data channel (:mod:`._channel`: a direct, authenticated TCP connection to
+the node, opened once per node; a Ray actor call costs milliseconds, a channel call a
+fraction of one). Ray carries placement, creation, leases and node reports.
 
-Faults: a call to a node that died fails with :class:`ProviderError` naming the node,
-within the time Ray takes to see the node's actor gone (seconds; the node-loss test
+Faults: a call to a node that died fails with :class:`ProviderError` naming the node
+as soon as its channel breaks (the actor's process died: at once), or Ray reports the
+node dead (the watcher looks every second), whichever comes first (the node-loss test
 measures it); the node is then left out of placement until Ray reports a node alive
 there again, which is attached afresh. The provider's *lease* on its sandboxes is
 renewed while it lives; a node actor destroys the sandboxes of a lease that expired.
@@ -20,7 +24,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, final
 
@@ -35,6 +39,7 @@ from corral.core.errors import (
 from corral.core.result import RunResult
 from corral.core.spec import ExecOpts, Level, ProcessOpts, SandboxSpec, SnapshotHandle
 from corral.providers.ray import _wire
+from corral.providers.ray._channel import Channel, ChannelBroken
 from corral.providers.ray.placement import NodeView, no_candidate, rank, reserve_mb
 
 __all__ = ["NodeRef", "RayProcess", "RayProvider", "RaySandbox"]
@@ -64,6 +69,7 @@ class NodeRef:
     address: str
     actor: Any
     view: NodeView
+    chan: Channel
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     placed: int = 0
     tenants: dict[str, int] = field(default_factory=dict)
@@ -71,6 +77,20 @@ class NodeRef:
     @property
     def name(self) -> str:
         return f"node {self.address} ({self.node_id[:12]})"
+
+    def mark_lost(self, why: str = "lost") -> None:
+        """The node is lost: every call in flight to it fails now, and every later one."""
+        self.lost.set()
+        self.chan.break_(f"{self.name} was {why}")
+
+
+def _node_name(node_id: str, address: str) -> str:
+    return f"node {address} ({node_id[:12]})"
+
+
+def _channel(node_id: str, address: str, reply: Any) -> Channel:
+    host, port, secret = _wire.unwrap(reply)
+    return Channel(str(host), int(port), bytes(secret), name=_node_name(node_id, address))
 
 
 def _view(info: dict[str, Any], address: str, free_mem_mb: float | None) -> NodeView:
@@ -195,12 +215,13 @@ class RayProvider(SandboxProvider):
                 continue
             actor = self._actor_for(nid)
             try:
-                info = _wire.unwrap(ray.get(actor.info.remote(), timeout=120))
+                info, ch = ray.get([actor.info.remote(), actor.channel.remote()], timeout=120)
+                info, chan = _wire.unwrap(info), _channel(nid, addr, ch)
             except Exception as e:  # a node that cannot answer is left out
                 self.attach_errors[addr] = f"{type(e).__name__}: {e}"
                 continue
             self._nodes[nid] = NodeRef(node_id=nid, address=addr, actor=actor,
-                                       view=_view(info, addr, free.get(nid)))
+                                       view=_view(info, addr, free.get(nid)), chan=chan)
         self._refreshed = time.monotonic()
 
     async def refresh(self, *, force: bool = False) -> list[NodeRef]:
@@ -216,20 +237,25 @@ class RayProvider(SandboxProvider):
             alive, free = await asyncio.to_thread(lambda: (self._alive_nodes(), self._free_mem()))
             ids = {nid for nid, _ in alive}
             for nid in [n for n in self._nodes if n not in ids]:
-                self._nodes.pop(nid).lost.set()
+                self._nodes.pop(nid).mark_lost("reported dead by Ray")
             new = [(nid, addr) for nid, addr in alive if nid not in self._nodes]
             actors = {nid: self._actor_for(nid) for nid, _ in new}
             infos = await asyncio.gather(*(_guard(actors[nid].info.remote(), 60.0)
                                            for nid, _ in new), return_exceptions=True)
-            for (nid, addr), info in zip(new, infos, strict=True):
-                if isinstance(info, BaseException):
+            chans = await asyncio.gather(*(_guard(actors[nid].channel.remote(), 60.0)
+                                           for nid, _ in new), return_exceptions=True)
+            for (nid, addr), info, ch in zip(new, infos, chans, strict=True):
+                if isinstance(info, BaseException) or isinstance(ch, BaseException):
+                    continue
+                try:
+                    chan = _channel(nid, addr, ch)
+                except Exception:  # its channel did not start: left out
                     continue
                 ref = NodeRef(node_id=nid, address=addr, actor=actors[nid],
-                              view=_view(_wire.unwrap(info), addr, free.get(nid)))
+                              view=_view(_wire.unwrap(info), addr, free.get(nid)), chan=chan)
                 for modules, entries in self._preloads:
                     with contextlib.suppress(Exception):
-                        _wire.unwrap(await _guard(ref.actor.preload.remote(modules, entries),
-                                                  60.0))
+                        await self._call(ref, "preload", modules, entries)
                 self._nodes[nid] = ref
             for nid, ref in self._nodes.items():
                 if nid in free:
@@ -243,7 +269,7 @@ class RayProvider(SandboxProvider):
 
     def node_lost(self, node: NodeRef) -> None:
         """Mark ``node`` lost: its in-flight calls fail, placement leaves it out."""
-        node.lost.set()
+        node.mark_lost()
         if self._nodes.get(node.node_id) is node:
             del self._nodes[node.node_id]
         self._refreshed = 0.0
@@ -341,7 +367,7 @@ class RayProvider(SandboxProvider):
     async def _rollback(self, node: NodeRef, fut: asyncio.Future[Any], pg: Any) -> None:
         try:
             got = _wire.unwrap(await fut)
-            await _await(node.actor.destroy.remote(got["sid"]))
+            await self._call(node, "destroy", got["sid"])
         except Exception:  # nothing was built, or the node is gone
             pass
         finally:
@@ -392,8 +418,8 @@ class RayProvider(SandboxProvider):
         mods, ents = tuple(str(m) for m in modules), tuple(str(e) for e in fork_entries)
         self._preloads.append((mods, ents))
         nodes = await self.refresh()
-        replies = await asyncio.gather(*(self._call(n, n.actor.preload.remote(mods, ents))
-                                         for n in nodes), return_exceptions=True)
+        replies = await asyncio.gather(*(self._call(n, "preload", mods, ents) for n in nodes),
+                                       return_exceptions=True)
         missing: set[str] = set()
         for r in replies:
             if isinstance(r, BaseException):
@@ -404,30 +430,17 @@ class RayProvider(SandboxProvider):
         return sorted(missing)
 
     # -- calls and leases -------------------------------------------------------------------
-    async def _call(self, node: NodeRef, ref: Any) -> Any:
-        """Await a node actor's reply: its value, its error rebuilt, or ProviderError when
-        the node is lost (seen by Ray, or marked lost while this call waited)."""
+    async def _call(self, node: NodeRef, method: str, *args: Any) -> Any:
+        """Call ``method`` of a node actor over its data channel: the reply's value, its
+        error rebuilt, or ProviderError naming the node when the node is lost (its channel
+        broke, or Ray reported it dead, before or while this call waited)."""
         if node.lost.is_set():
             raise ProviderError(f"{node.name} was lost")
-        fut = asyncio.ensure_future(_await(ref))
-        lost = asyncio.ensure_future(node.lost.wait())
         try:
-            await asyncio.wait([fut, lost], return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            fut.cancel()
-            raise
-        finally:
-            lost.cancel()
-        if not fut.done():
-            fut.cancel()
-            raise ProviderError(f"{node.name} was lost while a call to it was in flight")
-        try:
-            reply = fut.result()
-        except Exception as e:
-            if _is_ray_error(e):
-                self.node_lost(node)
-                raise ProviderError(f"{node.name} was lost: {type(e).__name__}", e) from None
-            raise
+            reply = await node.chan.call(method, *args)
+        except ChannelBroken as e:
+            self.node_lost(node)
+            raise ProviderError(f"{node.name} was lost: {e}") from None
         return _wire.unwrap(reply)
 
     def _start_renewer(self) -> None:
@@ -471,6 +484,8 @@ class RayProvider(SandboxProvider):
                 await sb.destroy()
         await asyncio.gather(*(_guard(n.actor.release.remote(self.owner), 10.0)
                                for n in self._nodes.values()), return_exceptions=True)
+        for n in self._nodes.values():
+            n.chan.close()
         if self._owns_ray:
             _ray().shutdown()
 
@@ -534,22 +549,20 @@ class RaySandbox(Sandbox):
         if self._destroyed:
             raise ProviderError(f"sandbox {self.id} was destroyed")
 
-    async def _call(self, ref_fn: Callable[[], Any]) -> Any:
+    async def _call(self, method: str, *args: Any) -> Any:
         self._live()
-        return await self._provider._call(self.node, ref_fn())
+        return await self._provider._call(self.node, method, *args)
 
     async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> RunResult:
-        a = self.node.actor
-        r: RunResult = await self._call(lambda: a.exec.remote(self.id, list(argv), opts))
+        r: RunResult = await self._call("exec", self.id, list(argv), opts)
         return r
 
     async def exec_streaming(self, argv: Sequence[str], opts: ExecOpts | None = None, *,
                              on_output: OutputSink) -> RunResult:
-        a = self.node.actor
-        pid = await self._call(lambda: a.exec_start.remote(self.id, list(argv), opts))
+        pid = await self._call("exec_start", self.id, list(argv), opts)
         while True:
-            got = await self._provider._call(self.node, a.poll.remote(
-                pid, self._provider.poll_s, self._provider.linger_s))
+            got = await self._provider._call(self.node, "poll", pid, self._provider.poll_s,
+                                             self._provider.linger_s)
             if got["out"]:
                 on_output(1, got["out"])
             if got["err"]:
@@ -560,25 +573,21 @@ class RaySandbox(Sandbox):
                 return r
 
     async def write_file(self, path: str, data: bytes | str) -> None:
-        a = self.node.actor
-        await self._call(lambda: a.write_file.remote(self.id, path, data))
+        await self._call("write_file", self.id, path, data)
 
     async def read_file(self, path: str) -> bytes:
-        a = self.node.actor
-        data: bytes = await self._call(lambda: a.read_file.remote(self.id, path))
+        data: bytes = await self._call("read_file", self.id, path)
         return data
 
     async def start_process(self, argv: Sequence[str],
                             opts: ProcessOpts | None = None) -> ProcessHandle:
-        a = self.node.actor
-        pid = await self._call(lambda: a.start.remote(self.id, list(argv), opts))
+        pid = await self._call("start", self.id, list(argv), opts)
         return RayProcess(self, pid)
 
     async def start_python_fork(self, args: Sequence[str] = (),
                                 opts: ProcessOpts | None = None, *,
                                 entry: str) -> ProcessHandle:
-        a = self.node.actor
-        pid = await self._call(lambda: a.start.remote(self.id, list(args), opts, entry))
+        pid = await self._call("start", self.id, list(args), opts, entry)
         return RayProcess(self, pid)
 
     # -- process-count: read from the node at each process's end, refreshed on demand ----
@@ -604,13 +613,11 @@ class RaySandbox(Sandbox):
             self._pc = (bool(pc[0]), int(pc[1]))
 
     async def _refresh_count(self) -> None:
-        a = self.node.actor
         with contextlib.suppress(Exception):
-            self._note_count(await self._call(lambda: a.count.remote(self.id)))
+            self._note_count(await self._call("count", self.id))
 
     async def _lifecycle(self, op: str, handle: SnapshotHandle | None = None) -> Any:
-        a = self.node.actor
-        return await self._call(lambda: a.lifecycle.remote(self.id, op, handle))
+        return await self._call("lifecycle", self.id, op, handle)
 
     async def destroy(self) -> None:
         if self._destroyed:
@@ -621,7 +628,7 @@ class RaySandbox(Sandbox):
         try:
             if not self.node.lost.is_set():
                 with contextlib.suppress(ProviderError):
-                    await self._provider._call(self.node, self.node.actor.destroy.remote(self.id))
+                    await self._provider._call(self.node, "destroy", self.id)
         finally:
             self._provider._forget(self)
 
@@ -713,16 +720,14 @@ class RayProcess(ProcessHandle):
 
     async def _send(self, seq: int, data: bytes, close: bool) -> None:
         node = self._sb.node
-        await self._sb._provider._call(node, node.actor.write.remote(self._pid, seq, data,
-                                                                      close))
+        await self._sb._provider._call(node, "write", self._pid, seq, data, close)
 
     async def _pump(self) -> None:
         node, prov = self._sb.node, self._sb._provider
         out_eof = err_eof = False
         try:
             while True:
-                got = await prov._call(node, node.actor.poll.remote(self._pid, prov.poll_s,
-                                                                     prov.linger_s))
+                got = await prov._call(node, "poll", self._pid, prov.poll_s, prov.linger_s)
                 if got["out"]:
                     self._out.put_nowait(got["out"])
                 if got["err"]:
@@ -757,7 +762,7 @@ class RayProcess(ProcessHandle):
         if self._final.done():
             return
         with contextlib.suppress(ProviderError):
-            await self._sb._provider._call(node, node.actor.kill.remote(self._pid))
+            await self._sb._provider._call(node, "kill", self._pid)
 
 
 async def _iterate(q: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
