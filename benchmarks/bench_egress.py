@@ -402,6 +402,14 @@ def _cpu_s(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds every core of the machine has spent busy so far (/proc/stat: all
+    but idle and iowait), whoever spent them."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def run(args: argparse.Namespace, port: int, tls_port: int, path: str, tcp_port: int,
         proxy_pid: int | None) -> None:
     size = args.mib << 20
@@ -421,12 +429,15 @@ def run(args: argparse.Namespace, port: int, tls_port: int, path: str, tcp_port:
     rates: dict[str, list[float]] = {k: [] for k, _ in bulk_variants}
     setups: dict[str, list[float]] = {k: [] for k, _ in setup_variants}
     proxy_cpu: list[float] = []
+    busy: dict[str, list[float]] = {k: [] for k, _ in bulk_variants}
     load0 = os.getloadavg()[0]
     for r in range(args.runs):
         order = bulk_variants if r % 2 == 0 else bulk_variants[::-1]
         for k, o in order:
             before = _cpu_s(proxy_pid)
+            machine = _machine_busy_s()
             rates[k].append(size / bulk(o, size, buf) / 1e6)
+            busy[k].append(_machine_busy_s() - machine)
             if k != "direct":
                 proxy_cpu.append(_cpu_s(proxy_pid) - before)
         sorder = setup_variants if r % 2 == 0 else setup_variants[::-1]
@@ -437,13 +448,24 @@ def run(args: argparse.Namespace, port: int, tls_port: int, path: str, tcp_port:
           f"run, {args.setups} connections per setup figure; python {sys.version.split()[0]}, "
           f"{os.cpu_count()} cpus, load {load0:.1f} -> {load1:.1f}")
     print()
-    print(f"{'bulk download':<30} {'MB/s med':>9} {'min':>7} {'max':>7} {'ratio':>6}  goal")
+    gib = size / (1 << 30)
+    cpus = os.cpu_count() or 1
+    print(f"{'bulk download':<30} {'MB/s med':>9} {'min':>7} {'max':>7} {'ratio':>6} "
+          f"{'cores':>5} {'cpu/GiB':>7}  goal")
     for k, _ in bulk_variants:
         ratio = statistics.median(a / b for a, b in zip(rates[k], rates["direct"], strict=True))
         goal = "" if k == "direct" else ("met" if ratio >= 0.90 else "NOT met") + " (>= 0.90)"
+        # cores: the machine's busy cores while it ran (of cpus); cpu/GiB: the machine's
+        # busy CPU seconds per GiB carried (client, proxy, upstream, kernel and others)
+        cores = statistics.median(b / (size / r / 1e6) for b, r in zip(busy[k], rates[k],
+                                                                        strict=True))
         print(f"{k:<30} {statistics.median(rates[k]):9.0f} {min(rates[k]):7.0f} "
-              f"{max(rates[k]):7.0f} {ratio:6.2f}  {goal}")
-    gib = size / (1 << 30)
+              f"{max(rates[k]):7.0f} {ratio:6.2f} {cores:5.2f} "
+              f"{statistics.median(busy[k]) / gib:7.2f}  {goal}")
+    floor = {k: statistics.median(busy[k]) / gib for k in busy}
+    print(f"CPU floor: direct costs the machine {floor['direct']:.2f} CPU-s per GiB; with "
+          f"{cpus} cores fully used a variant costing c CPU-s/GiB can reach at most "
+          f"{cpus}/c GiB/s (direct: {cpus / max(floor['direct'], 1e-9):.1f} GiB/s)")
     print(f"the proxy's CPU (user + system) per GiB carried: "
           f"{statistics.median(proxy_cpu) / gib:.2f} s (median of {len(proxy_cpu)} runs)")
     print()

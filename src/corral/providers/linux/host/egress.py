@@ -1236,9 +1236,13 @@ class EgressProxy:
                     first: bytes, sniff: bool) -> None:
         """Copy both ways until both ends are done (or either fails, or the tunnel is idle
         for ``idle_timeout_s``). ``first``: client bytes already read, sent upstream first;
-        ``sniff``: check a TLS ClientHello at the start of the client's bytes first."""
+        ``sniff``: check a TLS ClientHello at the start of the client's bytes first.
+
+        The bytes are moved by :class:`_Splicer` callbacks run by the event loop itself
+        (no coroutine per wakeup); this coroutine only waits for the tunnel's end."""
         loop = asyncio.get_running_loop()
-        last = [loop.time()]
+        tunnel = _Tunnel(loop, self.limits.idle_timeout_s)
+        last = tunnel.last
 
         async def up() -> None:
             data = first
@@ -1251,33 +1255,38 @@ class EgressProxy:
                         continue
                     if not data:
                         usock.shutdown(socket.SHUT_WR)
+                        tunnel.start(None)          # this direction is done already
                         return
                 sr = _SockReader(csock, data)
                 data = await self._check_tls(target, await sr.readexactly(1), sr)
                 data += sr.take()
             if data:
                 await self._send_all(usock, data, last)
-            await self._copy(csock, usock, last)
+            tunnel.start(_Splicer(tunnel, csock, usock))
 
-        ups = asyncio.ensure_future(up())
-        down = asyncio.ensure_future(self._copy(usock, csock, last))
         try:
-            pending: set[asyncio.Future[None]] = {ups, down}
-            while pending:
-                done, pending = await asyncio.wait(pending,
-                                                   return_when=asyncio.FIRST_COMPLETED)
-                for d in done:
-                    exc = d.exception()
-                    if isinstance(exc, EgressDenied):
-                        self._record(target.host, target.port, exc)
-                        with contextlib.suppress(OSError):
-                            csock.send(_TLS_ALERT_ACCESS_DENIED)
-                    if exc is not None:
-                        return
+            tunnel.start(_Splicer(tunnel, usock, csock))
+            if sniff or first:
+                ups = asyncio.ensure_future(up())
+                try:
+                    await asyncio.wait({ups, tunnel.done}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if not ups.done():
+                        ups.cancel()
+                    await asyncio.gather(ups, return_exceptions=True)
+                exc = None if ups.cancelled() else ups.exception()
+                if isinstance(exc, EgressDenied):
+                    self._record(target.host, target.port, exc)
+                    with contextlib.suppress(OSError):
+                        csock.send(_TLS_ALERT_ACCESS_DENIED)
+                if exc is not None:
+                    return
+            else:
+                tunnel.start(_Splicer(tunnel, csock, usock))
+            with contextlib.suppress(OSError, TimeoutError):
+                await tunnel.done
         finally:
-            for t in (ups, down):
-                t.cancel()
-            await asyncio.gather(ups, down, return_exceptions=True)
+            tunnel.close()
 
     async def _wait_io(self, sock: socket.socket, write: bool, last: list[float]) -> None:
         """Wait until ``sock`` is readable (writable); TimeoutError once neither direction
@@ -1320,79 +1329,6 @@ class EgressProxy:
                 continue
             view = view[n:]
             last[0] = asyncio.get_running_loop().time()
-
-    async def _copy(self, src: socket.socket, dst: socket.socket, last: list[float]) -> None:
-        """Copy ``src`` to ``dst`` until EOF, then half-close ``dst``: splice(2) through a
-        pipe (the bytes never enter this process), or recv/send if splice is refused."""
-        loop = asyncio.get_running_loop()
-        try:
-            rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            await self._copy_plain(src, dst, last)
-            return
-        try:
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(wfd, _F_SETPIPE_SZ, _PIPE_SIZE)
-            sfd, dfd = src.fileno(), dst.fileno()
-            in_pipe = 0
-            moves = 0
-            while True:
-                if not in_pipe:
-                    try:
-                        n = os.splice(sfd, wfd, _PIPE_SIZE, flags=_SPLICE_FLAGS)
-                    except BlockingIOError:
-                        await self._wait_io(src, False, last)
-                        continue
-                    except OSError as e:
-                        if e.errno in (errno.EINVAL, errno.ENOSYS) and moves == 0:
-                            await self._copy_plain(src, dst, last)
-                            return
-                        raise
-                    if not n:
-                        break
-                    in_pipe = n
-                try:
-                    n = os.splice(rfd, dfd, in_pipe, flags=_SPLICE_FLAGS)
-                except BlockingIOError:
-                    await self._wait_io(dst, True, last)
-                    continue
-                except OSError as e:
-                    if e.errno in (errno.EINVAL, errno.ENOSYS) and moves == 0:
-                        # splice into this socket refused: send what the pipe holds
-                        while in_pipe:
-                            data = os.read(rfd, in_pipe)
-                            in_pipe -= len(data)
-                            await self._send_all(dst, data, last)
-                        await self._copy_plain(src, dst, last)
-                        return
-                    raise
-                in_pipe -= n
-                last[0] = loop.time()
-                moves += 1
-                if moves % 32 == 0:
-                    await asyncio.sleep(0)          # let other connections run
-            dst.shutdown(socket.SHUT_WR)
-        finally:
-            os.close(rfd)
-            os.close(wfd)
-
-    async def _copy_plain(self, src: socket.socket, dst: socket.socket,
-                          last: list[float]) -> None:
-        """:meth:`_copy` without splice: recv_into one preallocated buffer, send it."""
-        loop = asyncio.get_running_loop()
-        buf = bytearray(_CHUNK)
-        view = memoryview(buf)
-        while True:
-            try:
-                n = src.recv_into(buf)
-            except BlockingIOError:
-                await self._wait_io(src, False, last)
-                continue
-            if not n:
-                break
-            last[0] = loop.time()
-            await self._send_all(dst, view[:n], last)
-        dst.shutdown(socket.SHUT_WR)
 
     # ---------------------------------------------------------------- secrets
 
@@ -2012,6 +1948,243 @@ async def _detach(reader: asyncio.StreamReader,
         raise
     transport.abort()
     return sock, buffered
+
+
+#: splice(2) calls one wakeup of a direction makes at most before it lets the event
+#: loop run other callbacks (other tunnels, the proxy's handshakes)
+_MOVES_PER_WAKEUP: Final = 16
+
+
+@final
+class _Tunnel:
+    """The two :class:`_Splicer` directions of one tunnel: their shared idle clock (one
+    timer per tunnel, re-armed from the latest progress, not one per wait) and ``done``,
+    a future that ends when both directions reached EOF (result), when either failed
+    (its exception) or when the tunnel was idle for ``idle`` seconds (TimeoutError)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, idle: float) -> None:
+        self.loop = loop
+        self.idle = idle
+        #: the loop time of the latest byte moved either way (a list: shared with
+        #: :meth:`EgressProxy._wait_io` and :meth:`EgressProxy._send_all`)
+        self.last = [loop.time()]
+        self.done: asyncio.Future[None] = loop.create_future()
+        self._dirs: list[_Splicer] = []
+        self._started = 0
+        self._timer: asyncio.TimerHandle | None = loop.call_at(self.last[0] + idle,
+                                                               self._check_idle)
+
+    def start(self, direction: _Splicer | None) -> None:
+        """Start one direction (None: one that is done before it started)."""
+        self._started += 1
+        if direction is not None:
+            self._dirs.append(direction)
+            direction.start()
+        else:
+            self.finished()
+
+    def _check_idle(self) -> None:
+        self._timer = None
+        if self.done.done():
+            return
+        if self.loop.time() - self.last[0] >= self.idle:
+            self.fail(TimeoutError("tunnel idle"))
+        else:
+            self._timer = self.loop.call_at(self.last[0] + self.idle, self._check_idle)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+        for d in self._dirs:
+            d.stop()
+
+    def finished(self) -> None:
+        """A direction reached EOF (and half-closed its destination)."""
+        if self._started == 2 and all(d.eof for d in self._dirs) and not self.done.done():
+            self.done.set_result(None)
+
+    def close(self) -> None:
+        """Stop both directions: no callback of this tunnel runs afterwards, its pipes are
+        closed; the sockets are the caller's."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for d in self._dirs:
+            d.stop()
+        if not self.done.done():
+            self.done.cancel()
+        elif not self.done.cancelled():
+            self.done.exception()           # retrieved
+
+
+@final
+class _Splicer:
+    """One direction of a tunnel, ``src`` to ``dst`` until EOF, then ``dst`` half-closed:
+    splice(2) through a pipe of its own (the bytes never enter this process), or
+    recv_into/send through one buffer if the kernel refuses splice for these sockets.
+
+    Driven by event-loop callbacks, not a coroutine: a reader callback on ``src`` stays
+    registered while the direction waits for input (no add/remove per chunk), a writer
+    callback on ``dst`` only while the destination is full; each wakeup moves at most
+    :data:`_MOVES_PER_WAKEUP` chunks, then yields to the loop."""
+
+    def __init__(self, tunnel: _Tunnel, src: socket.socket, dst: socket.socket) -> None:
+        self._t = tunnel
+        self._loop = tunnel.loop
+        self._src, self._dst = src, dst
+        self._sfd, self._dfd = src.fileno(), dst.fileno()
+        self._pipe: tuple[int, int] | None = None
+        self._buf: memoryview | None = None
+        self._pending = 0                     # bytes in the pipe (or buffer) not yet sent
+        self._off = 0                         # (buffer mode) where the unsent bytes start
+        self._moves = 0
+        self._reading = False
+        self._writing = False
+        self._soon: asyncio.Handle | None = None
+        self.eof = False
+        self.stopped = False
+
+    def start(self) -> None:
+        try:
+            rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            self._buf = memoryview(bytearray(_CHUNK))
+        else:
+            self._pipe = (rfd, wfd)
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(wfd, _F_SETPIPE_SZ, _PIPE_SIZE)
+        self._run()
+
+    def stop(self) -> None:
+        """Unregister every callback and close the pipe (idempotent)."""
+        if self.stopped:
+            return
+        self.stopped = True
+        self._watch(read=False, write=False)
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
+        if self._pipe is not None:
+            for fd in self._pipe:
+                os.close(fd)
+            self._pipe = None
+
+    def _watch(self, *, read: bool, write: bool) -> None:
+        if read != self._reading:
+            if read:
+                self._loop.add_reader(self._sfd, self._run)
+            else:
+                self._loop.remove_reader(self._sfd)
+            self._reading = read
+        if write != self._writing:
+            if write:
+                self._loop.add_writer(self._dfd, self._run)
+            else:
+                self._loop.remove_writer(self._dfd)
+            self._writing = write
+
+    def _run(self) -> None:
+        self._soon = None
+        if self.stopped:
+            return
+        try:
+            if self._pipe is not None:
+                self._splice()
+            else:
+                self._plain()
+        except OSError as e:
+            self._t.fail(e)
+        except Exception as e:               # a bug: end the tunnel, never the loop
+            self._t.fail(e)
+
+    def _splice(self) -> None:
+        assert self._pipe is not None
+        rfd, wfd = self._pipe
+        for _ in range(_MOVES_PER_WAKEUP):
+            if not self._pending:
+                try:
+                    n = os.splice(self._sfd, wfd, _PIPE_SIZE, flags=_SPLICE_FLAGS)
+                except BlockingIOError:
+                    self._watch(read=True, write=False)
+                    return
+                except OSError as e:
+                    if e.errno in (errno.EINVAL, errno.ENOSYS) and self._moves == 0:
+                        self._to_plain()
+                        return
+                    raise
+                if not n:
+                    self._end()
+                    return
+                self._pending = n
+            try:
+                n = os.splice(rfd, self._dfd, self._pending, flags=_SPLICE_FLAGS)
+            except BlockingIOError:
+                self._watch(read=False, write=True)
+                return
+            except OSError as e:
+                if e.errno in (errno.EINVAL, errno.ENOSYS) and self._moves == 0:
+                    self._to_plain()
+                    return
+                raise
+            self._pending -= n
+            self._t.last[0] = self._loop.time()
+            self._moves += 1
+        self._again()
+
+    def _to_plain(self) -> None:
+        """splice refused for these sockets: what the pipe holds moves to the buffer,
+        then recv/send."""
+        assert self._pipe is not None
+        rfd, _wfd = self._pipe
+        data = b""
+        while len(data) < self._pending:
+            data += os.read(rfd, self._pending - len(data))
+        for fd in self._pipe:
+            os.close(fd)
+        self._pipe = None
+        buf = bytearray(max(_CHUNK, len(data)))
+        buf[:len(data)] = data
+        self._buf = memoryview(buf)
+        self._pending, self._off = len(data), 0
+        self._plain()
+
+    def _plain(self) -> None:
+        assert self._buf is not None
+        buf = self._buf
+        for _ in range(_MOVES_PER_WAKEUP):
+            if not self._pending:
+                try:
+                    n = self._src.recv_into(buf)
+                except BlockingIOError:
+                    self._watch(read=True, write=False)
+                    return
+                if not n:
+                    self._end()
+                    return
+                self._pending, self._off = n, 0
+            try:
+                n = self._dst.send(buf[self._off:self._off + self._pending])
+            except BlockingIOError:
+                self._watch(read=False, write=True)
+                return
+            self._pending -= n
+            self._off += n
+            self._t.last[0] = self._loop.time()
+            self._moves += 1
+        self._again()
+
+    def _again(self) -> None:
+        """Budget used with bytes still flowing: run again after the loop's other ready
+        callbacks (the reader stays registered; a duplicate wakeup is harmless)."""
+        if self._soon is None:
+            self._soon = self._loop.call_soon(self._run)
+
+    def _end(self) -> None:
+        self._watch(read=False, write=False)
+        self._dst.shutdown(socket.SHUT_WR)
+        self.eof = True
+        self.stop()
+        self._t.finished()
 
 
 @dataclass(slots=True)
