@@ -15,11 +15,12 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Final, ParamSpec, TypeVar, cast
 
@@ -147,13 +148,66 @@ def _too_large(files: list[tuple[str, str]]) -> Transcript | None:
         [Violation(code=ViolationCode.SOURCE_TOO_LARGE, line=0, column=0, message=msg)])
 
 
+class _ValidationCache:
+    """The validator's verdict on recent payloads (a bounded LRU), so a payload sent again
+    is not parsed and walked again: :func:`validate_files` is a pure function of the
+    files and the allowed imports, and its verdict is an immutable tuple.
+
+    Keyed by tenant too, so one tenant's timing never tells whether another sent the same
+    source. Bounded in entries and in source bytes held; a payload larger than
+    ``max_entry_bytes`` is validated every time and never held."""
+
+    def __init__(self, *, max_entries: int = 256, max_bytes: int = 4 * 1024 * 1024,
+                 max_entry_bytes: int = 64 * 1024) -> None:
+        self.max_entries, self.max_bytes, self.max_entry_bytes = (
+            max_entries, max_bytes, max_entry_bytes)
+        self._lru: OrderedDict[tuple[str, frozenset[str], tuple[tuple[str, str], ...]],
+                               tuple[tuple[Violation, ...], int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()  # run_snippet runs on any thread's loop
+
+    def violations(self, payload: list[tuple[str, str]], allowed: frozenset[str],
+                   tenant_id: str) -> tuple[Violation, ...]:
+        size = sum(len(p) + len(s) for p, s in payload)
+        if size > self.max_entry_bytes:
+            return validate_files(payload, allowed_imports=allowed)
+        key = (tenant_id, allowed, tuple(payload))
+        with self._lock:
+            hit = self._lru.get(key)
+            if hit is not None:
+                self._lru.move_to_end(key)
+                return hit[0]
+        found = validate_files(payload, allowed_imports=allowed)
+        with self._lock:
+            if key not in self._lru:
+                self._lru[key] = (found, size)
+                self._bytes += size
+                while len(self._lru) > self.max_entries or self._bytes > self.max_bytes:
+                    self._bytes -= self._lru.popitem(last=False)[1][1]
+        return found
+
+    def clear(self) -> None:
+        with self._lock:
+            self._lru.clear()
+            self._bytes = 0
+
+
+_VALIDATED: Final = _ValidationCache()
+
+
+@functools.lru_cache(maxsize=32)
+def _guard_lists(allowed: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The job's sorted allowed imports and forbidden names (the same every run)."""
+    return tuple(sorted(allowed)), tuple(sorted(FORBIDDEN_NAMES - {"__build_class__"}))
+
+
 def _job(files: list[tuple[str, str]], timeout_ms: int, allowed: frozenset[str],
          mem_mb: int, guard: bool) -> dict[str, Any]:
     options = {
         "timeout_ms": timeout_ms, "grace_ms": GRACE_MS, "mem_mb": mem_mb, "caps": dict(CAPS),
         "stream": True,  # a template streams the log lines as they come (pool._Slot)
-        "allowed": sorted(allowed) if guard else None,
-        "forbidden": sorted(FORBIDDEN_NAMES - {"__build_class__"}) if guard else [],
+        "allowed": list(_guard_lists(allowed)[0]) if guard else None,
+        "forbidden": list(_guard_lists(allowed)[1]) if guard else [],
     }
     return {"op": "run", "files": [list(f) for f in files], "options": options}
 
@@ -341,7 +395,7 @@ async def run_snippet(
     allowed = DEFAULT_ALLOWED_IMPORTS if allowed_imports is None else frozenset(allowed_imports)
     rejected = _too_large(payload)
     if rejected is None and not _unsafe_skip_validation:
-        violations = validate_files(payload, allowed_imports=allowed)
+        violations = _VALIDATED.violations(payload, allowed, tenant_id)
         rejected = transcript_rejected(violations) if violations else None
     if rejected is not None:
         return rejected

@@ -133,6 +133,11 @@ class CgroupReader:
                                    else "memory.max_usage_in_bytes"))
         return -(-peak // _MIB)
 
+    def pids_current(self) -> int:
+        """The tasks (threads, zombies not yet reaped) in the cgroup and its children now
+        (``pids.current``); 0 when there is no pids controller."""
+        return read_int(self._file("pids", "pids.current"))
+
     def pids_max_events(self) -> int:
         """How many forks or clones failed here because of ``pids.max``."""
         return read_keyed(self._file("pids", "pids.events")).get("max", 0)
