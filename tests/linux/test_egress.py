@@ -16,8 +16,10 @@ import os
 import shutil
 import socket
 import ssl
+import stat
 import struct
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -505,6 +507,144 @@ def test_tunnels_copy_without_splice_when_the_kernel_refuses_it(
             await sender
             assert got == blob
             w.close()
+    run(t)
+
+
+def test_tunnels_copy_when_splice_into_the_destination_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """splice(2) from a socket into the pipe works but out of the pipe into the
+    destination is refused on the first move: what the pipe holds is sent first, then
+    recv/send carries the rest, every byte in order, both ways."""
+    real = os.splice
+
+    def refuse_out(fd_in: int, fd_out: int, count: int, *a: object, **k: Any) -> int:
+        if stat.S_ISFIFO(os.fstat(fd_in).st_mode):
+            raise OSError(errno.EINVAL, "splice refused")
+        return real(fd_in, fd_out, count, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "splice", refuse_out)
+    blob = os.urandom(1 << 20) * 2
+
+    async def t() -> None:
+        async with echo_server() as (port, _), \
+                proxy(EgressPolicy.allowlist("api.example.test", LOOP)) as (_p, path, _r):
+            head, r, w = await http_connect(path, f"api.example.test:{port}")
+            assert head.startswith(b"HTTP/1.1 200")
+
+            async def send() -> None:
+                w.write(blob)
+                await w.drain()
+                w.write_eof()
+
+            sender = asyncio.ensure_future(send())
+            got = b""
+            while chunk := await r.read(1 << 16):
+                got += chunk
+            await sender
+            assert got == blob
+            w.close()
+    run(t)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_tunnels_leave_no_descriptor_or_callback_behind() -> None:
+    """Tunnels ended every way (both ends done, the client reset mid-transfer, idle,
+    the proxy closed mid-transfer) leave no descriptor open and no reader or writer
+    registered with the event loop."""
+    async def t() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def flood(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    w.write(b"x" * (1 << 16))
+                    await w.drain()
+
+        srv = await asyncio.start_server(flood, "127.0.0.1", 0)
+        fport = srv.sockets[0].getsockname()[1]
+        try:
+            async with echo_server() as (port, _):
+                before = _open_fds()
+                watched = len(loop._selector.get_map())  # type: ignore[attr-defined]
+                async with proxy(EgressPolicy.allowlist("api.example.test", LOOP),
+                                 idle_timeout_s=0.3) as (p, path, _r):
+                    # both ends done
+                    head, r, w = await http_connect(path, f"api.example.test:{port}")
+                    assert head.startswith(b"HTTP/1.1 200")
+                    w.write(b"ping")
+                    w.write_eof()
+                    assert await r.read() == b"ping"
+                    w.close()
+                    # the client resets while the upstream floods it
+                    head, r, w = await http_connect(path, f"api.example.test:{fport}")
+                    assert head.startswith(b"HTTP/1.1 200")
+                    await r.readexactly(1 << 20)
+                    w.transport.abort()
+                    # idle
+                    head, r, w = await http_connect(path, f"api.example.test:{port}")
+                    assert head.startswith(b"HTTP/1.1 200")
+                    async with asyncio.timeout(3):
+                        assert await r.read() == b""
+                    w.close()
+                    # open at aclose, mid-transfer
+                    head, r, w = await http_connect(path, f"api.example.test:{fport}")
+                    assert head.startswith(b"HTTP/1.1 200")
+                    await r.readexactly(1 << 16)
+                    for _ in range(100):
+                        if p.active == 1:
+                            break
+                        await asyncio.sleep(0.01)
+                    await p.aclose()
+                    assert await r.read(1 << 30) is not None
+                    w.close()
+                    assert p.active == 0
+                await asyncio.sleep(0.05)
+                assert _open_fds() <= before
+                assert len(loop._selector.get_map()) <= watched  # type: ignore[attr-defined]
+        finally:
+            srv.close()
+            await srv.wait_closed()
+    run(t)
+
+
+def test_a_trickling_tunnel_is_not_idle_and_a_stalled_reader_costs_no_cpu() -> None:
+    """Bytes one way keep a tunnel alive past the idle time; a client that stops
+    reading while the upstream floods it makes the proxy wait, not spin."""
+    async def t() -> None:
+        async def slow(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                for _ in range(6):
+                    w.write(b"t")
+                    await w.drain()
+                    await asyncio.sleep(0.1)
+                while True:
+                    w.write(b"x" * (1 << 16))
+                    await w.drain()
+
+        srv = await asyncio.start_server(slow, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            for idle in (0.3, 300.0):
+                async with proxy(EgressPolicy.allowlist("api.example.test", LOOP),
+                                 idle_timeout_s=idle) as (p, path, _r):
+                    head, r, w = await http_connect(path, f"api.example.test:{port}")
+                    assert head.startswith(b"HTTP/1.1 200")
+                    assert await r.readexactly(6) == b"tttttt"    # 0.6 s > 0.3 s idle
+                    await r.readexactly(1 << 16)
+                    if idle > 1:
+                        # stop reading: the proxy's pipe and both sockets' buffers fill up
+                        await asyncio.sleep(0.2)
+                        cpu = time.process_time()
+                        await asyncio.sleep(0.5)
+                        assert time.process_time() - cpu < 0.15
+                        assert p.active == 1
+                    w.close()
+        finally:
+            srv.close()
+            await srv.wait_closed()
     run(t)
 
 

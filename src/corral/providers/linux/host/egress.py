@@ -1266,6 +1266,13 @@ class EgressProxy:
 
         try:
             tunnel.start(_Splicer(tunnel, usock, csock))
+            if first and not sniff:
+                # checked bytes (a ClientHello, bytes sent with the request): a fresh
+                # socket takes them at once, with no task and no loop iteration
+                with contextlib.suppress(BlockingIOError):
+                    sent = usock.send(first)
+                    first = first[sent:]
+                    tunnel.last[0] = loop.time()
             if sniff or first:
                 ups = asyncio.ensure_future(up())
                 try:
