@@ -4,32 +4,38 @@ throughput grows with worker nodes.
     .venv/bin/python benchmarks/bench_ray.py [--runs 200] [--json]
 
 Starts a real local cluster (``LocalCluster``: a head with no CPUs for work and two
-worker nodes with one CPU each, on 127.0.0.2-4, private temp dir, stopped by pid), then,
-in the same run:
+worker nodes with one CPU each, on 127.0.0.2-4, private temp dir, stopped by pid), then:
 
-1. **Added cost per call.** ``run_snippet("1+1")`` through a warm :class:`SnippetPool`
-   (slots made beforehand) on the local strict provider (``LinuxProvider`` in this
-   process) and on the Ray provider, run by run in turn (local, ray, local ...) so both
-   see the same load: p50/p99 of sequential runs, then runs/s with 4 callers; one
-   ``exec`` of ``/bin/true`` in a live sandbox both ways, in turn; and one bare Ray
-   actor call. The added cost is the difference of the p50s.
-2. **Nodes.** Runs/s of the same pool on the Ray provider with two worker nodes, then
-   with one (the other stopped), 4 callers (2 slots per node).
+1. **Added cost per call**, worker nodes not pinned (the local provider is not either).
+   ``run_snippet("1+1")`` through a warm :class:`SnippetPool` (slots made beforehand) on
+   the local strict provider (``LinuxProvider`` in this process) and on the Ray
+   provider, run by run in turn (local, ray, local ...) so both see the same load:
+   p50/p99 of sequential runs, then runs/s with 4 callers; one ``exec`` of
+   ``/bin/true`` in a live sandbox both ways, in turn; one bare Ray actor call and one
+   bare call over a node's data channel. The added cost is the difference of the p50s.
+2. **Nodes**, on a second cluster whose worker nodes are each pinned to a core of its
+   own (``worker_cpus``: each ``ray start`` runs under ``taskset``, so its raylet, node
+   actor, sandboxes and their processes inherit that CPU; ``--no-pin`` leaves them
+   floating; the driver and the head float). Runs/s of the same pool on the Ray
+   provider with two worker nodes, then with one (the other stopped),
+   ``--node-callers`` callers (default 8) in both, and the CPU affinity seen on each
+   node's processes (its session: raylet, node actor; and its sandboxes' processes).
 
-The machine's cores are shared by the driver, the head, the worker nodes, their
-sandboxes and anything else running: on a 2-core host "each node has its own core" does
-not hold, and the report says what was measured, not what a cluster would give.
+On a 2-core host the driver and the head float over both cores and so share them with
+the pinned nodes: the report says what was measured, and the load average with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from corral.core.spec import SandboxSpec
@@ -67,6 +73,13 @@ def cpu_ms(pid: int) -> float:
     return (int(f[11]) + int(f[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
+def affinity(pids: list[int]) -> str:
+    """The distinct CPU lists of ``pids`` ("0", "0-1", "0 | 0-1" when they differ)."""
+    from corral.providers.ray.cluster import cpus_allowed
+    seen = sorted({a for a in (cpus_allowed(x) for x in pids) if a is not None})
+    return " | ".join(seen) or "?"
+
+
 async def nodes_rate(runs: int, callers: int) -> tuple[int, float, dict[str, Any]]:
     from corral.providers.ray import RayProvider, _wire
     p = RayProvider(node_resource="corral")
@@ -81,13 +94,19 @@ async def nodes_rate(runs: int, callers: int) -> tuple[int, float, dict[str, Any
             spread: dict[str, int] = {}
             for sb in list(p._live):
                 spread[sb.node.address] = spread.get(sb.node.address, 0) + 1
+            pins = {}
+            for x in p.nodes():
+                info = _wire.unwrap(await x.actor.info.remote())
+                boxes = [pid for pids in info["host_pids"].values() for pid in pids]
+                pins[x.address] = {"node_actor": affinity([info["pid"]]),
+                                   "sandboxes": affinity(boxes)}
             c0, a0 = time.process_time(), sum(cpu_ms(x) for x in actors)
             per = max(runs * 2 // callers, 10)
             rate = await throughput(pool, runs * 2, callers)
             done = per * callers
             cost = {"driver_cpu_ms": (time.process_time() - c0) * 1000 / done,
                     "node_actor_cpu_ms": (sum(cpu_ms(x) for x in actors) - a0) / done}
-        return n, rate, {"slots": spread, **cost}
+        return n, rate, {"slots": spread, "affinity": pins, **cost}
     finally:
         await p.aclose()
 
@@ -134,53 +153,79 @@ async def same_run(runs: int, callers: int) -> dict[str, Any]:
         finally:
             await lsb.destroy()
             await rsb.destroy()
-        actor = rp.nodes()[0].actor
-        rt = []
+        node = rp.nodes()[0]
+        rt: dict[str, list[float]] = {"actor_rt": [], "channel_rt": []}
         for _ in range(runs):
             t0 = time.perf_counter()
-            await actor.renew.remote("bench-rt", 60.0)
-            rt.append((time.perf_counter() - t0) * 1000)
-        out["actor_rt"] = {"p50": pct(rt, 50), "p99": pct(rt, 99)}
+            await node.actor.renew.remote("bench-rt", 60.0)
+            t1 = time.perf_counter()
+            await node.chan.call("ping")
+            rt["actor_rt"].append((t1 - t0) * 1000)
+            rt["channel_rt"].append((time.perf_counter() - t1) * 1000)
+        for k, v in rt.items():
+            out[k] = {"p50": pct(v, 50), "p99": pct(v, 99)}
     finally:
         await local.aclose()
         await rp.aclose()
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--runs", type=int, default=200)
-    ap.add_argument("--callers", type=int, default=4)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    from corral.providers.ray.cluster import LocalCluster
-    cluster = LocalCluster(workers=2, head_cpus=0, port=6393)
-    t0 = time.perf_counter()
+@contextlib.contextmanager
+def _connected(cluster: Any) -> Iterator[Any]:
+    """Start ``cluster``, connect this process to it; disconnect and stop it after."""
     cluster.start()
-    up = time.perf_counter() - t0
-    os.environ.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"})
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             import ray  # type: ignore[import-untyped,unused-ignore]
             ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+        yield ray
+    finally:
+        import ray
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--callers", type=int, default=4)
+    ap.add_argument("--node-callers", type=int, default=8,
+                    help="callers for the one- and two-node throughput")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="leave the worker nodes floating over every core")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    from corral.providers.ray.cluster import LocalCluster
+    os.environ.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"})
+    ncpu = len(os.sched_getaffinity(0))
+    pin = None if args.no_pin or ncpu < 2 else sorted(os.sched_getaffinity(0))[:2]
+    # part 1 on floating nodes, as the local provider floats; part 2 on pinned ones
+    cluster = LocalCluster(workers=2, head_cpus=0, port=6393)
+    t0 = time.perf_counter()
+    with _connected(cluster):
+        up = time.perf_counter() - t0
         res = asyncio.run(same_run(args.runs, args.callers))
-        n2, rate2, spread2 = asyncio.run(nodes_rate(args.runs, args.callers))
+    cluster = LocalCluster(workers=2, head_cpus=0, port=6393, worker_cpus=pin)
+    with _connected(cluster) as ray:
+        pinned = {w.ip: sorted(w.cpus) if w.cpus else None for w in cluster.workers}
+        load2 = os.getloadavg()[0]
+        n2, rate2, spread2 = asyncio.run(nodes_rate(args.runs, args.node_callers))
+        session2 = {w.ip: w.affinities() for w in cluster.workers}
         cluster.stop_node(cluster.workers[-1])
         deadline = time.monotonic() + 60
         while sum(1 for x in ray.nodes() if x.get("Alive")) > 2:
             if time.monotonic() > deadline:
                 raise SystemExit("the stopped worker never left Ray's node list")
             time.sleep(0.5)
-        n1, rate1, spread1 = asyncio.run(nodes_rate(args.runs, args.callers))
-    finally:
-        import ray
-        if ray.is_initialized():
-            ray.shutdown()
-        cluster.stop()
-    res.update({"cluster_up_s": up, "cpus": os.cpu_count(),
-                "nodes": {"two": {"workers": n2, "rate": rate2, **spread2},
-                          "one": {"workers": n1, "rate": rate1, **spread1},
+        load1 = os.getloadavg()[0]
+        n1, rate1, spread1 = asyncio.run(nodes_rate(args.runs, args.node_callers))
+    res.update({"cluster_up_s": up, "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
+                "pinned": pinned if pin else None, "node_sessions": session2,
+                "nodes": {"two": {"workers": n2, "rate": rate2, "load_before": load2, **spread2},
+                          "one": {"workers": n1, "rate": rate1, "load_before": load1, **spread1},
+                          "callers": args.node_callers,
                           "ratio": rate2 / rate1 if rate1 else 0.0}})
     if args.json:
         json.dump(res, sys.stdout, indent=2)
@@ -196,16 +241,31 @@ def main() -> None:
           f"(p99: {rp['p99'] - lp['p99']:.2f} ms)")
     print(f"one Ray actor call (round trip): p50 {res['actor_rt']['p50']:.2f} ms  "
           f"p99 {res['actor_rt']['p99']:.2f} ms")
+    print(f"one data-channel call (round trip): p50 {res['channel_rt']['p50']:.2f} ms  "
+          f"p99 {res['channel_rt']['p99']:.2f} ms")
     print(f"exec /bin/true, local:      p50 {le['p50']:.2f} ms  p99 {le['p99']:.2f} ms")
     print(f"exec /bin/true, ray:        p50 {re_['p50']:.2f} ms  p99 {re_['p99']:.2f} ms  "
           f"(added {re_['p50'] - le['p50']:.2f} ms at p50)")
     nd = res["nodes"]
+    if pin:
+        sess = res["node_sessions"]
+        print("pinned: " + "; ".join(
+            f"worker {ip} to CPU {','.join(map(str, c or []))} (its session's processes: "
+            f"{' | '.join(sess.get(ip, {})) or '?'}; node actor "
+            f"{nd['two']['affinity'].get(ip, {}).get('node_actor', '?')}, sandboxes "
+            f"{nd['two']['affinity'].get(ip, {}).get('sandboxes', '?')})"
+            for ip, c in res["pinned"].items())
+            + f"; driver and head float (CPUs {affinity([os.getpid()])})")
+    else:
+        print("not pinned: every process floats over every core")
     for k in ("two", "one"):
         x = nd[k]
-        print(f"ray, {k} worker(s): {x['rate']:.0f} runs/s, slots {x['slots']}; per run: "
-              f"driver {x['driver_cpu_ms']:.2f} ms CPU, node actors "
-              f"{x['node_actor_cpu_ms']:.2f} ms CPU")
-    print(f"two workers / one worker: {nd['ratio']:.2f}x")
+        print(f"ray, {k} worker(s): {x['rate']:.0f} runs/s ({nd['callers']} callers), slots "
+              f"{x['slots']}; per run: driver {x['driver_cpu_ms']:.2f} ms CPU, node actors "
+              f"{x['node_actor_cpu_ms']:.2f} ms CPU; load average before "
+              f"{x['load_before']:.2f}")
+    print(f"two workers / one worker: {nd['ratio']:.2f}x; load average at the end "
+          f"{res['load_avg_1m']:.2f}")
 
 
 if __name__ == "__main__":

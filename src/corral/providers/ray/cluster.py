@@ -12,6 +12,11 @@ Nodes are stopped by the process ids of their sessions (every daemon ``ray start
 starts stays in its session), never by process name: other Ray clusters on the same
 machine are left alone. :meth:`LocalCluster.kill_raylet` SIGKILLs one node's raylet
 (the node-loss fault); :meth:`add_worker` starts a node again.
+
+``worker_cpus`` pins each worker node to CPUs of its own: its ``ray start`` gets that
+CPU affinity before it runs, and every process it starts inherits it (the raylet, the
+node actor's worker, the node's strict sandboxes and every process in them), so "each
+node has its own core" holds on one machine. The head and any driver are not pinned.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass, field
 
 from corral.core.errors import ProviderError
 
-__all__ = ["LocalCluster", "LocalNode", "ray_env"]
+__all__ = ["LocalCluster", "LocalNode", "cpus_allowed", "ray_env"]
 
 
 def ray_env(root: str) -> dict[str, str]:
@@ -36,6 +41,18 @@ def ray_env(root: str) -> dict[str, str]:
     env.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "HOME": root,
                 "RAY_DISABLE_DOCKER_CPU_WARNING": "1"})
     return env
+
+
+def cpus_allowed(pid: int) -> str | None:
+    """Process ``pid``'s ``Cpus_allowed_list`` ("0", "0-1" ...), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Cpus_allowed_list:"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
 
 
 @dataclass(slots=True)
@@ -47,6 +64,8 @@ class LocalNode:
     log: str
     head: bool = False
     extra: dict[str, str] = field(default_factory=dict)
+    #: the CPUs the node's processes may run on (None: not pinned)
+    cpus: frozenset[int] | None = None
 
     def session_pids(self) -> list[int]:
         """Every live process of the node's session (the leader's pid is the session id)."""
@@ -63,6 +82,16 @@ class LocalNode:
             fields = stat[stat.rfind(b")") + 2:].split()
             if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
                 out.append(int(name))
+        return out
+
+    def affinities(self) -> dict[str, int]:
+        """The CPU lists the node's session processes may run on, with how many have each
+        (one entry, its pin, when pinned)."""
+        out: dict[str, int] = {}
+        for pid in self.session_pids():
+            got = cpus_allowed(pid)
+            if got is not None:
+                out[got] = out.get(got, 0) + 1
         return out
 
     def raylet_pid(self) -> int | None:
@@ -90,11 +119,22 @@ class LocalCluster:
         root: the private root dir (default: a fresh one under /tmp, removed by stop).
         worker_resource: a custom resource every worker offers (1 unit), none on the head:
             ``RayProvider(node_resource=...)`` then places sandboxes on workers only.
+        worker_cpus: pin the i-th worker node started to CPU ``worker_cpus[i % len]``
+            (its whole process tree; see the module doc). Default: not pinned.
     """
 
     def __init__(self, *, workers: int = 2, num_cpus: int = 1, head_cpus: int | None = None,
                  port: int = 6390, object_store_mb: int = 100, root: str | None = None,
-                 first_ip: int = 2, worker_resource: str | None = "corral") -> None:
+                 first_ip: int = 2, worker_resource: str | None = "corral",
+                 worker_cpus: list[int] | None = None) -> None:
+        if worker_cpus is not None:
+            have = os.sched_getaffinity(0)
+            bad = [c for c in worker_cpus if c not in have]
+            if not worker_cpus or bad:
+                raise ProviderError(f"worker_cpus {worker_cpus!r}: CPUs {bad} are not "
+                                    f"available here (this process may use {sorted(have)})")
+        self.worker_cpus = list(worker_cpus) if worker_cpus else None
+        self._started_workers = 0
         self.n_workers = workers
         self.num_cpus = num_cpus
         self.head_cpus = num_cpus if head_cpus is None else head_cpus
@@ -122,7 +162,7 @@ class LocalCluster:
         return here if os.path.exists(here) else "ray"
 
     def _start(self, ip: str, args: list[str], *, cpus: int, head: bool,
-               uid: int | None = None) -> LocalNode:
+               uid: int | None = None, pin: frozenset[int] | None = None) -> LocalNode:
         tmp = os.path.join(self.root, ip)
         os.makedirs(tmp, exist_ok=True)
         log = os.path.join(self.root, f"{ip}.log")
@@ -135,10 +175,19 @@ class LocalCluster:
             os.chown(tmp, uid, uid)
             env = {**env, "HOME": tmp}
             argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv]
+        if pin is not None:  # set before exec: every process of the node inherits it
+            argv = ["taskset", "--cpu-list", ",".join(map(str, sorted(pin))), *argv]
         with open(log, "ab") as fh:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
                                     env=env, start_new_session=True, cwd=tmp)
-        return LocalNode(ip=ip, proc=proc, log=log, head=head)
+        return LocalNode(ip=ip, proc=proc, log=log, head=head, cpus=pin)
+
+    def _next_pin(self) -> frozenset[int] | None:
+        if self.worker_cpus is None:
+            return None
+        cpu = self.worker_cpus[self._started_workers % len(self.worker_cpus)]
+        self._started_workers += 1
+        return frozenset({cpu})
 
     def start(self, timeout: float = 90.0) -> LocalCluster:
         """Start the head, then the workers; return once every node is alive in Ray."""
@@ -165,7 +214,8 @@ class LocalCluster:
         unprivileged user (as root only), a node whose strict provider has no cgroup."""
         ip = f"127.0.0.{self._next_ip}"
         self._next_ip += 1
-        node = self._start(ip, self._worker_args(), cpus=self.num_cpus, head=False, uid=uid)
+        node = self._start(ip, self._worker_args(), cpus=self.num_cpus, head=False, uid=uid,
+                           pin=self._next_pin())
         self.workers.append(node)
         if wait:
             self._wait_log(node, timeout)
@@ -174,7 +224,8 @@ class LocalCluster:
     def restart_worker(self, node: LocalNode, *, timeout: float = 90.0) -> LocalNode:
         """Start a worker again on ``node``'s address (after it was killed)."""
         self.stop_node(node)
-        again = self._start(node.ip, self._worker_args(), cpus=self.num_cpus, head=False)
+        again = self._start(node.ip, self._worker_args(), cpus=self.num_cpus, head=False,
+                            pin=node.cpus)
         self.workers[self.workers.index(node)] = again
         self._wait_log(again, timeout)
         return again
