@@ -3,13 +3,20 @@
 Preloaded last into a strict snippet slot's fork server (``SnippetPool``), so every run
 forked from it starts with ``dataclasses``, ``copy`` and ``logging`` already guarded
 (see ``worker._harden`` and docs/validator.md, "Run-time guards"). Never import it
-anywhere else: it changes those standard-library modules for the whole process.
+anywhere else: it changes those standard-library modules for the whole process. It also
+builds the snippet builtins every run takes (``worker.prepare_builtins``) and warms the
+code of a run (``worker.warm``).
 """
 
 from __future__ import annotations
 
-from corral.snippets.sandbox.worker import _harden
+from corral.snippets.sandbox.worker import _harden, prepare_builtins, warm
+from corral.snippets.validator.policy import FORBIDDEN_NAMES
 
 __all__: list[str] = []
 
 _harden()
+# the builtins of a validated run (runner._job: the forbidden names but __build_class__)
+# and of an unvalidated one (none forbidden), built here once for every run
+prepare_builtins(FORBIDDEN_NAMES - {"__build_class__"}, frozenset())
+warm()  # the code every run takes, specialised here and shared

@@ -25,6 +25,7 @@ allowlist and the payload (defense in depth behind the validator).
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal.py's C module: no enums
 import ast
 import builtins
 import gc
@@ -74,6 +75,76 @@ _real_import = builtins.__import__
 _SELF = __file__
 
 
+_SIG_BLOCK, _SIG_SETMASK = int(signal.SIG_BLOCK), int(signal.SIG_SETMASK)
+_SIGALRM = int(signal.SIGALRM)
+_ALARM = frozenset({_SIGALRM})
+#: the snippet's builtins per forbidden set, built where runs are forked from
+#: (:func:`prepare_builtins`), so a run takes its dict as it is instead of copying ~150
+#: builtins (each copy writes the refcount of a builtin, a page copied per few)
+_SAFE_BUILTINS: dict[frozenset[str], dict[str, Any]] = {}
+
+
+def _safe_builtins(forbidden: frozenset[str]) -> dict[str, Any]:
+    safe = {k: v for k, v in vars(builtins).items() if k not in forbidden}
+    safe["__build_class__"] = builtins.__build_class__
+    return safe
+
+
+def prepare_builtins(*forbidden_sets: frozenset[str]) -> None:
+    """Build the snippet builtins for these forbidden sets here, once: a run forked from
+    this process whose job names one of them uses that dict (its own copy: the process
+    is a fork) instead of building it. Call it where runs are forked from only."""
+    for forbidden in forbidden_sets:
+        _SAFE_BUILTINS[frozenset(forbidden)] = _safe_builtins(frozenset(forbidden))
+
+
+def warm(rounds: int = 16) -> None:
+    """Run the pure steps of a run (job parsing, records, streams, the payload finder, the
+    import guard, facts, parse and compile) here on a dummy job, ``rounds`` times, sending
+    its records into a pipe of its own: CPython rewrites a function's bytecode in place
+    during its first runs (warm-up counter, quickening, specialisation), and a run forked
+    from this process would otherwise write, so copy, those code pages itself. Installs
+    nothing, runs no payload, reads no file. Call it where runs are forked from only."""
+    caps = dict(CAPS)
+    frame = json.dumps({"v": 1, "kind": "invoke", "input": {
+        "op": "run", "files": [["main.py", "x = 1\nx + 1"]],
+        "options": {"timeout_ms": 1000, "grace_ms": 500, "mem_mb": 64, "caps": caps,
+                    "stream": True, "allowed": ["math"], "forbidden": ["eval"]}},
+        "ctx": {"run_id": "warm", "tenant_id": "warm"}}).encode()
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        for _ in range(rounds):
+            job = _job_of(frame)
+            files = {str(p): str(s) for p, s in job["files"]}
+            options = dict(job["options"])
+            out = _Out(w, {**CAPS, **options.get("caps", {})})
+            out.send(_records.Go())
+            for name in ("stdout", "stderr"):
+                stream = _Stream(out, name)
+                stream.write("warm\n")
+                stream.flush()
+            payload = _Payload(files, {})
+            payload.find_spec("json")
+            payload.find_spec(PKG + ".main")
+            guarded = _guard(frozenset(options["allowed"]), payload.tops)
+            guarded("math")
+            _cut("warm", 10)
+            facts, facts_cut = _facts({"__package__": PKG, "x": 1, "y": [1.5, "a", None],
+                                       "z": {"k": (1,)}}, out.caps)
+            tree = ast.parse(files["main.py"], "main.py")
+            last = tree.body.pop()
+            compile(tree, "main.py", "exec", dont_inherit=True)
+            if isinstance(last, ast.Expr):
+                compile(ast.Expression(last.value), "main.py", "eval", dont_inherit=True)
+            out.send(_records.End({"facts": facts, "result": repr(2), "errors": [],
+                                   "duration_ms": 0.5, "timed_out": False,
+                                   "truncated": ["facts"] if facts_cut else []}))
+            os.read(r, 1 << 16)  # this round's records (well under a pipe's buffer)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 class _Timeout(BaseException):
     """Raised inside the snippet by the soft timer."""
 
@@ -90,13 +161,14 @@ class _Out:
 
     def send(self, record: _records.Record) -> None:
         data = _records.encode(record)
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        # _signal's, not signal's: no enum conversions (fewer pages copied in a fresh fork)
+        old = _signal.pthread_sigmask(_SIG_BLOCK, _ALARM)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(self.fd, view):]
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            _signal.pthread_sigmask(_SIG_SETMASK, old)
 
     def log(self, stream: str, text: str) -> None:
         if self.dropped:  # the caps are spent: no later line either (as the host keeps them)
@@ -277,6 +349,7 @@ def _error(exc: BaseException, paths: set[str], caps: dict[str, int]) -> dict[st
             "line": line, "path": where, "traceback": text}
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 #: address space kept above a run's RLIMIT_AS for reporting its MemoryError
 _MEMORY_RESERVE = 16 * 1024 * 1024
 
@@ -293,8 +366,9 @@ def _use_memory_reserve() -> None:
 def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict[str, Any]:
     """Run the payload in this (fresh, forked) process; return the end record."""
     caps = out.caps
-    safe = {k: v for k, v in vars(builtins).items() if k not in set(options.get("forbidden", ()))}
-    safe["__build_class__"] = builtins.__build_class__
+    forbidden = frozenset(options.get("forbidden", ()))
+    # prebuilt: this process is a fresh fork, what the run does to it stays here
+    safe = _SAFE_BUILTINS.get(forbidden) or _safe_builtins(forbidden)
     payload = _Payload(files, safe)
     if options.get("allowed") is not None:  # None: no import guard (unvalidated test runs)
         safe["__import__"] = _guard(frozenset(options["allowed"]), payload.tops)
@@ -308,8 +382,9 @@ def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict
     sys.stdout, sys.stderr = _Stream(out, "stdout"), _Stream(out, "stderr")
     if not _HARDENED:
         _harden()
-    if "logging" in sys.modules:
-        _capture_logging(sys.modules["logging"], _Stream(out, "log"))
+    _RUN_LOG.target = _Stream(out, "log")
+    if "logging" in sys.modules and not _LOGGING_CAPTURED[0]:
+        _capture_logging(sys.modules["logging"])
     if "random" in sys.modules:
         sys.modules["random"].seed()  # the template's state is shared by every fork
     errors: list[dict[str, Any]] = []
@@ -321,7 +396,7 @@ def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict
         if armed[0]:
             raise _Timeout
 
-    signal.signal(signal.SIGALRM, on_alarm)
+    _signal.signal(_SIGALRM, on_alarm)  # _signal's: no enum conversions
     t0 = time.perf_counter()
     try:
         tree = ast.parse(files["main.py"], "main.py")
@@ -537,19 +612,44 @@ def _harden() -> None:
         _guard_copy(modules["copy"])
     if "logging" in modules:
         _guard_logging(modules["logging"])
+        _capture_logging(modules["logging"])
     sys.meta_path.insert(0, _GUARD_FINDER)
 
 
-def _capture_logging(logging: Any, stream: _Stream) -> None:
+class _RunLog:
+    """logging's stream for a run: the run's ``log`` stream (:attr:`target`, set by
+    :func:`run_child`), or ``sys.stderr`` as logging's own last resort has it where no
+    run is. Installed once where runs are forked from (:func:`_harden`), so a run sets
+    one attribute instead of building a handler (a lock, weak references: pages copied)."""
+
+    def __init__(self) -> None:
+        self.target: _Stream | None = None
+
+    def write(self, s: str) -> int:
+        target = self.target if self.target is not None else sys.stderr
+        return int(target.write(s))
+
+    def flush(self) -> None:
+        (self.target if self.target is not None else sys.stderr).flush()
+
+
+_RUN_LOG = _RunLog()
+_LOGGING_CAPTURED = [False]
+
+
+def _capture_logging(logging: Any) -> None:
+    """``logging.basicConfig()`` without a file or handlers and ``logging.lastResort`` write
+    to the run's ``log`` stream (:data:`_RUN_LOG`)."""
+    _LOGGING_CAPTURED[0] = True
     original = logging.basicConfig
 
     def basic_config(**kwargs: Any) -> None:
-        if "filename" not in kwargs and "handlers" not in kwargs:
-            kwargs.setdefault("stream", stream)
+        if _RUN_LOG.target is not None and "filename" not in kwargs and "handlers" not in kwargs:
+            kwargs.setdefault("stream", _RUN_LOG)
         original(**kwargs)
 
     logging.basicConfig = basic_config
-    logging.lastResort = logging.StreamHandler(stream)
+    logging.lastResort = logging.StreamHandler(_RUN_LOG)
     logging.lastResort.setLevel(logging.WARNING)
 
 
@@ -568,8 +668,11 @@ def _child(files: dict[str, str], options: dict[str, Any], fd: int, *,
     cpu = int(options["timeout_ms"] / 1000 + options["grace_ms"] / 1000) + 2
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     if options.get("mem_mb"):
-        with open("/proc/self/statm", "rb") as fh:
-            vm = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        statm = os.open("/proc/self/statm", os.O_RDONLY)
+        try:
+            vm = int(os.read(statm, 256).split()[0]) * _PAGE
+        finally:
+            os.close(statm)
         cap = vm + int(options["mem_mb"]) * 1024 * 1024
         # the hard limit keeps a reserve above the soft one: the run's MemoryError
         # handler raises the soft limit to it, so the transcript (facts, traceback,
@@ -805,6 +908,12 @@ def main(argv: list[str]) -> int:
     preload = argv[argv.index("--preload") + 1].split(",") if "--preload" in argv else []
     serve([p for p in preload if p])
     return 0
+
+
+# a fork entry of the sandbox agent (``--once``): its I/O is os.read/os.write on 0/1/2, so
+# the agent's child builds no text wrappers for it (agent.RAW_STDIO; a plain attribute:
+# this file runs without corral too)
+setattr(main, "corral_raw_stdio", True)  # noqa: B010 (mypy: a function's attribute)
 
 
 if __name__ == "__main__":

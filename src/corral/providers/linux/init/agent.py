@@ -54,11 +54,24 @@ from corral.providers.linux import _sys_unsafe as su, fdpass as _fdpass, snapsho
 from corral.providers.linux.init import contain
 from corral.wire import agent as _frames
 
-__all__ = ["fork_entries", "main", "register_fork_entries", "seal_imports"]
+__all__ = ["RAW_STDIO", "fork_entries", "main", "register_fork_entries", "seal_imports"]
 
 _MAX_FDS: Final = 3
 _RESET_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT,
                          signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP)
+#: a fork entry function with this attribute set true does its own I/O on descriptors
+#: 0/1/2 (``os.read``/``os.write``): its child keeps the agent's ``sys.stdin``/``stdout``/
+#: ``stderr`` objects (on the same descriptor numbers, buffers empty: the agent never uses
+#: them) instead of building three text wrappers it would not use
+RAW_STDIO: Final = "corral_raw_stdio"
+_SIG_DFL: Final = int(signal.SIG_DFL)
+_SIG_IGN: Final = int(signal.SIG_IGN)
+_SIGINT: Final = int(signal.SIGINT)
+_SIG_SETMASK: Final = int(signal.SIG_SETMASK)
+#: a fork_call child's dispositions, as a fresh interpreter has them (plain ints: see _become)
+_DFL_IN_CHILD: Final = tuple(int(s) for s in (signal.SIGCHLD, signal.SIGHUP, signal.SIGTERM,
+                                              signal.SIGXCPU))
+_IGN_IN_CHILD: Final = tuple(int(s) for s in (signal.SIGPIPE, signal.SIGXFSZ))
 #: what ``fork_call`` may run: ``module:function``, called with the request's args (a
 #: list of str); registered by the zygote's preload (its module loaded), inherited by
 #: every agent forked after it
@@ -123,6 +136,10 @@ class _Agent:
         self.fds: list[int] = []
         self.children: set[int] = set()
         self.forked: set[int] = set()  # fork_call children: their group dies with them
+        #: the environment a ``fork_call`` child inherits: the agent's own ``os.environ``
+        #: is set to the request's env before it forks (nothing else in the agent reads it)
+        self.fork_env: dict[str, str] | None = None
+        self.nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
     # -- I/O ------------------------------------------------------------------
     def send(self, header: Mapping[str, Any], payload: bytes = b"") -> None:
@@ -304,9 +321,19 @@ class _Agent:
             env = {str(k): str(v) for k, v in h["env"].items()}
             cwd = self._cwd(h)
             cpu_s = h.get("cpu_s", self.cpu_s)
-            pid = os.fork()
-            if pid == 0:
-                self._become(func, [entry, *args], env, cwd, fds, cpu_s)
+            if env != self.fork_env:  # the child inherits it: it sets up nothing itself
+                os.environ.clear()
+                os.environ.update(env)
+                self.fork_env = env
+            os.chdir(cwd)
+            try:
+                # bare: no at-fork hooks (threading, random, logging) to run on either
+                # side; the agent is single-threaded and holds no lock
+                pid = su.fork_bare()
+                if pid == 0:
+                    self._become(func, [entry, *args], fds, cpu_s)
+            finally:
+                os.chdir(self.work)
             self.children.add(pid)
             self.forked.add(pid)
             self._limit_cpu(pid, cpu_s)
@@ -316,9 +343,14 @@ class _Agent:
                 os.close(fd)
 
     def _become(self, func: Callable[[list[str]], object], argv: list[str],
-                env: dict[str, str], cwd: str, fds: list[int], cpu_s: int | None) -> None:
+                fds: list[int], cpu_s: int | None) -> None:
         """The forked child of ``fork_call``: set up like a spawned command, call
-        ``func(argv[1:])``, exit. Never returns."""
+        ``func(argv[1:])``, exit. Never returns.
+
+        Every page this writes is copied from the agent first (~3 us each), so it runs
+        as little Python as it can: plain ints to the C signal calls (no enums), no
+        environment or cwd work (the agent set both before the fork), and no text
+        wrappers for an entry that does its own I/O on 0/1/2 (:data:`RAW_STDIO`)."""
         code = 70
         try:
             signal.set_wakeup_fd(-1)
@@ -326,28 +358,26 @@ class _Agent:
             os.setsid()
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
-            os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0] + 1)
-            for sig in (signal.SIGCHLD, signal.SIGHUP, signal.SIGTERM, signal.SIGXCPU):
-                signal.signal(sig, signal.SIG_DFL)
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as a fresh interpreter has them
-                signal.signal(sig, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            os.closerange(3, self.nofile + 1)
+            for sig in _DFL_IN_CHILD:
+                su.set_signal(sig, _SIG_DFL)
+            for sig in _IGN_IN_CHILD:  # as a fresh interpreter has them
+                su.set_signal(sig, _SIG_IGN)
+            su.set_signal(_SIGINT, signal.default_int_handler)
+            su.set_sigmask(_SIG_SETMASK, ())
             if cpu_s:
                 resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
             for which, soft, hard in self.command_rlimits:
                 resource.setrlimit(which, (soft, hard))
-            os.chdir(cwd)
-            os.environ.clear()
-            os.environ.update(env)
             sys.argv = argv
-            sys.stdin = io.TextIOWrapper(
-                io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding="utf-8")
-            sys.stdout = io.TextIOWrapper(
-                io.BufferedWriter(io.FileIO(1, "wb", closefd=False)), encoding="utf-8")
-            sys.stderr = io.TextIOWrapper(
-                io.BufferedWriter(io.FileIO(2, "wb", closefd=False)), encoding="utf-8",
-                errors="backslashreplace", line_buffering=True)
+            if not getattr(func, RAW_STDIO, False):
+                sys.stdin = io.TextIOWrapper(
+                    io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding="utf-8")
+                sys.stdout = io.TextIOWrapper(
+                    io.BufferedWriter(io.FileIO(1, "wb", closefd=False)), encoding="utf-8")
+                sys.stderr = io.TextIOWrapper(
+                    io.BufferedWriter(io.FileIO(2, "wb", closefd=False)), encoding="utf-8",
+                    errors="backslashreplace", line_buffering=True)
             self.decoder.reset()
             func(argv[1:])
             code = 0
