@@ -1959,7 +1959,7 @@ async def _detach(reader: asyncio.StreamReader,
 
 #: splice(2) calls one wakeup of a direction makes at most before it lets the event
 #: loop run other callbacks (other tunnels, the proxy's handshakes)
-_MOVES_PER_WAKEUP: Final = 16
+_MOVES_PER_WAKEUP: Final = 4
 
 
 @final
