@@ -4,13 +4,15 @@
                                                [--level strict] [--workers 2]
 
 Starts a server (a subprocess on 127.0.0.1, port 0, loopback traffic only), warms it,
-then for each endpoint runs ``--clients`` clients (asyncio, one httpx keep-alive
-connection each) back to back until ``--seconds`` pass or ``--count`` requests are done
-(bounded both ways). Prints, per endpoint: requests, errors, throughput, p50 / p90 / p99
-latency, and the issue's goal (at least 300 snippet runs/s, p99 under 50 ms, zero
-errors). Then it checks for leaks: the server's sandboxes and runs in flight (``/metrics``),
-the processes under the server, and after SIGTERM its exit status and what is left
-(processes with the run's marker, temp dirs).
+then for each endpoint runs ``--clients`` clients (asyncio streams, one keep-alive
+connection each, a lean HTTP/1.1 client: httpx would cost more CPU than the server) back
+to back until ``--seconds`` pass or ``--count`` requests are done (bounded both ways).
+Prints, per endpoint: requests, errors, throughput, p50 / p90 / p99 latency, the CPU per
+request of the load generator, of the server process and of the whole machine, and the
+issue's goal (at least 300 snippet runs/s, p99 under 50 ms, zero errors). Then it checks
+for leaks: the server's sandboxes and runs in flight (``/metrics``), the processes under
+the server, and after SIGTERM its exit status and what is left (processes with the run's
+marker, temp dirs).
 
 The load generator shares the 2 cores with the server: the figures are the pair's.
 """
@@ -52,7 +54,7 @@ max_memory_mb = 65536
 """
 
 
-def _start(tmp: Path, cfg: str) -> tuple[subprocess.Popen[bytes], int, Path]:
+def _start(tmp: Path, cfg: str) -> tuple[subprocess.Popen[bytes], int, Path, dict[str, Any]]:
     (tmp / "serve.toml").write_text(cfg)
     log = tmp / "serve.log"
     tmpdir = tmp / "tmp"
@@ -66,7 +68,7 @@ def _start(tmp: Path, cfg: str) -> tuple[subprocess.Popen[bytes], int, Path]:
         for line in log.read_text().splitlines():
             ev = json.loads(line)
             if ev.get("event") == "listening":
-                return proc, int(ev["port"]), tmpdir
+                return proc, int(ev["port"]), tmpdir, ev
         time.sleep(0.05)
     proc.kill()
     raise SystemExit(f"the server did not start: {log.read_text()[-2000:]}")
@@ -75,29 +77,36 @@ def _start(tmp: Path, cfg: str) -> tuple[subprocess.Popen[bytes], int, Path]:
 class _Conn:
     """A minimal HTTP/1.1 keep-alive client on asyncio streams: the load generator shares
     the cores with the server, and httpx costs about 1.5 ms of CPU per request (more than
-    the server's own share), so it would measure the client."""
+    the server's own share), so it would measure the client. One request, encoded once,
+    is sent again and again; an answer is read as its head (status, Content-Length: the
+    server never sends a chunked answer here) and that many body bytes."""
 
-    def __init__(self, port: int) -> None:
-        self.port = port
+    def __init__(self, port: int, request: bytes) -> None:
+        self.port, self.data = port, request
         self.r: asyncio.StreamReader | None = None
         self.w: asyncio.StreamWriter | None = None
 
-    async def request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
-        if self.w is None:
-            self.r, self.w = await asyncio.open_connection("127.0.0.1", self.port)
-        assert self.r is not None
+    @staticmethod
+    def encode(method: str, path: str, body: bytes | None) -> bytes:
         head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 f"Authorization: Bearer {TOKEN}\r\n")
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        self.w.write(head.encode() + b"\r\n" + (body or b""))
-        status_line = await self.r.readuntil(b"\r\n")
-        status = int(status_line.split()[1])
-        length = 0
-        while (line := await self.r.readuntil(b"\r\n")) != b"\r\n":
-            k, _, v = line.decode().partition(":")
-            if k.lower() == "content-length":
-                length = int(v)
+        return head.encode() + b"\r\n" + (body or b"")
+
+    async def request(self) -> tuple[int, bytes]:
+        if self.w is None:
+            self.r, self.w = await asyncio.open_connection("127.0.0.1", self.port)
+        assert self.r is not None
+        self.w.write(self.data)
+        head = await self.r.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])  # b"HTTP/1.1 200 OK"
+        length = -1
+        for line in head.split(b"\r\n")[1:]:
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        if length < 0:
+            raise ValueError("an answer without Content-Length")
         return status, await self.r.readexactly(length)
 
     def close(self) -> None:
@@ -112,22 +121,23 @@ async def _load(port: int, clients: int, seconds: float, count: int, path: str,
     left = [count]
     stop = time.monotonic() + seconds
     data = None if body is None else json.dumps(body).encode()
+    request = _Conn.encode("GET" if data is None else "POST", path, data)
 
     async def client() -> None:
         nonlocal errors
-        conn = _Conn(port)
+        conn = _Conn(port, request)
         try:
             while left[0] > 0 and time.monotonic() < stop:
                 left[0] -= 1
                 t0 = time.perf_counter()
                 try:
-                    status, out = await conn.request("GET" if data is None else "POST",
-                                                     path, data)
+                    status, out = await conn.request()
                     good = status == 200 and ok(json.loads(out))
-                except (OSError, ValueError, asyncio.IncompleteReadError):
+                except (OSError, ValueError, KeyError, TypeError, asyncio.IncompleteReadError,
+                        asyncio.LimitOverrunError):
                     good = False
                     conn.close()
-                    conn = _Conn(port)
+                    conn = _Conn(port, request)
                 lat.append((time.perf_counter() - t0) * 1000)
                 if not good:
                     errors += 1
@@ -149,6 +159,19 @@ def _metric(url: str, series: str) -> float | None:
         if line.startswith(series + " "):
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def _cpu_now(server_pid: int) -> tuple[float, float, float]:
+    """CPU seconds used so far by this process, by the server process (its threads, not
+    its children) and by the whole machine (every core, every process: /proc/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    me = os.times()
+    with open(f"/proc/{server_pid}/stat") as fh:
+        f = fh.read().rsplit(")", 1)[1].split()
+    with open("/proc/stat") as fh:
+        v = [int(x) for x in fh.readline().split()[1:]]
+    return (me.user + me.system, (int(f[11]) + int(f[12])) / tick,
+            (sum(v[:8]) - v[3] - v[4]) / tick)  # all but idle, iowait (guest is in user)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -179,7 +202,7 @@ def main() -> int:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="corral-bench-serve-") as d:
         tmp = Path(d)
-        proc, port, tmpdir = _start(tmp, _config(a.level, a.workers, a.clients))
+        proc, port, tmpdir, listening = _start(tmp, _config(a.level, a.workers, a.clients))
         url = f"http://127.0.0.1:{port}"
         try:
             with httpx.Client(base_url=url, headers={"authorization": f"Bearer {TOKEN}"},
@@ -198,16 +221,25 @@ def main() -> int:
                 ("exec /bin/true", f"/v1/sandboxes/{sid}/exec", {"argv": ["/bin/true"]},
                  lambda d: d["result"]["exit_code"] == 0),
             ):
+                cpu0 = _cpu_now(proc.pid)
                 lat, errors, took = asyncio.run(
                     _load(port, a.clients, a.seconds, a.count, path, body, ok))
+                cpu = [(b - c) / max(len(lat), 1) * 1000
+                       for b, c in zip(_cpu_now(proc.pid), cpu0, strict=True)]
                 rows.append((name, len(lat), errors, len(lat) / took, _pct(lat, 50),
-                             _pct(lat, 90), _pct(lat, 99)))
+                             _pct(lat, 90), _pct(lat, 99), *cpu))
             print(f"corral serve, level {a.level}, {a.clients} clients, snippet_workers "
-                  f"{a.workers}, {os.cpu_count()} cores (load generator included)")
+                  f"{a.workers}, {os.cpu_count()} cores (load generator included); server "
+                  f"loop {listening.get('loop', '?')}, http {listening.get('http', '?')}; "
+                  f"load average {os.getloadavg()[0]:.2f}")
             print(f"{'endpoint':<20}{'requests':>9}{'errors':>8}{'req/s':>9}{'p50 ms':>9}"
-                  f"{'p90 ms':>9}{'p99 ms':>9}")
-            for name, n, e, rps, p50, p90, p99 in rows:
-                print(f"{name:<20}{n:>9}{e:>8}{rps:>9.1f}{p50:>9.2f}{p90:>9.2f}{p99:>9.2f}")
+                  f"{'p90 ms':>9}{'p99 ms':>9}   CPU ms/request: {'gen':>5}{'server':>7}"
+                  f"{'all':>6}")
+            for name, n, e, rps, p50, p90, p99, gen, srv, tot in rows:
+                print(f"{name:<20}{n:>9}{e:>8}{rps:>9.1f}{p50:>9.2f}{p90:>9.2f}{p99:>9.2f}"
+                      f"{'':>18}{gen:>5.2f}{srv:>7.2f}{tot:>6.2f}")
+            print("  (gen: this load generator's own CPU; server: the server process, not "
+                  "its sandboxes; all: every CPU of the machine, other work included)")
             snip = rows[1]
             goal = snip[3] >= 300 and snip[6] < 50 and all(r[2] == 0 for r in rows)
             print(f"goal (snippets >= 300/s, p99 < 50 ms, 0 errors): "

@@ -669,9 +669,9 @@ class SnippetPool:
             self.served.append((tenant_id, level.value, slot.sandbox.id, slot.server_pid))
             wait_s = (timeout_ms + GRACE_MS + _BACKSTOP_MS) / 1000
             try:
-                output = await asyncio.wait_for(
-                    slot.call(frame, job, None if on_logs is None else _guarded(on_logs)),
-                    wait_s)
+                async with asyncio.timeout(wait_s):  # in this task (wait_for makes one a run)
+                    output = await slot.call(frame, job,
+                                             None if on_logs is None else _guarded(on_logs))
                 parsed = output if parse is None else parse(output)
             except asyncio.CancelledError:
                 self._counts["cancelled"] += 1
