@@ -16,9 +16,10 @@ worker nodes with one CPU each, on 127.0.0.2-4, private temp dir, stopped by pid
 2. **Nodes**, on a second cluster whose worker nodes are each pinned to a core of its
    own (``worker_cpus``: each ``ray start`` runs under ``taskset``, so its raylet, node
    actor, sandboxes and their processes inherit that CPU; ``--no-pin`` leaves them
-   floating; the driver and the head float). Runs/s of the same pool on the Ray
-   provider with two worker nodes, then with one (the other stopped),
-   ``--node-callers`` callers (default 8) in both, and the CPU affinity seen on each
+   floating; the driver and the head float). Runs/s of a pool on the Ray provider
+   placing on both worker nodes and of one placing on the first only (the other idles),
+   in alternating rounds (``--rounds``, medians reported) so both see the same outside
+   load, ``--node-callers`` callers (default 8) each, and the CPU affinity seen on each
    node's processes (its session: raylet, node actor; and its sandboxes' processes).
 
 On a 2-core host the driver and the head float over both cores and so share them with
@@ -80,35 +81,61 @@ def affinity(pids: list[int]) -> str:
     return " | ".join(seen) or "?"
 
 
-async def nodes_rate(runs: int, callers: int) -> tuple[int, float, dict[str, Any]]:
+async def nodes_rates(runs: int, callers: int, rounds: int, one_ip: str) -> dict[str, Any]:
+    """Runs/s with two worker nodes and with one, in alternating rounds (two, one, two,
+    one ...) so both see the same outside load: a provider placing on every worker and
+    one placing on ``one_ip`` only (Ray's ``node:<ip>`` resource); the other node then
+    idles. Each with its own pool of ``callers`` warm slots."""
+    import statistics
+
     from corral.providers.ray import RayProvider, _wire
-    p = RayProvider(node_resource="corral")
+    provs = {"two": RayProvider(node_resource="corral"),
+             "one": RayProvider(node_resource=f"node:{one_ip}")}
+    out: dict[str, Any] = {}
     try:
-        n = len(p.nodes())
-        actors = [_wire.unwrap(await x.actor.info.remote())["pid"] for x in p.nodes()]
-        async with SnippetPool(providers={"strict": p}, spares=0, max_idle=16,
-                               max_workers=callers) as pool:
-            await pool.prewarm(level="strict", tenant_id="bench", count=callers)
-            for _ in range(20):
-                await run_snippet(SNIPPET, pool=pool, tenant_id="bench")
-            spread: dict[str, int] = {}
-            for sb in list(p._live):
-                spread[sb.node.address] = spread.get(sb.node.address, 0) + 1
-            pins = {}
-            for x in p.nodes():
-                info = _wire.unwrap(await x.actor.info.remote())
-                boxes = [pid for pids in info["host_pids"].values() for pid in pids]
-                pins[x.address] = {"node_actor": affinity([info["pid"]]),
-                                   "sandboxes": affinity(boxes)}
-            c0, a0 = time.process_time(), sum(cpu_ms(x) for x in actors)
-            per = max(runs * 2 // callers, 10)
-            rate = await throughput(pool, runs * 2, callers)
-            done = per * callers
-            cost = {"driver_cpu_ms": (time.process_time() - c0) * 1000 / done,
-                    "node_actor_cpu_ms": (sum(cpu_ms(x) for x in actors) - a0) / done}
-        return n, rate, {"slots": spread, "affinity": pins, **cost}
+        actors = [_wire.unwrap(await x.actor.info.remote())["pid"]
+                  for x in provs["two"].nodes()]
+        async with contextlib.AsyncExitStack() as stack:
+            pools = {}
+            for name, p in provs.items():
+                pools[name] = await stack.enter_async_context(SnippetPool(
+                    providers={"strict": p}, spares=0, max_idle=max(16, callers),
+                    max_workers=callers))
+                await pools[name].prewarm(level="strict", tenant_id="bench", count=callers)
+                for _ in range(20):
+                    await run_snippet(SNIPPET, pool=pools[name], tenant_id="bench")
+                spread: dict[str, int] = {}
+                for sb in list(p._live):
+                    spread[sb.node.address] = spread.get(sb.node.address, 0) + 1
+                pins = {}
+                for x in p.nodes():
+                    info = _wire.unwrap(await x.actor.info.remote())
+                    boxes = [pid for pids in info["host_pids"].values() for pid in pids]
+                    pins[x.address] = {"node_actor": affinity([info["pid"]]),
+                                       "sandboxes": affinity(boxes)}
+                out[name] = {"workers": len(p.nodes()), "slots": spread, "affinity": pins,
+                             "rates": [], "driver_s": 0.0, "actor_ms": 0.0, "runs": 0,
+                             "loads": []}
+            for _ in range(rounds):
+                for name, pool in pools.items():
+                    x = out[name]
+                    x["loads"].append(os.getloadavg()[0])
+                    c0, a0 = time.process_time(), sum(cpu_ms(a) for a in actors)
+                    x["rates"].append(await throughput(pool, runs * 2, callers))
+                    x["driver_s"] += time.process_time() - c0
+                    x["actor_ms"] += sum(cpu_ms(a) for a in actors) - a0
+                    x["runs"] += max(runs * 2 // callers, 10) * callers
+        for x in out.values():
+            x["rate"] = statistics.median(x["rates"])
+            x["driver_cpu_ms"] = x.pop("driver_s") * 1000 / x["runs"]
+            x["node_actor_cpu_ms"] = x.pop("actor_ms") / x["runs"]
+        out["ratios"] = [a / b for a, b in zip(out["two"]["rates"], out["one"]["rates"],
+                                               strict=True)]
+        out["ratio"] = out["two"]["rate"] / out["one"]["rate"]
+        return out
     finally:
-        await p.aclose()
+        for p in provs.values():
+            await p.aclose()
 
 
 async def same_run(runs: int, callers: int) -> dict[str, Any]:
@@ -193,6 +220,8 @@ def main() -> None:
     ap.add_argument("--callers", type=int, default=4)
     ap.add_argument("--node-callers", type=int, default=8,
                     help="callers for the one- and two-node throughput")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="alternating rounds of the two- and one-node throughput")
     ap.add_argument("--no-pin", action="store_true",
                     help="leave the worker nodes floating over every core")
     ap.add_argument("--json", action="store_true")
@@ -208,25 +237,14 @@ def main() -> None:
         up = time.perf_counter() - t0
         res = asyncio.run(same_run(args.runs, args.callers))
     cluster = LocalCluster(workers=2, head_cpus=0, port=6393, worker_cpus=pin)
-    with _connected(cluster) as ray:
+    with _connected(cluster):
         pinned = {w.ip: sorted(w.cpus) if w.cpus else None for w in cluster.workers}
-        load2 = os.getloadavg()[0]
-        n2, rate2, spread2 = asyncio.run(nodes_rate(args.runs, args.node_callers))
-        session2 = {w.ip: w.affinities() for w in cluster.workers}
-        cluster.stop_node(cluster.workers[-1])
-        deadline = time.monotonic() + 60
-        while sum(1 for x in ray.nodes() if x.get("Alive")) > 2:
-            if time.monotonic() > deadline:
-                raise SystemExit("the stopped worker never left Ray's node list")
-            time.sleep(0.5)
-        load1 = os.getloadavg()[0]
-        n1, rate1, spread1 = asyncio.run(nodes_rate(args.runs, args.node_callers))
+        nodes = asyncio.run(nodes_rates(args.runs, args.node_callers, args.rounds,
+                                        cluster.workers[0].ip))
+        sessions = {w.ip: w.affinities() for w in cluster.workers}
+    nodes["callers"] = args.node_callers
     res.update({"cluster_up_s": up, "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
-                "pinned": pinned if pin else None, "node_sessions": session2,
-                "nodes": {"two": {"workers": n2, "rate": rate2, "load_before": load2, **spread2},
-                          "one": {"workers": n1, "rate": rate1, "load_before": load1, **spread1},
-                          "callers": args.node_callers,
-                          "ratio": rate2 / rate1 if rate1 else 0.0}})
+                "pinned": pinned if pin else None, "node_sessions": sessions, "nodes": nodes})
     if args.json:
         json.dump(res, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -260,13 +278,14 @@ def main() -> None:
         print("not pinned: every process floats over every core")
     for k in ("two", "one"):
         x = nd[k]
-        print(f"ray, {k} worker(s): {x['rate']:.0f} runs/s ({nd['callers']} callers), slots "
-              f"{x['slots']}; per run: driver {x['driver_cpu_ms']:.2f} ms CPU, node actors "
-              f"{x['node_actor_cpu_ms']:.2f} ms CPU; load average before "
-              f"{x['load_before']:.2f}")
-    print(f"two workers / one worker: {nd['ratio']:.2f}x; load average at the end "
-          f"{res['load_avg_1m']:.2f}")
-
+        print(f"ray, {k} worker(s): {x['rate']:.0f} runs/s median of "
+              f"{' '.join(f'{r:.0f}' for r in x['rates'])} ({nd['callers']} callers), "
+              f"slots {x['slots']}; per run: driver {x['driver_cpu_ms']:.2f} ms CPU, node "
+              f"actors {x['node_actor_cpu_ms']:.2f} ms CPU; load average "
+              f"{' '.join(f'{v:.2f}' for v in x['loads'])}")
+    print(f"two workers / one worker: {nd['ratio']:.2f}x (rounds: "
+          f"{' '.join(f'{r:.2f}' for r in nd['ratios'])}; one worker = the other idle); "
+          f"load average at the end {res['load_avg_1m']:.2f}")
 
 if __name__ == "__main__":
     main()
