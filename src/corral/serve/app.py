@@ -315,8 +315,9 @@ class _Api:
         self.s.metrics.observe("corral_request_duration_seconds", took, route=route)
         if status == 499:
             self.s.metrics.inc("corral_cancelled_total")
-        self.s.log.event("request", method=request.method, path=request.url.path,
-                         status=status, ms=ms, tenant=tenant.name if tenant else None)
+        if self.s.log.enabled:  # the scope's path: building request.url costs more
+            self.s.log.event("request", method=request.method, path=request.scope["path"],
+                             status=status, ms=ms, tenant=tenant.name if tenant else None)
 
     def _tenant(self, request: Request) -> TenantState:
         auth = request.headers.get("authorization", "")
