@@ -63,6 +63,8 @@ __all__ = ["LOGS_PREFIX", "RECORDS_FILE", "BadRecord", "Collector", "main", "run
 #: the record codec's file name beside a template's worker file (``corral.wire.records``)
 RECORDS_FILE = "_corral_wire_records.py"
 BadRecord = _records.BadRecord
+#: the ``go`` record, encoded once (a run's first record: no encoder built for it)
+_GO = _records.encode(_records.Go())
 
 PKG = "__payload__"
 CAPS = {"log_lines": 1000, "log_bytes": 65536, "line_chars": 4096, "facts_bytes": 65536,
@@ -118,7 +120,7 @@ def warm(rounds: int = 16) -> None:
             files = {str(p): str(s) for p, s in job["files"]}
             options = dict(job["options"])
             out = _Out(w, {**CAPS, **options.get("caps", {})})
-            out.send(_records.Go())
+            out.write(_GO)
             for name in ("stdout", "stderr"):
                 stream = _Stream(out, name)
                 stream.write("warm\n")
@@ -160,7 +162,10 @@ class _Out:
         self.fd, self.caps, self.lines, self.bytes, self.dropped = fd, caps, 0, 0, False
 
     def send(self, record: _records.Record) -> None:
-        data = _records.encode(record)
+        self.write(_records.encode(record))
+
+    def write(self, data: bytes) -> None:
+        """One encoded record (:func:`_records.encode`)."""
         # _signal's, not signal's: no enum conversions (fewer pages copied in a fresh fork)
         old = _signal.pthread_sigmask(_SIG_BLOCK, _ALARM)
         try:
@@ -679,7 +684,7 @@ def _child(files: dict[str, str], options: dict[str, Any], fd: int, *,
         # records) can still be written (the sandbox's cgroup bounds it all anyway)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap + _MEMORY_RESERVE))
     out = _Out(fd, {**CAPS, **options.get("caps", {})})
-    out.send(_records.Go())  # the worker is set up: from here on, what happens is the run's
+    out.write(_GO)  # the worker is set up: from here on, what happens is the run's
     out.send(_records.End(run_child(files, options, out)))
 
 
