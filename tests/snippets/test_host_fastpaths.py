@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from snippet_levels import STRICT_SKIP
 
 from corral.core.spec import SandboxLimits, SandboxSpec
@@ -90,3 +91,24 @@ def test_process_count_sees_a_detached_process_and_then_none() -> None:
             await provider.aclose()
 
     asyncio.run(main())
+
+
+def test_the_job_frame_is_the_codecs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uuid
+
+    from corral.core.errors import ConfigInvalidError
+    from corral.core.spec import SandboxInvocationContext
+    from corral.snippets.host import pool
+    from corral.wire.protocol import InvokeFrame, encode_frame, parse_frame
+
+    fixed = uuid.UUID("0123456789abcdef0123456789abcdef")
+    monkeypatch.setattr(pool.uuid, "uuid4", lambda: fixed)
+    for files in ([("main.py", "x = 1\nx")], [("main.py", "print('é \\u2028 \"q\"')"),
+                                               ("helpers.py", "")]):
+        job = runner._job(files, 5000, ALLOWED, 256, True)
+        ctx = SandboxInvocationContext(run_id="snippet-0123456789ab", tenant_id="t")
+        assert pool._frame(job, "t") == encode_frame(InvokeFrame(input=dict(job), ctx=ctx))
+        assert parse_frame(pool._frame(job, "t")).kind == "ok"
+    bad = runner._job([("main.py", "'\ud800'")], 5000, ALLOWED, 256, True)
+    with pytest.raises(ConfigInvalidError):
+        pool._frame(bad, "t")
