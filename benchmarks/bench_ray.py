@@ -19,7 +19,7 @@ worker nodes with one CPU each, on 127.0.0.2-4, private temp dir, stopped by pid
    floating; the driver and the head float). Runs/s of a pool on the Ray provider
    placing on both worker nodes and of one placing on the first only (the other idles),
    in alternating rounds (``--rounds``, medians reported) so both see the same outside
-   load, ``--node-callers`` callers (default 8) each, and the CPU affinity seen on each
+   load, ``--node-callers`` callers (default 12) each, and the CPU affinity seen on each
    node's processes (its session: raylet, node actor; and its sandboxes' processes).
 
 On a 2-core host the driver and the head float over both cores and so share them with
@@ -218,7 +218,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--callers", type=int, default=4)
-    ap.add_argument("--node-callers", type=int, default=8,
+    ap.add_argument("--node-callers", type=int, default=12,
                     help="callers for the one- and two-node throughput")
     ap.add_argument("--rounds", type=int, default=4,
                     help="alternating rounds of the two- and one-node throughput")

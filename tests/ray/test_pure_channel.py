@@ -152,3 +152,30 @@ def test_the_node_serves_only_its_channel_methods() -> None:
         with pytest.raises(Exception, match="is gone"):
             _wire.unwrap(await host._serve_call("exec", ("nope", ["true"], None)))
     asyncio.run(go())
+
+
+def test_a_poll_hands_out_output_in_bounded_pieces() -> None:
+    """A process that wrote more than POLL_MAX_BYTES gets it over several polls; its
+    EOF and end come with the last piece only."""
+    from corral.providers.ray import node as node_mod
+
+    async def go() -> None:
+        host = NodeHost("n" * 32)
+        rec = node_mod._Proc(sid="s")
+        cap = node_mod.POLL_MAX_BYTES
+        rec.out += b"a" * (2 * cap + 5)
+        rec.err += b"e" * 3
+        rec.out_eof = rec.err_eof = True
+        rec.final = _wire.ok(RunResult(exit_code=0))
+        host._procs["p"] = rec
+        got = []
+        while True:
+            r = _wire.unwrap(await host.poll("p", 0.0, 0.0))
+            got.append(r)
+            if r["final"] is not None:
+                break
+        assert [len(r["out"]) for r in got] == [cap, cap, 5]
+        assert [r["out_eof"] for r in got] == [False, False, True]
+        assert got[0]["err"] == b"eee" and got[0]["err_eof"]
+        assert "p" not in host._procs
+    asyncio.run(go())

@@ -73,8 +73,10 @@ def test_node_loss(ray_cluster: Any, capsys: pytest.CaptureFixture[str]) -> None
             assert victim_node.ip in str(ei.value), ei.value
             assert took < 10.0, f"the typed error came after {took:.1f} s"
             with capsys.disabled():
+                how = str(ei.value).rsplit(": ", 1)[-1]
                 print(f"\n  node loss: exec in flight failed with {type(ei.value).__name__} "
-                      f"after {took:.2f} s, a started process's wait() after {took_proc:.2f} s")
+                      f"after {took:.2f} s, a started process's wait() after {took_proc:.2f} s "
+                      f"({how})")
             # new sandboxes go to the survivor; the survivor's sandbox still serves
             r = await survivor.exec([PY, "-c", "print('still here')"])
             assert r.stdout == b"still here\n"
