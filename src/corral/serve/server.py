@@ -89,6 +89,7 @@ def serve(config: ServeConfig, *, log: JsonLog | None = None) -> int:
         # seconds; uvicorn types it int but waits with asyncio.wait_for (a float works)
         timeout_graceful_shutdown=max(config.grace_s, 0.001),  # type: ignore[arg-type]
         limit_concurrency=config.max_connections,
+        server_header=False,  # no "server: uvicorn" line: one header less to write, no banner
         ssl_certfile=config.tls_certfile, ssl_keyfile=config.tls_keyfile)
     server = _Server(ucfg, service)
     log.event("listening", host=host, port=port, url=f"{scheme}://{host}:{port}",
