@@ -37,19 +37,19 @@ def test_the_verdict_depends_on_the_allowed_imports() -> None:
 
 
 def test_the_cache_is_bounded_and_per_tenant() -> None:
-    cache = _ValidationCache(max_entries=4, max_bytes=100, max_entry_bytes=40)
+    cache = _ValidationCache(max_entries=4, max_chars=100, max_entry_chars=40)
     for i in range(10):
         cache.violations([("main.py", f"x = {i}")], ALLOWED, "t")
-    assert len(cache._lru) == 4 and cache._bytes <= 100
+    assert len(cache._lru) == 4 and cache._chars <= 100
     cache.violations([("main.py", "x = 9")], ALLOWED, "other")  # not the first tenant's entry
     assert ("other", ALLOWED, (("main.py", "x = 9"),)) in cache._lru
-    big = [("main.py", "x = 1" + " " * 100)]  # past max_entry_bytes: validated, never held
+    big = [("main.py", "x = 1" + " " * 100)]  # past max_entry_chars: validated, never held
     assert cache.violations(big, ALLOWED, "t") == ()
     assert all(key[2] != tuple(big) for key in cache._lru)
-    cache2 = _ValidationCache(max_entries=100, max_bytes=50, max_entry_bytes=40)
+    cache2 = _ValidationCache(max_entries=100, max_chars=50, max_entry_chars=40)
     for i in range(10):
         cache2.violations([("main.py", f"y = {i} # {'.' * 20}")], ALLOWED, "t")
-    assert cache2._bytes <= 50
+    assert cache2._chars <= 50
 
 
 def test_run_snippet_refuses_a_cached_hostile_payload_every_time() -> None:

@@ -154,22 +154,23 @@ class _ValidationCache:
     files and the allowed imports, and its verdict is an immutable tuple.
 
     Keyed by tenant too, so one tenant's timing never tells whether another sent the same
-    source. Bounded in entries and in source bytes held; a payload larger than
-    ``max_entry_bytes`` is validated every time and never held."""
+    source. Bounded in entries and in the characters of the paths and sources held (a
+    character takes at most 4 bytes: 1 Mi characters is at most 4 MiB); a payload larger
+    than ``max_entry_chars`` is validated every time and never held."""
 
-    def __init__(self, *, max_entries: int = 256, max_bytes: int = 4 * 1024 * 1024,
-                 max_entry_bytes: int = 64 * 1024) -> None:
-        self.max_entries, self.max_bytes, self.max_entry_bytes = (
-            max_entries, max_bytes, max_entry_bytes)
+    def __init__(self, *, max_entries: int = 256, max_chars: int = 1 << 20,
+                 max_entry_chars: int = 32 * 1024) -> None:
+        self.max_entries, self.max_chars, self.max_entry_chars = (
+            max_entries, max_chars, max_entry_chars)
         self._lru: OrderedDict[tuple[str, frozenset[str], tuple[tuple[str, str], ...]],
                                tuple[tuple[Violation, ...], int]] = OrderedDict()
-        self._bytes = 0
+        self._chars = 0
         self._lock = threading.Lock()  # run_snippet runs on any thread's loop
 
     def violations(self, payload: list[tuple[str, str]], allowed: frozenset[str],
                    tenant_id: str) -> tuple[Violation, ...]:
-        size = sum(len(p) + len(s) for p, s in payload)
-        if size > self.max_entry_bytes:
+        size = sum(len(p) + len(s) for p, s in payload) + len(tenant_id)
+        if size > self.max_entry_chars:
             return validate_files(payload, allowed_imports=allowed)
         key = (tenant_id, allowed, tuple(payload))
         with self._lock:
@@ -181,15 +182,15 @@ class _ValidationCache:
         with self._lock:
             if key not in self._lru:
                 self._lru[key] = (found, size)
-                self._bytes += size
-                while len(self._lru) > self.max_entries or self._bytes > self.max_bytes:
-                    self._bytes -= self._lru.popitem(last=False)[1][1]
+                self._chars += size
+                while len(self._lru) > self.max_entries or self._chars > self.max_chars:
+                    self._chars -= self._lru.popitem(last=False)[1][1]
         return found
 
     def clear(self) -> None:
         with self._lock:
             self._lru.clear()
-            self._bytes = 0
+            self._chars = 0
 
 
 _VALIDATED: Final = _ValidationCache()
