@@ -136,9 +136,6 @@ class _Agent:
         self.fds: list[int] = []
         self.children: set[int] = set()
         self.forked: set[int] = set()  # fork_call children: their group dies with them
-        #: the environment a ``fork_call`` child inherits: the agent's own ``os.environ``
-        #: is set to the request's env before it forks (nothing else in the agent reads it)
-        self.fork_env: dict[str, str] | None = None
         self.nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
     # -- I/O ------------------------------------------------------------------
@@ -321,17 +318,13 @@ class _Agent:
             env = {str(k): str(v) for k, v in h["env"].items()}
             cwd = self._cwd(h)
             cpu_s = h.get("cpu_s", self.cpu_s)
-            if env != self.fork_env:  # the child inherits it: it sets up nothing itself
-                os.environ.clear()
-                os.environ.update(env)
-                self.fork_env = env
-            os.chdir(cwd)
+            os.chdir(cwd)  # the child inherits it
             try:
                 # bare: no at-fork hooks (threading, random, logging) to run on either
                 # side; the agent is single-threaded and holds no lock
                 pid = su.fork_bare()
                 if pid == 0:
-                    self._become(func, [entry, *args], fds, cpu_s)
+                    self._become(func, [entry, *args], env, fds, cpu_s)
             finally:
                 os.chdir(self.work)
             self.children.add(pid)
@@ -343,14 +336,16 @@ class _Agent:
                 os.close(fd)
 
     def _become(self, func: Callable[[list[str]], object], argv: list[str],
-                fds: list[int], cpu_s: int | None) -> None:
+                env: dict[str, str], fds: list[int], cpu_s: int | None) -> None:
         """The forked child of ``fork_call``: set up like a spawned command, call
         ``func(argv[1:])``, exit. Never returns.
 
         Every page this writes is copied from the agent first (~3 us each), so it runs
         as little Python as it can: plain ints to the C signal calls (no enums), no
-        environment or cwd work (the agent set both before the fork), and no text
-        wrappers for an entry that does its own I/O on 0/1/2 (:data:`RAW_STDIO`)."""
+        chdir (the agent's cwd is the request's during the fork), and no text wrappers
+        for an entry that does its own I/O on 0/1/2 (:data:`RAW_STDIO`). The environment
+        is set here, not in the agent: the agent would keep the pages that costs (~200
+        KiB) for its whole life; the zygote ran the same code first (``zygote.serve``)."""
         code = 70
         try:
             signal.set_wakeup_fd(-1)
@@ -369,6 +364,9 @@ class _Agent:
                 resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
             for which, soft, hard in self.command_rlimits:
                 resource.setrlimit(which, (soft, hard))
+            if os.environ:  # the agent's is empty (the zygote's is)
+                os.environ.clear()
+            os.environ.update(env)
             sys.argv = argv
             if not getattr(func, RAW_STDIO, False):
                 sys.stdin = io.TextIOWrapper(

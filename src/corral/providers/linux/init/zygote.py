@@ -324,6 +324,15 @@ def _warm_codec() -> None:
             _frames.encode({"id": header["id"], "ok": True}, b"x")
 
 
+def _warm_environ() -> None:
+    """Set and clear ``os.environ`` here until its code is specialised, leaving it empty
+    as it was: a ``fork_call`` child sets the request's environment as it sets up
+    (``agent._Agent._become``), and then copies fewer pages of it."""
+    for _ in range(16):
+        os.environ.update({"PATH": "/", "HOME": "/", "TMPDIR": "/"})
+        os.environ.clear()
+
+
 def serve(fd: int) -> None:
     """Serve create requests on the socket ``fd`` until it closes."""
     su.set_child_subreaper()
@@ -344,6 +353,7 @@ def serve(fd: int) -> None:
     signal.signal(signal.SIGCHLD, _ignore)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _warm_codec()
+    _warm_environ()
     gc.freeze()
     decoder = _frames.Decoder.trusted()
     fds: list[int] = []
