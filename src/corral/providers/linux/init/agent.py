@@ -35,6 +35,7 @@ root under ``/work`` or ``/tmp`` would land).
 
 from __future__ import annotations
 
+import _random
 import errno
 import io
 import os
@@ -95,6 +96,17 @@ def register_fork_entries(entries: object) -> list[str]:
 def fork_entries() -> frozenset[str]:
     """The entries ``fork_call`` may run here."""
     return frozenset(_FORK_ENTRIES)
+
+
+def _reseed_random() -> None:
+    """What ``random``'s at-fork hook does, which a bare fork (``fork_call``) skips: a
+    child gets a fresh state from the OS, never the one its siblings share. The C
+    seed straight, as ``Random.seed(None)`` does (its Python layer copies more pages)."""
+    module = sys.modules.get("random")
+    inst = getattr(module, "_inst", None) if module is not None else None
+    if inst is not None:
+        _random.Random.seed(inst, None)
+        inst.gauss_next = None
 
 
 def seal_imports() -> Callable[[], None]:
@@ -320,8 +332,8 @@ class _Agent:
             cpu_s = h.get("cpu_s", self.cpu_s)
             os.chdir(cwd)  # the child inherits it
             try:
-                # bare: no at-fork hooks (threading, random, logging) to run on either
-                # side; the agent is single-threaded and holds no lock
+                # bare: no at-fork hooks (threading, logging) to run on either side, the
+                # agent is single-threaded and holds no lock; random's is _reseed_random
                 pid = su.fork_bare()
                 if pid == 0:
                     self._become(func, [entry, *args], env, fds, cpu_s)
@@ -364,6 +376,7 @@ class _Agent:
                 resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
             for which, soft, hard in self.command_rlimits:
                 resource.setrlimit(which, (soft, hard))
+            _reseed_random()
             if os.environ:  # the agent's is empty (the zygote's is)
                 os.environ.clear()
             os.environ.update(env)
