@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, final
 
@@ -102,6 +102,24 @@ def _view(info: dict[str, Any], address: str, free_mem_mb: float | None) -> Node
                     tenants=dict(info.get("tenants", {})))
 
 
+@contextlib.contextmanager
+def _keep_sigterm_handler() -> Iterator[None]:
+    """``ray.init`` (in the main thread) installs its own SIGTERM handler, which raises
+    SystemExit wherever the main thread is: in a host that handles SIGTERM itself
+    (``corral serve`` drains) that would cut a response short and skip the drain. A
+    Python handler the host installed is put back; with none (the default action),
+    Ray's stays."""
+    import signal
+    import threading
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and callable(before):
+            signal.signal(signal.SIGTERM, before)
+
+
 @final
 class RayProvider(SandboxProvider):
     """Level ``strict`` on every node of a Ray cluster that can enforce it.
@@ -146,7 +164,8 @@ class RayProvider(SandboxProvider):
             kw = {"address": address or os.environ.get("RAY_ADDRESS") or "auto",
                   "logging_level": "ERROR", "log_to_driver": False, **(init_kwargs or {})}
             try:
-                ray.init(**kw)
+                with _keep_sigterm_handler():
+                    ray.init(**kw)
             except Exception as e:
                 raise ProviderError(f"cannot connect to Ray at {kw['address']!r}: {e}", e) from e
             self._owns_ray = True
