@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 __all__ = ["LOG_STREAMS", "MAX_RECORD_DEPTH", "BadRecord", "Decoder", "End", "Go", "Log",
            "Pong", "Record", "Refused", "encode", "size_limit"]
@@ -72,6 +72,11 @@ class Refused(NamedTuple):
 Record = Go | Log | End | Pong | Refused
 
 
+#: what ``json.dumps(obj, ensure_ascii=False, default=repr)`` builds on every call, built
+#: once (a run's process would otherwise make a new encoder per record)
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, default=repr)
+
+
 def encode(record: Record) -> bytes:
     """One record's line: JSON (non-ASCII kept, anything not JSON as its ``repr``), UTF-8."""
     if isinstance(record, Log):
@@ -84,7 +89,7 @@ def encode(record: Record) -> bytes:
         obj = {"refused": record.text}
     else:
         obj = {"go": True}
-    return (json.dumps(obj, ensure_ascii=False, default=repr) + "\n").encode("utf-8", "replace")
+    return (_ENCODER.encode(obj) + "\n").encode("utf-8", "replace")
 
 
 def size_limit(log_lines: int, log_bytes: int, facts_bytes: int) -> int:
