@@ -43,9 +43,11 @@ import time
 import traceback
 import types
 from collections.abc import Callable
-from importlib.abc import Loader, MetaPathFinder
 from importlib.machinery import ModuleSpec
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
 
 try:  # forked from the zygote, or on the host: corral is importable
     from corral.wire import records as _records
@@ -221,7 +223,7 @@ class _Stream:
         return True
 
 
-class _Payload(MetaPathFinder, Loader):
+class _Payload:  # a meta path finder and its loader, duck-typed (importlib.abc: ~18 ms)
     """Serves the payload's modules from memory under ``__payload__``; aliases top-level names."""
 
     def __init__(self, files: dict[str, str], safe: dict[str, Any]) -> None:
@@ -237,13 +239,14 @@ class _Payload(MetaPathFinder, Loader):
         self.tops = {name.partition(".")[0] for name in self.mods}
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        me = cast("Loader", self)
         if fullname == PKG:
-            return ModuleSpec(fullname, self, is_package=True)
+            return ModuleSpec(fullname, me, is_package=True)
         if fullname.startswith(PKG + "."):
             entry = self.mods.get(fullname[len(PKG) + 1:])
-            return None if entry is None else ModuleSpec(fullname, self, is_package=entry[2])
+            return None if entry is None else ModuleSpec(fullname, me, is_package=entry[2])
         if fullname.partition(".")[0] in self.tops and fullname in self.mods:
-            return ModuleSpec(fullname, self, is_package=self.mods[fullname][2])
+            return ModuleSpec(fullname, me, is_package=self.mods[fullname][2])
         return None
 
     def create_module(self, spec: ModuleSpec) -> types.ModuleType | None:
@@ -578,7 +581,7 @@ def _guard_logging(logging: Any) -> None:
 _GUARDS = {"dataclasses": _guard_dataclasses, "copy": _guard_copy, "logging": _guard_logging}
 
 
-class _GuardingLoader(Loader):
+class _GuardingLoader:  # a loader (duck-typed, see _Payload)
     """Loads a guarded module with its real loader, then applies its guard."""
 
     def __init__(self, inner: Any, name: str) -> None:
@@ -593,7 +596,7 @@ class _GuardingLoader(Loader):
         _GUARDS[self.name](module)
 
 
-class _GuardOnImport(MetaPathFinder):
+class _GuardOnImport:  # a meta path finder (duck-typed, see _Payload)
     """Guards a module of ``_GUARDS`` that is first imported during the run (a template
     started without ``--preload``; the standard library's own lazy imports)."""
 
@@ -606,7 +609,7 @@ class _GuardOnImport(MetaPathFinder):
                 continue
             spec: ModuleSpec | None = find(fullname, path, target)
             if spec is not None and spec.loader is not None:
-                spec.loader = _GuardingLoader(spec.loader, fullname)
+                spec.loader = cast("Loader", _GuardingLoader(spec.loader, fullname))
                 return spec
         return None
 
