@@ -2109,34 +2109,35 @@ class _Splicer:
         rfd, wfd = self._pipe
         for _ in range(_MOVES_PER_WAKEUP):
             if not self._pending:
-                try:
-                    n = os.splice(self._sfd, wfd, _PIPE_SIZE, flags=_SPLICE_FLAGS)
-                except BlockingIOError:
-                    self._watch(read=True, write=False)
+                n = self._splice_once(self._sfd, wfd, _PIPE_SIZE, reading=True)
+                if n is None:
                     return
-                except OSError as e:
-                    if e.errno in (errno.EINVAL, errno.ENOSYS) and self._moves == 0:
-                        self._to_plain()
-                        return
-                    raise
                 if not n:
                     self._end()
                     return
                 self._pending = n
-            try:
-                n = os.splice(rfd, self._dfd, self._pending, flags=_SPLICE_FLAGS)
-            except BlockingIOError:
-                self._watch(read=False, write=True)
+            n = self._splice_once(rfd, self._dfd, self._pending, reading=False)
+            if n is None:
                 return
-            except OSError as e:
-                if e.errno in (errno.EINVAL, errno.ENOSYS) and self._moves == 0:
-                    self._to_plain()
-                    return
-                raise
             self._pending -= n
             self._t.last[0] = self._loop.time()
             self._moves += 1
         self._again()
+
+    def _splice_once(self, src: int, dst: int, n: int, *, reading: bool) -> int | None:
+        """One splice(2) of at most ``n`` bytes (socket to pipe when ``reading``, pipe to
+        socket else); None when it would block (the wait is armed) or splice is refused
+        for these sockets before anything moved (the tunnel goes on with recv/send)."""
+        try:
+            return os.splice(src, dst, n, flags=_SPLICE_FLAGS)
+        except BlockingIOError:
+            self._watch(read=reading, write=not reading)
+            return None
+        except OSError as e:
+            if e.errno in (errno.EINVAL, errno.ENOSYS) and self._moves == 0:
+                self._to_plain()
+                return None
+            raise
 
     def _to_plain(self) -> None:
         """splice refused for these sockets: what the pipe holds moves to the buffer,
