@@ -479,16 +479,9 @@ def test_bulk_data_is_delivered_whole_when_the_upstream_closes_at_once() -> None
     run(t)
 
 
-def test_tunnels_copy_without_splice_when_the_kernel_refuses_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """splice(2) refused (EINVAL, as for a socket type without splice support): the
-    tunnel falls back to recv/send and still carries every byte both ways."""
-    def no_splice(*_a: object, **_k: object) -> int:
-        raise OSError(errno.EINVAL, "splice refused")
-
-    monkeypatch.setattr(os, "splice", no_splice)
-    blob = os.urandom(1 << 20) * 3
-
+def _echo_through_a_tunnel(blob: bytes) -> None:
+    """Send ``blob`` through a CONNECT tunnel to an echo server (then half-close) and
+    check every byte comes back, in order."""
     async def t() -> None:
         async with echo_server() as (port, _), \
                 proxy(EgressPolicy.allowlist("api.example.test", LOOP)) as (_p, path, _r):
@@ -508,6 +501,17 @@ def test_tunnels_copy_without_splice_when_the_kernel_refuses_it(
             assert got == blob
             w.close()
     run(t)
+
+
+def test_tunnels_copy_without_splice_when_the_kernel_refuses_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """splice(2) refused (EINVAL, as for a socket type without splice support): the
+    tunnel falls back to recv/send and still carries every byte both ways."""
+    def no_splice(*_a: object, **_k: object) -> int:
+        raise OSError(errno.EINVAL, "splice refused")
+
+    monkeypatch.setattr(os, "splice", no_splice)
+    _echo_through_a_tunnel(os.urandom(1 << 20) * 3)
 
 
 def test_tunnels_copy_when_splice_into_the_destination_is_refused(
@@ -523,27 +527,7 @@ def test_tunnels_copy_when_splice_into_the_destination_is_refused(
         return real(fd_in, fd_out, count, *a, **k)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "splice", refuse_out)
-    blob = os.urandom(1 << 20) * 2
-
-    async def t() -> None:
-        async with echo_server() as (port, _), \
-                proxy(EgressPolicy.allowlist("api.example.test", LOOP)) as (_p, path, _r):
-            head, r, w = await http_connect(path, f"api.example.test:{port}")
-            assert head.startswith(b"HTTP/1.1 200")
-
-            async def send() -> None:
-                w.write(blob)
-                await w.drain()
-                w.write_eof()
-
-            sender = asyncio.ensure_future(send())
-            got = b""
-            while chunk := await r.read(1 << 16):
-                got += chunk
-            await sender
-            assert got == blob
-            w.close()
-    run(t)
+    _echo_through_a_tunnel(os.urandom(1 << 20) * 2)
 
 
 def _open_fds() -> int:
