@@ -49,6 +49,7 @@ __all__ = [
     "SuspendFrame",
     "WireFrame",
     "encode_frame",
+    "encode_own_invoke",
     "frame_from_dict",
     "frame_to_dict",
     "parse_frame",
@@ -199,14 +200,7 @@ def frame_to_dict(frame: WireFrame) -> dict[str, Any]:
         raise ConfigInvalidError("ctx.resume", "must be a ResumeInfo or None")
     out: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": getattr(frame, "kind", None)}
     if isinstance(frame, InvokeFrame):
-        c = frame.ctx
-        ctx: dict[str, Any] = {"runId": c.run_id, "tenantId": c.tenant_id}
-        if c.node_id is not None:
-            ctx["nodeId"] = c.node_id
-        ctx |= {"dryRun": c.dry_run, "state": c.state, "nodeOutputs": c.node_outputs}
-        if c.resume is not None:
-            ctx["resume"] = {"tokenId": c.resume.token_id, "value": c.resume.value}
-        out |= {"input": frame.input, "ctx": ctx}
+        out |= {"input": frame.input, "ctx": _ctx_dict(frame.ctx)}
     elif isinstance(frame, ResumeFrame):
         out |= {"tokenId": frame.token_id, "value": frame.value}
     elif isinstance(frame, SuspendFrame):
@@ -224,6 +218,16 @@ def frame_to_dict(frame: WireFrame) -> dict[str, Any]:
     if isinstance(checked, FrameErr):
         raise ConfigInvalidError(checked.error.path or "frame", checked.error.message)
     return out
+
+
+def _ctx_dict(c: SandboxInvocationContext) -> dict[str, Any]:
+    ctx: dict[str, Any] = {"runId": c.run_id, "tenantId": c.tenant_id}
+    if c.node_id is not None:
+        ctx["nodeId"] = c.node_id
+    ctx |= {"dryRun": c.dry_run, "state": c.state, "nodeOutputs": c.node_outputs}
+    if c.resume is not None:
+        ctx["resume"] = {"tokenId": c.resume.token_id, "value": c.resume.value}
+    return ctx
 
 
 _ENCODE_ERRORS = (TypeError, ValueError, RecursionError)
@@ -254,6 +258,23 @@ def encode_frame(frame: WireFrame) -> bytes:
         return _dumps(doc) + b"\n"
     except _ENCODE_ERRORS as exc:
         raise ConfigInvalidError(_culprit(doc), f"not JSON-serialisable: {exc}") from exc
+
+
+def encode_own_invoke(job: Mapping[str, Any], run_id: str, tenant_id: str) -> bytes:
+    """``encode_frame(InvokeFrame(job, SandboxInvocationContext(run_id, tenant_id)))``,
+    the same bytes, for a host that built the job itself (the snippet pool, once per
+    run): the context's fields are the defaults, so :func:`frame_to_dict`'s parse-back
+    check (a third of the framing cost) has nothing to find. What ``json`` cannot write
+    (a lone surrogate in a source) goes through :func:`encode_frame` for its typed error."""
+    ctx = SandboxInvocationContext(run_id=run_id, tenant_id=tenant_id)
+    if not (run_id and tenant_id):  # the wire needs both: encode_frame says so
+        return encode_frame(InvokeFrame(input=dict(job), ctx=ctx))
+    doc = {"v": PROTOCOL_VERSION, "kind": "invoke", "input": dict(job),
+           "ctx": _ctx_dict(ctx)}
+    try:
+        return _dumps(doc) + b"\n"
+    except _ENCODE_ERRORS:
+        return encode_frame(InvokeFrame(input=dict(job), ctx=ctx))
 
 
 # ---------------------------------------------------------------- parsing

@@ -59,7 +59,6 @@ from corral.core.spec import (
     Level,
     NetworkPolicy,
     ProcessOpts,
-    SandboxInvocationContext,
     SandboxLimits,
     SandboxSpec,
 )
@@ -73,13 +72,11 @@ from corral.snippets.sandbox.worker import (
 )
 from corral.wire import records as _records
 from corral.wire.protocol import (
-    PROTOCOL_VERSION,
     ErrorFrame,
     FrameDecoder,
     FrameErr,
-    InvokeFrame,
     OutputFrame,
-    encode_frame,
+    encode_own_invoke,
 )
 
 __all__ = ["GRACE_MS", "PoolStatistics", "SnippetPool", "WORKER_FILE"]
@@ -412,21 +409,8 @@ def _worker_source() -> str:
 
 
 def _frame(job: Mapping[str, Any], tenant_id: str) -> bytes:
-    """The job's invoke frame: the bytes :func:`~corral.wire.protocol.encode_frame` writes
-    for it (a test holds them equal), written directly. The job is the host's own, so the
-    codec's round trip through its parser (a third of a run's framing cost) checks nothing
-    here; what ``json`` cannot write (a lone surrogate in a source) goes to the codec for
-    its typed error."""
-    run_id = f"snippet-{uuid.uuid4().hex[:12]}"
-    doc = {"v": PROTOCOL_VERSION, "kind": "invoke", "input": dict(job),
-           "ctx": {"runId": run_id, "tenantId": tenant_id, "dryRun": False, "state": {},
-                   "nodeOutputs": {}}}
-    try:
-        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False).encode("utf-8") + b"\n"
-    except (TypeError, ValueError, RecursionError):
-        ctx = SandboxInvocationContext(run_id=run_id, tenant_id=tenant_id)
-        return encode_frame(InvokeFrame(input=dict(job), ctx=ctx))
+    """The job's invoke frame (the codec's bytes, without its parse-back check)."""
+    return encode_own_invoke(job, f"snippet-{uuid.uuid4().hex[:12]}", tenant_id)
 
 
 @final

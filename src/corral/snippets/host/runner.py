@@ -204,11 +204,12 @@ def _guard_lists(allowed: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, .
 
 def _job(files: list[tuple[str, str]], timeout_ms: int, allowed: frozenset[str],
          mem_mb: int, guard: bool) -> dict[str, Any]:
+    allowed_sorted, forbidden = _guard_lists(allowed)
     options = {
         "timeout_ms": timeout_ms, "grace_ms": GRACE_MS, "mem_mb": mem_mb, "caps": dict(CAPS),
         "stream": True,  # a template streams the log lines as they come (pool._Slot)
-        "allowed": list(_guard_lists(allowed)[0]) if guard else None,
-        "forbidden": list(_guard_lists(allowed)[1]) if guard else [],
+        "allowed": list(allowed_sorted) if guard else None,
+        "forbidden": list(forbidden) if guard else [],
     }
     return {"op": "run", "files": [list(f) for f in files], "options": options}
 
