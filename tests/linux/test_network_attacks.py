@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -342,12 +342,36 @@ def _read_body(f: Any, head: bytes) -> tuple[bytes, int]:
 
 
 @contextmanager
+def _threaded(srv: socket.socket, conn: Callable[[socket.socket], None]) -> Iterator[None]:
+    """Accept on ``srv`` in a thread, each connection served by ``conn`` in a thread of
+    its own, until the block ends; then stop accepting and close ``srv``."""
+    stop = threading.Event()
+    srv.settimeout(0.1)
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=conn, args=(c,), daemon=True).start()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(5)
+        srv.close()
+
+
+@contextmanager
 def raw_server(ctx: ssl.SSLContext | None, port: int = 0) -> Iterator[RawServer]:
     """With ``ctx``, a connection whose first byte is a TLS handshake is served in TLS,
     any other in plain HTTP (the server a port 443 that also reads plain text)."""
     srv = socket.create_server(("127.0.0.1", port))
     out = RawServer(srv.getsockname()[1])
-    stop = threading.Event()
 
     def conn(c: socket.socket) -> None:
         try:
@@ -371,24 +395,12 @@ def raw_server(ctx: ssl.SSLContext | None, port: int = 0) -> Iterator[RawServer]
         finally:
             c.close()
 
-    def serve() -> None:
-        srv.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except TimeoutError:
-                continue
-            out.connections += 1
-            threading.Thread(target=conn, args=(c,), daemon=True).start()
+    def counted(c: socket.socket) -> None:
+        out.connections += 1
+        conn(c)
 
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    try:
+    with _threaded(srv, counted):
         yield out
-    finally:
-        stop.set()
-        t.join(5)
-        srv.close()
 
 
 def tunnel_tls(host: str, sni: str, *steps: list[Any]) -> list[list[Any]]:
@@ -1035,7 +1047,6 @@ def byte_sink() -> Iterator[_Sink]:
     srv.settimeout(0.1)
     got = _Sink()
     got.port = srv.getsockname()[1]
-    stop = threading.Event()
 
     def conn(c: socket.socket) -> None:
         c.settimeout(5)
@@ -1048,22 +1059,8 @@ def byte_sink() -> Iterator[_Sink]:
         got.append(data)
         c.close()
 
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=conn, args=(c,), daemon=True).start()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    try:
+    with _threaded(srv, conn):
         yield got
-    finally:
-        stop.set()
-        t.join(5)
-        srv.close()
 
 
 def test_a_tls_record_before_the_client_hello_does_not_skip_the_sni_check(
