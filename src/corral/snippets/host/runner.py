@@ -11,6 +11,7 @@ run; the provider stays the caller's.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import atexit
 import concurrent.futures
@@ -18,6 +19,7 @@ import contextlib
 import functools
 import logging
 import queue
+import re
 import threading
 import time
 from collections import OrderedDict, deque
@@ -148,44 +150,91 @@ def _too_large(files: list[tuple[str, str]]) -> Transcript | None:
         [Violation(code=ViolationCode.SOURCE_TOO_LARGE, line=0, column=0, message=msg)])
 
 
+#: where main.py's last statement starts, for the worker: ``(offset, line)`` of an
+#: expression statement at column 0 (its value is the run's result), ``(-1, 0)`` when the
+#: last statement is not an expression, None when the worker is to find it itself
+Split = tuple[int, int] | None
+
+_NEWLINE: Final = re.compile(r"\r\n|\r|\n")  # the tokenizer's line ends
+
+
+def expression_split(source: str) -> Split:
+    """Where ``source``'s last statement starts if it is an expression statement at the
+    start of a line: ``(character offset, line)``; ``(-1, 0)`` if the last statement is not
+    an expression (or there is none); None if the worker must parse it itself (an
+    expression after a ``;`` on its line, a source that does not parse).
+
+    The worker then compiles the text before the offset as the module and the text from
+    it as one expression (padded with line ends, so line numbers stay the same), straight
+    from source: building and compiling Python AST objects costs a forked run ~0.7 ms of
+    CPU and ~120 copy-on-write page faults more (docs/snippets.md, "CPU per run")."""
+    try:
+        tree = ast.parse(source, "main.py")
+    except (SyntaxError, ValueError):
+        return None
+    last = tree.body[-1] if tree.body else None
+    if not isinstance(last, ast.Expr):
+        return (-1, 0)
+    if last.col_offset != 0:
+        return None
+    offset = 0
+    for _ in range(last.lineno - 1):
+        m = _NEWLINE.search(source, offset)
+        if m is None:
+            return None
+        offset = m.end()
+    return (offset, last.lineno)
+
+
 class _ValidationCache:
     """The validator's verdict on recent payloads (a bounded LRU), so a payload sent again
     is not parsed and walked again: :func:`validate_files` is a pure function of the
-    files and the allowed imports, and its verdict is an immutable tuple.
+    files and the allowed imports, and its verdict is an immutable tuple. An accepted
+    payload's entry also holds main.py's :func:`expression_split`.
 
     Keyed by tenant too, so one tenant's timing never tells whether another sent the same
     source. Bounded in entries and in the characters of the paths and sources held (a
     character takes at most 4 bytes: 1 Mi characters is at most 4 MiB); a payload larger
-    than ``max_entry_chars`` is validated every time and never held."""
+    than ``max_entry_chars`` is validated every time and never held (and its split is
+    left to the worker: no second parse of a large source here)."""
 
     def __init__(self, *, max_entries: int = 256, max_chars: int = 1 << 20,
                  max_entry_chars: int = 32 * 1024) -> None:
         self.max_entries, self.max_chars, self.max_entry_chars = (
             max_entries, max_chars, max_entry_chars)
         self._lru: OrderedDict[tuple[str, frozenset[str], tuple[tuple[str, str], ...]],
-                               tuple[tuple[Violation, ...], int]] = OrderedDict()
+                               tuple[tuple[Violation, ...], Split, int]] = OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()  # run_snippet runs on any thread's loop
 
     def violations(self, payload: list[tuple[str, str]], allowed: frozenset[str],
                    tenant_id: str) -> tuple[Violation, ...]:
+        """The validator's verdict on ``payload``."""
+        return self.check(payload, allowed, tenant_id)[0]
+
+    def check(self, payload: list[tuple[str, str]], allowed: frozenset[str],
+              tenant_id: str) -> tuple[tuple[Violation, ...], Split]:
+        """The validator's verdict on ``payload`` and, when it is accepted, main.py's
+        :func:`expression_split` (None for a payload not held)."""
         size = sum(len(p) + len(s) for p, s in payload) + len(tenant_id)
         if size > self.max_entry_chars:
-            return validate_files(payload, allowed_imports=allowed)
+            return validate_files(payload, allowed_imports=allowed), None
         key = (tenant_id, allowed, tuple(payload))
         with self._lock:
             hit = self._lru.get(key)
             if hit is not None:
                 self._lru.move_to_end(key)
-                return hit[0]
+                return hit[0], hit[1]
         found = validate_files(payload, allowed_imports=allowed)
+        main = dict(payload).get("main.py")
+        split = expression_split(main) if not found and main is not None else None
         with self._lock:
             if key not in self._lru:
-                self._lru[key] = (found, size)
+                self._lru[key] = (found, split, size)
                 self._chars += size
                 while len(self._lru) > self.max_entries or self._chars > self.max_chars:
-                    self._chars -= self._lru.popitem(last=False)[1][1]
-        return found
+                    self._chars -= self._lru.popitem(last=False)[1][2]
+        return found, split
 
     def clear(self) -> None:
         with self._lock:
@@ -203,7 +252,7 @@ def _guard_lists(allowed: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, .
 
 
 def _job(files: list[tuple[str, str]], timeout_ms: int, allowed: frozenset[str],
-         mem_mb: int, guard: bool) -> dict[str, Any]:
+         mem_mb: int, guard: bool, split: Split = None) -> dict[str, Any]:
     allowed_sorted, forbidden = _guard_lists(allowed)
     options = {
         "timeout_ms": timeout_ms, "grace_ms": GRACE_MS, "mem_mb": mem_mb, "caps": dict(CAPS),
@@ -211,6 +260,8 @@ def _job(files: list[tuple[str, str]], timeout_ms: int, allowed: frozenset[str],
         "allowed": list(allowed_sorted) if guard else None,
         "forbidden": list(forbidden) if guard else [],
     }
+    if split is not None:
+        options["split"] = list(split)
     return {"op": "run", "files": [list(f) for f in files], "options": options}
 
 
@@ -308,8 +359,9 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 async def _run_in(pool: SnippetPool, files: list[tuple[str, str]], *, tenant_id: str,
                   level: Level, timeout_ms: int, allowed: frozenset[str],
-                  guard: bool, relay: _LogRelay | None = None) -> Transcript:
-    job = _job(files, timeout_ms, allowed, pool.mem_mb, guard)
+                  guard: bool, split: Split = None,
+                  relay: _LogRelay | None = None) -> Transcript:
+    job = _job(files, timeout_ms, allowed, pool.mem_mb, guard, split)
     loop = asyncio.get_running_loop()
     relay = relay if relay is not None else _LogRelay(None, loop)
     started = loop.time()
@@ -396,8 +448,9 @@ async def run_snippet(
         raise ConfigInvalidError("tenant_id", "must be a non-empty string")
     allowed = DEFAULT_ALLOWED_IMPORTS if allowed_imports is None else frozenset(allowed_imports)
     rejected = _too_large(payload)
+    split: Split = None
     if rejected is None and not _unsafe_skip_validation:
-        violations = _VALIDATED.violations(payload, allowed, tenant_id)
+        violations, split = _VALIDATED.check(payload, allowed, tenant_id)
         rejected = transcript_rejected(violations) if violations else None
     if rejected is not None:
         return rejected
@@ -407,7 +460,7 @@ async def run_snippet(
                                      cancel=cancel, kw=dict(
                                          tenant_id=tenant_id, level=lv, timeout_ms=timeout,
                                          allowed=allowed, guard=not _unsafe_skip_validation,
-                                         relay=relay))
+                                         split=split, relay=relay))
     except BaseException:
         relay.close()
         raise
