@@ -1290,8 +1290,11 @@ class EgressProxy:
                     return
             else:
                 tunnel.start(_Splicer(tunnel, csock, usock))
-            with contextlib.suppress(OSError, TimeoutError):
+            try:
                 await tunnel.done
+            except (OSError, TimeoutError) as e:  # a reset, an idle tunnel: said, at debug
+                _log.debug("egress proxy: a tunnel to %s port %s ended: %r", target.host,
+                           target.port, e)
         finally:
             tunnel.close()
 
