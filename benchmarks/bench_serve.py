@@ -149,18 +149,6 @@ async def _load(port: int, clients: int, seconds: float, count: int, path: str,
     return lat, errors, time.monotonic() - t0
 
 
-def _machine_ms() -> float:
-    """A fixed piece of pure Python, timed (best of 5, ms): this VM's speed moves by 15-20 %
-    between hours, which moves every figure above with it; print it beside them so runs
-    taken at different times can be told apart (lower is faster)."""
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        sum(i * i for i in range(300_000))
-        best = min(best, time.perf_counter() - t0)
-    return best * 1000
-
-
 def _pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
@@ -236,7 +224,6 @@ def main() -> int:
                     "level": a.level, "network": {"kind": net}}}).json()["id"]
                 for _ in range(a.workers * 2):  # warm the pool's slots
                     c.post("/v1/snippets", json={"source": "1"})
-            machine = _machine_ms()
             baseline = len(_descendants(proc.pid))
             rows = []
             for name, path, body, ok in (
@@ -256,8 +243,7 @@ def main() -> int:
             print(f"corral serve, level {a.level}, {a.clients} clients, snippet_workers "
                   f"{a.workers}, {os.cpu_count()} cores (load generator included); server "
                   f"loop {listening.get('loop', '?')}, http {listening.get('http', '?')}; "
-                  f"load average {os.getloadavg()[0]:.2f}; machine speed: a fixed Python "
-                  f"loop {machine:.1f} ms (lower is faster)")
+                  f"load average {os.getloadavg()[0]:.2f}")
             print(f"{'endpoint':<20}{'requests':>9}{'errors':>8}{'req/s':>9}{'p50 ms':>9}"
                   f"{'p90 ms':>9}{'p99 ms':>9}  CPU ms/request: {'gen':>5}{'server':>7}"
                   f"{'sandbx':>7}{'sum':>6}{'all':>6}")
