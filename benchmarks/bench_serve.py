@@ -1,7 +1,7 @@
 """Load on ``corral serve``: N concurrent clients on the snippet endpoint and on exec.
 
     .venv/bin/python benchmarks/bench_serve.py [--clients 16] [--seconds 10] [--count 5000]
-                                               [--level strict] [--workers 2]
+                                               [--level strict] [--workers N]
 
 Starts a server (a subprocess on 127.0.0.1, port 0, loopback traffic only), warms it,
 then for each endpoint runs ``--clients`` clients (asyncio streams, one keep-alive
@@ -210,7 +210,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--count", type=int, default=5000)
     ap.add_argument("--level", default="strict", choices=["strict", "context-isolated"])
-    ap.add_argument("--workers", type=int, default=2, help="the server's snippet_workers")
+    ap.add_argument("--workers", type=int, default=(os.cpu_count() or 1) + 1,
+                    help="the server's snippet_workers (default: its own, the cores + 1)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="corral-bench-serve-") as d:
         tmp = Path(d)

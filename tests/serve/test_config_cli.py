@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,10 @@ def test_config_file(tmp_path: Path) -> None:
         "strict": "linux"}
     assert cfg.tenants[0].matches(token) and not cfg.tenants[0].matches(token + "x")
     assert cfg.tenants[0].max_runs == 2
+    # one snippet run more than cores: a run waits on its sandbox for part of its time
+    assert cfg.snippet_workers == (os.cpu_count() or 1) + 1
+    p.write_text(p.read_text().replace("port = 9000\n", "port = 9000\nsnippet_workers = 1\n"))
+    assert load_config(str(p)).snippet_workers == 1
 
 
 @pytest.mark.parametrize(("doc", "field"), [
