@@ -166,8 +166,9 @@ def expression_split(source: str) -> Split:
 
     The worker then compiles the text before the offset as the module and the text from
     it as one expression (padded with line ends, so line numbers stay the same), straight
-    from source: building and compiling Python AST objects costs a forked run ~0.7 ms of
-    CPU and ~120 copy-on-write page faults more (docs/snippets.md, "CPU per run")."""
+    from source: building and compiling Python AST objects cost a forked run about 30
+    copy-on-write page faults and 0.1-0.2 ms of CPU more (docs/snippets.md, "CPU per
+    run")."""
     try:
         tree = ast.parse(source, "main.py")
     except (SyntaxError, ValueError):
