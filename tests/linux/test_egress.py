@@ -482,7 +482,12 @@ def test_bulk_data_is_delivered_whole_when_the_upstream_closes_at_once() -> None
 
 def _echo_through_a_tunnel(blob: bytes) -> None:
     """Send ``blob`` through a CONNECT tunnel to an echo server (then half-close) and
-    check every byte comes back, in order."""
+    check every byte comes back, in order. The stream starts with plain text: one random
+    first byte in 256 is 0x16, a TLS handshake record, and then the proxy checks a
+    ClientHello, as it does on every port, and refuses the random bytes that follow
+    (this made these tests fail now and then: the client's send got EPIPE)."""
+    blob = b"plain text first: " + blob
+
     async def t() -> None:
         async with echo_server() as (port, _), \
                 proxy(EgressPolicy.allowlist("api.example.test", LOOP)) as (_p, path, _r):
@@ -520,9 +525,7 @@ def test_tunnels_copy_when_splice_into_the_destination_is_refused(
     """splice(2) from a socket into the pipe works but out of the pipe into the
     destination is refused on the first move: what the pipe holds is sent first, then
     recv/send carries the rest, every byte in order, both ways."""
-    # failed once in a CI run under heavy load (the client's send: EPIPE, the tunnel closed
-    # early); not reproduced in 60 runs beside a CPU burner: a failure shows why it ended
-    caplog.set_level(logging.DEBUG, logger="corral.providers.linux.host.egress")
+    caplog.set_level(logging.DEBUG, logger="corral.providers.linux.host.egress")  # why
     real = os.splice
 
     def refuse_out(fd_in: int, fd_out: int, count: int, *a: object, **k: Any) -> int:
