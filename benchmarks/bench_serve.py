@@ -1,7 +1,7 @@
 """Load on ``corral serve``: N concurrent clients on the snippet endpoint and on exec.
 
     .venv/bin/python benchmarks/bench_serve.py [--clients 16] [--seconds 10] [--count 5000]
-                                               [--level strict] [--workers N]
+                                               [--level strict] [--workers N] [--rounds 1]
 
 Starts a server (a subprocess on 127.0.0.1, port 0, loopback traffic only), warms it,
 then for each endpoint runs ``--clients`` clients (asyncio streams, one keep-alive
@@ -210,6 +210,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--count", type=int, default=5000)
     ap.add_argument("--level", default="strict", choices=["strict", "context-isolated"])
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="load the snippet endpoint this many times, one row each (this "
+                    "VM's speed moves between runs: judge a goal over several)")
     ap.add_argument("--workers", type=int, default=(os.cpu_count() or 1) + 1,
                     help="the server's snippet_workers (default: its own, the cores + 1)")
     a = ap.parse_args()
@@ -227,13 +230,15 @@ def main() -> int:
                     c.post("/v1/snippets", json={"source": "1"})
             baseline = len(_descendants(proc.pid))
             rows = []
-            for name, path, body, ok in (
+            snippet = ("/v1/snippets", {"source": "x = sum(range(100))\nx"},
+                       lambda d: d.get("result") == "4950" and not d["errors"])
+            loads: list[tuple[str, str, dict[str, Any] | None, Any]] = [
                 ("info (HTTP floor)", "/v1/info", None, lambda d: d["tenant"] == "bench"),
-                ("snippet", "/v1/snippets", {"source": "x = sum(range(100))\nx"},
-                 lambda d: d.get("result") == "4950" and not d["errors"]),
+                *((f"snippet #{k + 1}" if a.rounds > 1 else "snippet", *snippet)
+                  for k in range(a.rounds)),
                 ("exec /bin/true", f"/v1/sandboxes/{sid}/exec", {"argv": ["/bin/true"]},
-                 lambda d: d["result"]["exit_code"] == 0),
-            ):
+                 lambda d: d["result"]["exit_code"] == 0)]
+            for name, path, body, ok in loads:
                 cpu0 = _cpu_now(proc.pid)
                 lat, errors, took = asyncio.run(
                     _load(port, a.clients, a.seconds, a.count, path, body, ok))
@@ -256,10 +261,14 @@ def main() -> int:
                   "sandbx, the processes under it (agents, runs); sum, the three; all, the "
                   "whole machine: sum plus the kernel's unattributed work and anything else "
                   "running)")
-            snip = rows[1]
-            goal = snip[3] >= 300 and snip[6] < 50 and all(r[2] == 0 for r in rows)
+            snips = rows[1:-1]
+            good = sum(r[3] >= 300 and r[6] < 50 and r[2] == 0 for r in snips)
+            errors = sum(r[2] for r in rows)
             print(f"goal (snippets >= 300/s, p99 < 50 ms, 0 errors): "
-                  f"{'met' if goal else 'NOT met'}")
+                  f"{'met' if good == len(snips) and not errors else 'NOT met'}"
+                  + (f" ({good} of {len(snips)} rounds; median "
+                     f"{sorted(r[3] for r in snips)[len(snips) // 2]:.1f}/s)"
+                     if len(snips) > 1 else ""))
             time.sleep(0.5)
             print("leaks after the load:")
             runs = _metric(url, 'corral_runs_in_flight{tenant="bench"}')
