@@ -25,7 +25,6 @@ allowlist and the payload (defense in depth behind the validator).
 
 from __future__ import annotations
 
-import _random
 import _signal  # type: ignore[import-not-found]  # signal.py's C module: no enums
 import ast
 import builtins
@@ -370,17 +369,6 @@ def _use_memory_reserve() -> None:
         pass
 
 
-def _reseed(random: Any) -> None:
-    """``random.seed()`` (from the OS's randomness), by its C part straight: the Python
-    method around it copies ~30 more pages in a fresh fork."""
-    inst = getattr(random, "_inst", None)
-    if isinstance(inst, random.Random):
-        _random.Random.seed(inst, None)
-        inst.gauss_next = None  # as Random.seed does
-    else:
-        random.seed()
-
-
 def _compile_main(source: str, split: Any) -> tuple[types.CodeType, types.CodeType | None]:
     """main.py as the module's code and, when its last statement is an expression, that
     expression's (its value is the run's result).
@@ -391,9 +379,8 @@ def _compile_main(source: str, split: Any) -> tuple[types.CodeType, types.CodeTy
     both parts are compiled straight from their text (the expression padded with line
     ends, so its line numbers stay), which costs this forked run about 30 copy-on-write
     page faults and 0.1-0.2 ms of CPU less than building and compiling Python AST objects
-    (measured against the parse, in alternation). Without
-    it (or when the parts do not compile: they always do for a split the host found), the
-    source is parsed here."""
+    (measured against the parse, in alternation). Without it (or when the parts do not
+    compile: they always do for a split the host found), the source is parsed here."""
     if isinstance(split, list) and len(split) == 2 and all(type(v) is int for v in split):
         offset, line = split
         try:
@@ -415,11 +402,12 @@ def _compile_main(source: str, split: Any) -> tuple[types.CodeType, types.CodeTy
     return code, expr
 
 
-def run_child(files: dict[str, str], options: dict[str, Any], out: _Out, *,
-              reseed: bool = True) -> dict[str, Any]:
+def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict[str, Any]:
     """Run the payload in this (fresh, forked) process; return the end record.
-    ``reseed``: give ``random`` a fresh state from the OS (a template's children share
-    the template's; a ``--once`` worker's was reseeded by the agent's fork)."""
+
+    ``random`` needs no reseed here: every process that gets here was forked with one
+    (a template's child by ``os.fork``, whose at-fork hook ``random`` registers; a
+    ``--once`` worker by the agent's ``fork_call``, ``agent._reseed_random``)."""
     caps = out.caps
     forbidden = frozenset(options.get("forbidden", ()))
     # prebuilt: this process is a fresh fork, what the run does to it stays here
@@ -440,8 +428,6 @@ def run_child(files: dict[str, str], options: dict[str, Any], out: _Out, *,
     _RUN_LOG.target = _Stream(out, "log")
     if "logging" in sys.modules and not _LOGGING_CAPTURED[0]:
         _capture_logging(sys.modules["logging"])
-    if reseed and "random" in sys.modules:  # the template's state is shared by every fork
-        _reseed(sys.modules["random"])
     errors: list[dict[str, Any]] = []
     result: str | None = None
     timed_out = cut = False
@@ -703,9 +689,9 @@ def _capture_logging(logging: Any) -> None:
 
 
 def _child(files: dict[str, str], options: dict[str, Any], fd: int, *,
-           new_session: bool = True, reseed: bool = True) -> None:
+           new_session: bool = True) -> None:
     """Set up this fresh process for one run (session, stdio, rlimits) and run it;
-    its records go to ``fd``. ``reseed``: see :func:`run_child`."""
+    its records go to ``fd``."""
     if new_session:
         os.setsid()
     null = os.open(os.devnull, os.O_RDWR)
@@ -729,7 +715,7 @@ def _child(files: dict[str, str], options: dict[str, Any], fd: int, *,
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap + _MEMORY_RESERVE))
     out = _Out(fd, {**CAPS, **options.get("caps", {})})
     out.write(_GO)  # the worker is set up: from here on, what happens is the run's
-    out.send(_records.End(run_child(files, options, out, reseed=reseed)))
+    out.send(_records.End(run_child(files, options, out)))
 
 
 class Collector:
@@ -960,9 +946,7 @@ def serve_once() -> NoReturn:
             os.write(1, _records.encode(reply))
         else:
             fd = os.dup(1)  # the record pipe; 0/1/2 go to /dev/null
-            # a session leader already; random: the agent's fork_call reseeded it (its
-            # _reseed_random, as for every fork entry), a fresh process seeded it at import
-            _child(files, options, fd, new_session=False, reseed=False)
+            _child(files, options, fd, new_session=False)  # a session leader already
     except BaseException:
         code = 70
     os._exit(code)
