@@ -77,3 +77,26 @@ def test_a_syntax_error_is_the_parses() -> None:
     with pytest.raises(SyntaxError) as info:
         worker._compile_main("x = (\n", [0, 1])
     assert info.value.lineno == 1
+
+
+def test_the_host_takes_the_split_from_the_validators_tree(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """The source is parsed once on the host: the validator's tree gives the split."""
+    import ast
+
+    from corral.snippets.host import runner
+    from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS
+
+    parses: list[str] = []
+    real = ast.parse
+
+    def counting(source: Any, *a: Any, **k: Any) -> Any:
+        parses.append(source)
+        return real(source, *a, **k)
+
+    monkeypatch.setattr(ast, "parse", counting)
+    source = "x = 40\nx + 2"
+    found, split = runner._ValidationCache().check([("main.py", source)],
+                                                   DEFAULT_ALLOWED_IMPORTS, "t")
+    assert found == () and split == (7, 2) == expression_split(source)
+    assert parses.count(source) == 2  # once in check, once in the direct call above

@@ -158,21 +158,23 @@ Split = tuple[int, int] | None
 _NEWLINE: Final = re.compile(r"\r\n|\r|\n")  # the tokenizer's line ends
 
 
-def expression_split(source: str) -> Split:
+def expression_split(source: str, tree: ast.Module | None = None) -> Split:
     """Where ``source``'s last statement starts if it is an expression statement at the
     start of a line: ``(character offset, line)``; ``(-1, 0)`` if the last statement is not
     an expression (or there is none); None if the worker must parse it itself (an
-    expression after a ``;`` on its line, a source that does not parse).
+    expression after a ``;`` on its line, a source that does not parse). ``tree``: the
+    source's, when the caller has it (the validator's); else it is parsed here.
 
     The worker then compiles the text before the offset as the module and the text from
     it as one expression (padded with line ends, so line numbers stay the same), straight
     from source: building and compiling Python AST objects cost a forked run about 30
     copy-on-write page faults and 0.1-0.2 ms of CPU more (docs/snippets.md, "CPU per
     run")."""
-    try:
-        tree = ast.parse(source, "main.py")
-    except (SyntaxError, ValueError):
-        return None
+    if tree is None:
+        try:
+            tree = ast.parse(source, "main.py")
+        except (SyntaxError, ValueError):
+            return None
     last = tree.body[-1] if tree.body else None
     if not isinstance(last, ast.Expr):
         return (-1, 0)
@@ -191,13 +193,13 @@ class _ValidationCache:
     """The validator's verdict on recent payloads (a bounded LRU), so a payload sent again
     is not parsed and walked again: :func:`validate_files` is a pure function of the
     files and the allowed imports, and its verdict is an immutable tuple. An accepted
-    payload's entry also holds main.py's :func:`expression_split`.
+    payload's entry also holds main.py's :func:`expression_split` (from the validator's
+    tree: the source is parsed once).
 
     Keyed by tenant too, so one tenant's timing never tells whether another sent the same
     source. Bounded in entries and in the characters of the paths and sources held (a
     character takes at most 4 bytes: 1 Mi characters is at most 4 MiB); a payload larger
-    than ``max_entry_chars`` is validated every time and never held (and its split is
-    left to the worker: no second parse of a large source here)."""
+    than ``max_entry_chars`` is validated every time and never held."""
 
     def __init__(self, *, max_entries: int = 256, max_chars: int = 1 << 20,
                  max_entry_chars: int = 32 * 1024) -> None:
@@ -216,19 +218,17 @@ class _ValidationCache:
     def check(self, payload: list[tuple[str, str]], allowed: frozenset[str],
               tenant_id: str) -> tuple[tuple[Violation, ...], Split]:
         """The validator's verdict on ``payload`` and, when it is accepted, main.py's
-        :func:`expression_split` (None for a payload not held)."""
+        :func:`expression_split`."""
         size = sum(len(p) + len(s) for p, s in payload) + len(tenant_id)
         if size > self.max_entry_chars:
-            return validate_files(payload, allowed_imports=allowed), None
+            return _validated(payload, allowed)
         key = (tenant_id, allowed, tuple(payload))
         with self._lock:
             hit = self._lru.get(key)
             if hit is not None:
                 self._lru.move_to_end(key)
                 return hit[0], hit[1]
-        found = validate_files(payload, allowed_imports=allowed)
-        main = dict(payload).get("main.py")
-        split = expression_split(main) if not found and main is not None else None
+        found, split = _validated(payload, allowed)
         with self._lock:
             if key not in self._lru:
                 self._lru[key] = (found, split, size)
@@ -241,6 +241,17 @@ class _ValidationCache:
         with self._lock:
             self._lru.clear()
             self._chars = 0
+
+
+def _validated(payload: list[tuple[str, str]], allowed: frozenset[str]
+               ) -> tuple[tuple[Violation, ...], Split]:
+    """:func:`validate_files`' verdict and, for an accepted payload, main.py's split from
+    the tree the validator parsed."""
+    trees: dict[str, ast.Module] = {}
+    found = validate_files(payload, allowed_imports=allowed, trees=trees)
+    main, tree = dict(payload).get("main.py"), trees.get("main.py")
+    return found, (expression_split(main, tree) if not found and main is not None
+                   and tree is not None else None)
 
 
 _VALIDATED: Final = _ValidationCache()

@@ -123,12 +123,15 @@ def validate_files(
     allowed_imports: frozenset[str] | None = None,
     max_source_bytes: int = DEFAULT_MAX_SOURCE_BYTES,
     max_ast_depth: int = DEFAULT_MAX_AST_DEPTH,
+    trees: dict[str, ast.Module] | None = None,
 ) -> tuple[Violation, ...]:
     """Validate every file of a payload (``[(path, source), ...]`` or ``{path: source}``).
 
     Paths are relative POSIX paths of ``.py`` files that name importable modules
     (``main.py``, ``helpers.py``, ``pkg/__init__.py``, ``pkg/sub.py``). The payload's modules
     may import each other. Violations carry the file path, sorted by (path, line, column).
+    ``trees``: when given, each file that parsed gets its tree there, by path (for a caller
+    that needs more of the source's shape, so it is not parsed twice).
     """
     items = list(files.items()) if isinstance(files, Mapping) else list(files)
     out: list[Violation] = []
@@ -165,6 +168,7 @@ def validate_files(
                 max_source_bytes=max_source_bytes,
                 module_names=frozenset(names),
                 max_ast_depth=max_ast_depth,
+                trees=trees,
             )
         )
     return tuple(sorted(out, key=_sort_key))
@@ -216,6 +220,7 @@ def _validate_one(
     max_source_bytes: int,
     module_names: frozenset[str],
     max_ast_depth: int,
+    trees: dict[str, ast.Module] | None = None,
 ) -> tuple[Violation, ...]:
     size = len(source)
     if size > max_source_bytes or (
@@ -260,6 +265,8 @@ def _validate_one(
                 path=path,
             ),
         )
+    if trees is not None:
+        trees[path] = tree
     found = _rules.check_tree(
         tree,
         source,
