@@ -12,12 +12,13 @@ import datetime
 import hashlib
 import http.server
 import io
+import socket
 import ssl
 import tempfile
 import threading
 import zipfile
 from base64 import urlsafe_b64encode
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,3 +212,28 @@ def simple_index(name: str, wheel_name: str, wheel: bytes) -> dict[str, bytes]:
                              f"{wheel_name}</a></body></html>").encode(),
         f"/files/{wheel_name}": wheel,
     }
+
+
+@contextmanager
+def threaded_accept(srv: socket.socket, conn: Callable[[socket.socket], None]) -> Iterator[None]:
+    """Accept on ``srv`` in a thread, each connection served by ``conn`` in a thread of
+    its own, until the block ends; then stop accepting and close ``srv``."""
+    stop = threading.Event()
+    srv.settimeout(0.1)
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=conn, args=(c,), daemon=True).start()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(5)
+        srv.close()

@@ -27,13 +27,13 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from netservers import MapResolver, http_server, make_ca
+from netservers import MapResolver, http_server, make_ca, threaded_accept
 
 from corral.core.errors import ConfigInvalidError
 from corral.core.spec import ExecOpts, NetworkPolicy, SandboxSpec
@@ -342,31 +342,6 @@ def _read_body(f: Any, head: bytes) -> tuple[bytes, int]:
 
 
 @contextmanager
-def _threaded(srv: socket.socket, conn: Callable[[socket.socket], None]) -> Iterator[None]:
-    """Accept on ``srv`` in a thread, each connection served by ``conn`` in a thread of
-    its own, until the block ends; then stop accepting and close ``srv``."""
-    stop = threading.Event()
-    srv.settimeout(0.1)
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=conn, args=(c,), daemon=True).start()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        t.join(5)
-        srv.close()
-
-
-@contextmanager
 def raw_server(ctx: ssl.SSLContext | None, port: int = 0) -> Iterator[RawServer]:
     """With ``ctx``, a connection whose first byte is a TLS handshake is served in TLS,
     any other in plain HTTP (the server a port 443 that also reads plain text)."""
@@ -399,7 +374,7 @@ def raw_server(ctx: ssl.SSLContext | None, port: int = 0) -> Iterator[RawServer]
         out.connections += 1
         conn(c)
 
-    with _threaded(srv, counted):
+    with threaded_accept(srv, counted):
         yield out
 
 
@@ -1059,7 +1034,7 @@ def byte_sink() -> Iterator[_Sink]:
         got.append(data)
         c.close()
 
-    with _threaded(srv, conn):
+    with threaded_accept(srv, conn):
         yield got
 
 

@@ -96,7 +96,8 @@ def socket_dir(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """A world-searchable dir whose subdir holds a listening, world-writable unix
     socket (like /run holding docker.sock); yields (dir, socket path)."""
     import socket
-    import threading
+
+    from netservers import threaded_accept
 
     root = tmp_path / "run"
     (root / "svc").mkdir(parents=True)
@@ -108,26 +109,13 @@ def socket_dir(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     srv.bind(str(path))
     os.chmod(path, 0o777)
     srv.listen()
-    srv.settimeout(0.2)
-    stop = threading.Event()
 
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.sendall(b"host-service")
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            conn.sendall(b"host-service")
 
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    try:
+    with threaded_accept(srv, answer):
         yield root, path
-    finally:
-        stop.set()
-        t.join(2)
-        srv.close()
 
 
 CONNECT = ("import socket, sys\n"
