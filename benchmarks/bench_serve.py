@@ -36,11 +36,11 @@ import httpx
 TOKEN = "bench-token-0123456789abcdef"
 
 
-def _config(level: str, workers: int, clients: int) -> str:
+def _config(level: str, workers: int | None, clients: int) -> str:
     provider = {"strict": "linux", "context-isolated": "subproc"}[level]
     return f"""
 [server]
-snippet_workers = {workers}
+{"" if workers is None else f"snippet_workers = {workers}"}
 access_log = false
 grace_s = 5
 [levels]
@@ -213,12 +213,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="load the snippet endpoint this many times, one row each (this "
                     "VM's speed moves between runs: judge a goal over several)")
-    ap.add_argument("--workers", type=int, default=(os.cpu_count() or 1) + 1,
-                    help="the server's snippet_workers (default: its own, the cores + 1)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="the server's snippet_workers (default: the server's own)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="corral-bench-serve-") as d:
         tmp = Path(d)
         proc, port, tmpdir, listening = _start(tmp, _config(a.level, a.workers, a.clients))
+        workers = int(listening["snippet_workers"])
         url = f"http://127.0.0.1:{port}"
         try:
             with httpx.Client(base_url=url, headers={"authorization": f"Bearer {TOKEN}"},
@@ -226,7 +227,7 @@ def main() -> int:
                 net = "none" if a.level == "strict" else "unrestricted"
                 sid = c.post("/v1/sandboxes", json={"spec": {
                     "level": a.level, "network": {"kind": net}}}).json()["id"]
-                for _ in range(a.workers * 2):  # warm the pool's slots
+                for _ in range(workers * 2):  # warm the pool's slots
                     c.post("/v1/snippets", json={"source": "1"})
             baseline = len(_descendants(proc.pid))
             rows = []
@@ -247,7 +248,7 @@ def main() -> int:
                 rows.append((name, len(lat), errors, len(lat) / took, _pct(lat, 50),
                              _pct(lat, 90), _pct(lat, 99), *cpu))
             print(f"corral serve, level {a.level}, {a.clients} clients, snippet_workers "
-                  f"{a.workers}, {os.cpu_count()} cores (load generator included); server "
+                  f"{workers}, {os.cpu_count()} cores (load generator included); server "
                   f"loop {listening.get('loop', '?')}, http {listening.get('http', '?')}; "
                   f"load average {os.getloadavg()[0]:.2f}")
             print(f"{'endpoint':<20}{'requests':>9}{'errors':>8}{'req/s':>9}{'p50 ms':>9}"

@@ -93,7 +93,8 @@ def serve(config: ServeConfig, *, log: JsonLog | None = None) -> int:
         ssl_certfile=config.tls_certfile, ssl_keyfile=config.tls_keyfile)
     server = _Server(ucfg, service)
     log.event("listening", host=host, port=port, url=f"{scheme}://{host}:{port}",
-              tenants=[t.name for t in config.tenants], **_engines())
+              tenants=[t.name for t in config.tenants],
+              snippet_workers=config.snippet_workers, **_engines())
     try:
         server.run(sockets=[sock])
     except SystemExit:  # uvicorn exits 3 when the lifespan's startup failed
