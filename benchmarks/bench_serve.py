@@ -230,7 +230,10 @@ def main() -> int:
                 for _ in range(workers * 2):  # warm the pool's slots
                     c.post("/v1/snippets", json={"source": "1"})
             baseline = len(_descendants(proc.pid))
-            rows = []
+            #: name, requests, errors, req/s, p50, p90, p99, CPU ms/request (gen, server,
+            #: sandboxes, machine)
+            rows: list[tuple[str, int, int, float, float, float, float, float, float, float,
+                             float]] = []
             snippet = ("/v1/snippets", {"source": "x = sum(range(100))\nx"},
                        lambda d: d.get("result") == "4950" and not d["errors"])
             loads: list[tuple[str, str, dict[str, Any] | None, Any]] = [
@@ -243,10 +246,10 @@ def main() -> int:
                 cpu0 = _cpu_now(proc.pid)
                 lat, errors, took = asyncio.run(
                     _load(port, a.clients, a.seconds, a.count, path, body, ok))
-                cpu = [(b - c) / max(len(lat), 1) * 1000
-                       for b, c in zip(_cpu_now(proc.pid), cpu0, strict=True)]
+                gen, srv, box, tot = ((b - c) / max(len(lat), 1) * 1000
+                                      for b, c in zip(_cpu_now(proc.pid), cpu0, strict=True))
                 rows.append((name, len(lat), errors, len(lat) / took, _pct(lat, 50),
-                             _pct(lat, 90), _pct(lat, 99), *cpu))
+                             _pct(lat, 90), _pct(lat, 99), gen, srv, box, tot))
             print(f"corral serve, level {a.level}, {a.clients} clients, snippet_workers "
                   f"{workers}, {os.cpu_count()} cores (load generator included); server "
                   f"loop {listening.get('loop', '?')}, http {listening.get('http', '?')}; "
