@@ -7,11 +7,37 @@ conftests are not importable by name).
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
+import tempfile
+
+import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 from strict_tier import pytest_configure, pytest_runtest_setup
 
-__all__ = ["pytest_configure", "pytest_runtest_setup"]
+__all__ = ["pytest_configure", "pytest_runtest_setup", "pytest_sessionfinish",
+           "pytest_sessionstart"]
+
+#: directories that hold a test CA's private key (tests/linux/netservers.py, the
+#: ``test_ca`` fixture); a test session must leave none of its own behind
+_KEY_DIRS = ("corral-netca-*", "corral-test-ca-*")
+_before: set[str] = set()
+
+
+def _key_dirs() -> set[str]:
+    tmp = tempfile.gettempdir()
+    return {d for pat in _KEY_DIRS for d in glob.glob(os.path.join(tmp, pat))}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _before.update(_key_dirs())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    left = sorted(_key_dirs() - _before)
+    if left:
+        print(f"\ntest session left directories holding private keys: {left}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -53,6 +53,20 @@ def linux() -> Callable[..., None]:
     return run_with_provider
 
 
+@pytest.fixture
+def test_ca() -> Iterator[Callable[..., Any]]:
+    """``test_ca(*names)``: a fresh CA and server certificate (``netservers.make_ca``)
+    whose files, the private keys among them, are removed when the test ends, passed or
+    failed."""
+    from netservers import make_ca
+
+    root = Path(tempfile.mkdtemp(prefix="corral-test-ca-"))
+    try:
+        yield lambda *names: make_ca(*names, within=root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def nobody_python() -> Iterator[tuple[str, str]]:
     """(interpreter, import root) that uid 65534 can reach, for tests that drop to it.

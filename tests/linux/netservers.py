@@ -57,8 +57,10 @@ class TestCA:
         return ctx
 
 
-def make_ca(*names: str) -> TestCA:
-    """A fresh CA and a server certificate for ``names`` (DNS SANs), in a temp dir."""
+def make_ca(*names: str, within: Path) -> TestCA:
+    """A fresh CA and a server certificate for ``names`` (DNS SANs), in a new private
+    directory under ``within`` (a test's ``tmp_path``: the ``test_ca`` fixture removes
+    it, private key and all, when the test ends)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -96,7 +98,7 @@ def make_ca(*names: str) -> TestCA:
                 ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
     pem = serialization.Encoding.PEM
-    d = Path(tempfile.mkdtemp(prefix="corral-netca-"))
+    d = Path(tempfile.mkdtemp(prefix="corral-netca-", dir=within))
     out = TestCA(ca.public_bytes(pem), cert.public_bytes(pem),
                  key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
                                    serialization.NoEncryption()), d)

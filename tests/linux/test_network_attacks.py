@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from netservers import MapResolver, http_server, make_ca, threaded_accept
+from netservers import MapResolver, http_server, threaded_accept
 
 from corral.core.errors import ConfigInvalidError
 from corral.core.spec import ExecOpts, NetworkPolicy, SandboxSpec
@@ -384,14 +384,14 @@ def tunnel_tls(host: str, sni: str, *steps: list[Any]) -> list[list[Any]]:
             ["tls", sni], *steps]
 
 
-def test_a_secret_host_cannot_be_turned_against_its_secret(linux: Any) -> None:
+def test_a_secret_host_cannot_be_turned_against_its_secret(linux: Any, test_ca: Any) -> None:
     """SNI and Host naming another host, absolute form, TRACE, CONNECT inside, framing
     tricks (both lengths, two lengths, Unicode digits, control characters, an obs-fold,
     underscored look-alikes of framing headers), a header named like the secret in
     another case, pipelining to another host: the secret goes only to its host, once
     per request, and the sandbox's own value never reaches it."""
     pytest.importorskip("cryptography")
-    ca = make_ca("sec.test")
+    ca = test_ca("sec.test")
     secret = "corral-secret-" + secrets.token_hex(12)
     upstream_ctx = ssl.create_default_context(cafile=ca.ca_file)
     with raw_server(ca.server_context()) as sec, raw_server(None) as other:
@@ -886,12 +886,13 @@ def test_tunnels_from_one_sandbox_leave_the_host_descriptors(linux: Any) -> None
         hold.stdout.close()
 
 
-def test_a_secret_never_crosses_the_network_in_clear_to_port_443(linux: Any) -> None:
+def test_a_secret_never_crosses_the_network_in_clear_to_port_443(linux: Any,
+                                                                  test_ca: Any) -> None:
     """A secret entry on port 443: plain HTTP inside a CONNECT tunnel to that port, or a
     plain proxy request to it, used to get the secret added and sent in clear; both are
     refused now, while TLS to the same port gets it (the control)."""
     pytest.importorskip("cryptography")
-    ca = make_ca("sec.test")
+    ca = test_ca("sec.test")
     secret = "corral-secret-" + secrets.token_hex(12)
     try:
         server = raw_server(ca.server_context(), 443)

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 import pytest
-from netservers import MapResolver, http_server, make_ca
+from netservers import MapResolver, http_server
 
 from corral.core.spec import ExecOpts, NetworkPolicy, SandboxSpec
 
@@ -84,8 +84,8 @@ print(found, scanned)
 """
 
 
-def test_a_secret_header_reaches_upstream_and_not_the_sandbox(linux: Any) -> None:
-    ca = make_ca("api.test")
+def test_a_secret_header_reaches_upstream_and_not_the_sandbox(linux: Any, test_ca: Any) -> None:
+    ca = test_ca("api.test")
     secret = MARKER + secrets.token_hex(12)
     digest = hashlib.sha256(secret.encode()).hexdigest()
     upstream_ctx = ssl.create_default_context(cafile=ca.ca_file)
