@@ -13,7 +13,10 @@ fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # CORRAL_MAIN_NO_INSTALL=1: use the .venv as it is (tests/test_main_job.py runs this script)
 [ "${CORRAL_MAIN_NO_INSTALL:-}" = 1 ] || .venv/bin/python -m pip install -q -e .
-.venv/bin/corral doctor | sed -n '1,/^Providers/p'
+# the host's primitives, then the strict provider's verdict (`corral doctor` shows every
+# provider's rows)
+.venv/bin/corral doctor | awk '/^Providers/ {p = 1; next} !p {print}
+  p && /^  linux \(level strict\)/ {print "Strict level:" substr($0, 24); exit}'
 echo "--- corral run --level strict -- python examples/inside.py"
 # the interpreter by absolute path: at strict a relative path names a file inside the
 # sandbox's /work; corral binds the interpreter the venv's python links to

@@ -27,7 +27,9 @@ def test_main_script_runs_the_strict_job() -> None:
                        env={**os.environ, "CORRAL_MAIN_NO_INSTALL": "1"})
     out = r.stdout.decode()
     assert r.returncode == 0, (out, r.stderr.decode())
-    job = out.split("--- corral run --level strict", 1)[1]
+    doctor, job = out.split("--- corral run --level strict", 1)
+    # the doctor part ends with the strict provider's verdict, not an empty heading
+    assert doctor.rstrip().splitlines()[-1].startswith("Strict level: usable"), doctor
     assert "network interfaces: ['lo']" in job
     assert "capabilities 0000000000000000, no_new_privs 1, seccomp mode 2" in job
     assert "raw socket: refused" in job and "/usr/bin/evil: refused" in job
