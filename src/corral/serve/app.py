@@ -476,7 +476,9 @@ class _Api:
                              ) -> Response:
         doc = self._doc(body)
         spec = wire.spec_from_json(doc.get("spec") or {}, tenant_id=tenant.name)
-        entry = await self.s.create(tenant, spec, doc.get("id"))
+        entry = await self.s.create(tenant, spec, doc.get("id"),  # lifetimes: tenancy.py
+                                    idle_timeout_s=doc.get("idle_timeout_s"),
+                                    max_lifetime_s=doc.get("max_lifetime_s"))
         return _json({**entry.info(), "spec": wire.spec_to_json(spec)}, 201)
 
     async def get_sandbox(self, request: Request, tenant: TenantState, body: bytes) -> Response:
