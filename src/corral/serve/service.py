@@ -273,15 +273,19 @@ class Service:
             "default_sandbox_mem_mb": self.config.default_sandbox_mem_mb,
         }
 
-    def entry(self, tenant: TenantState, sandbox_id: str) -> SandboxEntry:
+    def entry(self, tenant: TenantState, sandbox_id: str, *, touch: bool = False
+              ) -> SandboxEntry:
+        """The tenant's sandbox (404 otherwise). ``touch``: this request uses it (its
+        idle time starts again); looking at it (GET, a list) does not."""
         e = tenant.sandboxes.get(sandbox_id)
         if e is None:
             raise ApiError("not-found", "no such sandbox", what="sandbox")
-        e.touch()
+        if touch:
+            e.touch()
         return e
 
     def process(self, tenant: TenantState, sandbox_id: str, pid: str) -> ProcessEntry:
-        p = self.entry(tenant, sandbox_id).processes.get(pid)
+        p = self.entry(tenant, sandbox_id, touch=True).processes.get(pid)
         if p is None:
             raise ApiError("not-found", "no such process", what="process")
         return p
@@ -541,7 +545,7 @@ class Service:
 
     async def start_process(self, tenant: TenantState, sandbox_id: str, argv: Sequence[str],
                             opts: ProcessOpts) -> ProcessEntry:
-        entry = self.entry(tenant, sandbox_id)
+        entry = self.entry(tenant, sandbox_id, touch=True)
         opts = self._admitted(tenant, tenancy.admit_process, opts)
         entry.prune()
         try:
@@ -560,7 +564,7 @@ class Service:
         """pause / resume / snapshot / restore, through the contract's functions (which
         raise the matching not-supported error where the provider has none). A handle is
         restored only into a sandbox of the tenant whose sandbox made it."""
-        sb = self.entry(tenant, sandbox_id).sandbox
+        sb = self.entry(tenant, sandbox_id, touch=True).sandbox
         if op == "pause":
             await pause(sb)
         elif op == "resume":
