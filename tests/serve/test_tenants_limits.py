@@ -112,11 +112,12 @@ def test_a_limit_over_the_tenants_maximum_is_refused(server: Server, limits: dic
 def test_an_omitted_limit_is_the_tenants_default_inside_and_in_the_count(
         server: Server) -> None:
     with server.client(ALICE) as c:
-        sid = _create(c)
+        r = c.post("/v1/sandboxes", json={"spec": {}})
+        sid, applied = r.json()["id"], {"mem_mb": 48, "cpu_ms": 20000, "disk_mb": 64,
+                                        "max_processes": 12}
+        assert r.json()["spec"]["limits"] == applied  # the create answer says it
         got = c.get(f"/v1/sandboxes/{sid}").json()
-        assert got["spec"]["limits"] == {"mem_mb": 48, "cpu_ms": 20000, "disk_mb": 64,
-                                         "max_processes": 12}
-        assert got["mem_mb"] == 48
+        assert got["spec"]["limits"] == applied and got["mem_mb"] == 48
         assert c.get("/v1/info").json()["usage"]["memory_mb"] == 48  # counted: applied
         # from inside: 100 MiB does not fit in the default (old main: 512 MiB, it fits)
         r = _exec(c, sid, [PY, "-c", ALLOC, "100"])
