@@ -263,8 +263,8 @@ class Service:
                           if lv in tenant.config.policy.levels},
             # the levels offered to this tenant that are not a security boundary: their
             # commands run as the server's user, on its network (docs/service.md)
-            "not_boundaries": list(tenant.config.policy.not_boundaries),
-            "ceiling": tenant.config.policy.describe(),
+            "not_boundaries": tenant.ceiling["not_boundaries"],
+            "ceiling": tenant.ceiling,
             "caps": {"max_sandboxes": c.max_sandboxes, "max_runs": c.max_runs,
                      "max_memory_mb": c.max_memory_mb, "max_processes": c.max_processes},
             "usage": {"sandboxes": tenant.sandbox_count, "runs": tenant.runs,

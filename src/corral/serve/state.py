@@ -169,6 +169,8 @@ class TenantState:
     def __init__(self, config: TenantConfig) -> None:
         self.config = config
         self.name = config.name
+        #: the tenant's ceiling as /v1/info shows it (the policy is frozen: made once)
+        self.ceiling: dict[str, Any] = config.policy.describe()
         self.sandboxes: dict[str, SandboxEntry] = {}
         #: sandboxes being created or held by a /v1/runs run (not in ``sandboxes``)
         self.pending_sandboxes = 0
