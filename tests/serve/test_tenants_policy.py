@@ -176,3 +176,14 @@ def test_lifetimes() -> None:
 def test_bound_without_maximum() -> None:
     assert Bound(None, None).admit("cpu_ms", 10**9) == 10**9
     assert Bound(None, None).admit("cpu_ms", None) is None
+
+
+def test_a_memory_default_must_fit_the_tenants_cap() -> None:
+    from corral.serve.config import config_from_dict
+    t = {"name": "a", "token": "x" * 20, "max_memory_mb": 200}
+    for doc in ({"tenants": [t]},  # the default default: default_sandbox_mem_mb, 256
+                {"tenants": [{**t, "limits": {"mem_mb": {"default": 300}}}]}):
+        with pytest.raises(ConfigInvalidError, match="no sandbox would fit"):
+            config_from_dict(doc)
+    cfg = config_from_dict({"server": {"default_sandbox_mem_mb": 128}, "tenants": [t]})
+    assert cfg.tenants[0].policy.limits["mem_mb"] == Bound(128, 4096)

@@ -111,6 +111,11 @@ class TenantConfig:
             raise ConfigInvalidError("tenants.policy", "must be a TenantPolicy")
         if self.policy.name != self.name:
             object.__setattr__(self, "policy", replace(self.policy, name=self.name))
+        mem = self.policy.limits["mem_mb"].default
+        if mem is not None and mem > self.max_memory_mb:
+            raise ConfigInvalidError("tenants.limits.mem_mb", f"tenant {self.name!r}: its "
+                                     f"default ({mem} MiB) is above its max_memory_mb "
+                                     f"({self.max_memory_mb}): no sandbox would fit")
 
     def matches(self, token: str) -> bool:
         """Whether ``token`` is this tenant's (constant-time comparison of digests)."""
