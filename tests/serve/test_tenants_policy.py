@@ -16,6 +16,7 @@ from corral.serve.tenancy import (
     admit_lifetime,
     admit_process,
     admit_spec,
+    admit_timeout,
     check_network,
     parse_policy,
 )
@@ -154,6 +155,10 @@ def test_wall_clock_and_output_bounds() -> None:
     with pytest.raises(LimitsExceededError) as el:
         admit_exec(p, ExecOpts(max_stdout_bytes=65537))
     assert el.value.limit == "output"
+    for bad in (0, -1, "5", 1.5, True):  # raw from a request body: typed, never a crash
+        with pytest.raises(ConfigInvalidError):
+            admit_timeout(p, bad)  # type: ignore[arg-type]
+    assert admit_timeout(p, None) == 1000
     assert admit_process(p, ProcessOpts()).timeout_ms is None
     with pytest.raises(ConfigInvalidError):
         admit_process(p, ProcessOpts(timeout_ms=6000))

@@ -657,8 +657,10 @@ class Service:
                                      "process; the service refuses it")
         if spec is not None:
             spec = self.admit(tenant, spec)
-        timeout_ms = self._admitted(tenant, tenancy.admit_timeout, timeout_ms
-                                    or DEFAULT_INVOKE_TIMEOUT_MS)
+        if timeout_ms is None:  # dispatch's own default, within the tenant's maximum
+            most = tenant.config.policy.limits["timeout_ms"].maximum
+            timeout_ms = min(DEFAULT_INVOKE_TIMEOUT_MS, most or DEFAULT_INVOKE_TIMEOUT_MS)
+        timeout_ms = self._admitted(tenant, tenancy.admit_timeout, timeout_ms)
         kw: dict[str, Any] = dict(resumed=resumed, files=files, timeout_ms=timeout_ms)
         with self.run_slot(tenant):
             try:

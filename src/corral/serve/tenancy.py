@@ -518,7 +518,11 @@ def admit_spec(policy: TenantPolicy, spec: SandboxSpec, *,
 
 
 def admit_timeout(policy: TenantPolicy, timeout_ms: int | None) -> int:
-    """A wall-clock timeout: the one asked (refused above the maximum) or the default."""
+    """A wall-clock timeout: the one asked (an integer >= 1, refused above the maximum)
+    or the default."""
+    if timeout_ms is not None and (isinstance(timeout_ms, bool)
+                                   or not isinstance(timeout_ms, int) or timeout_ms < 1):
+        raise ConfigInvalidError("timeout_ms", f"must be an integer >= 1, got {timeout_ms!r}")
     b = policy.limits["timeout_ms"]
     got = b.admit("timeout_ms", timeout_ms)
     if got is None:
