@@ -192,3 +192,11 @@ def test_a_memory_default_must_fit_the_tenants_cap() -> None:
             config_from_dict(doc)
     cfg = config_from_dict({"server": {"default_sandbox_mem_mb": 128}, "tenants": [t]})
     assert cfg.tenants[0].policy.limits["mem_mb"] == Bound(128, 4096)
+
+
+def test_a_bound_given_half_meets_the_built_in_one() -> None:
+    p = policy({"limits": {"mem_mb": {"max": 100}, "disk_mb": {"default": 10_000}}})
+    assert p.limits["mem_mb"] == Bound(100, 100)      # the default lowered to the max
+    assert p.limits["disk_mb"] == Bound(10_000, 10_000)  # the max raised to the default
+    big = parse_policy({}, name="t", server_levels=("strict",), default_mem_mb=8192)
+    assert big.limits["mem_mb"] == Bound(8192, 8192)

@@ -219,7 +219,7 @@ _LIFE: Final = Bound(86_400, 86_400)
 
 def _default_limits(default_mem_mb: int) -> dict[str, Bound]:
     return {
-        "mem_mb": Bound(default_mem_mb, 4096),
+        "mem_mb": Bound(default_mem_mb, max(4096, default_mem_mb)),
         "cpu_ms": Bound(None, None),
         "max_processes": Bound(256, 1024),
         "disk_mb": Bound(256, 4096),
@@ -300,7 +300,8 @@ def _check_bound(name: str, b: Bound) -> None:
 
 def _bound(where: str, value: object, fallback: Bound) -> Bound:
     """``N`` (default and max both N) or ``{default = N, max = M}`` (either may be left
-    out: the fallback's is kept, the default lowered to the max if it was above it)."""
+    out: the fallback's is kept, moved to meet the one given: a default lowered to a
+    smaller max, a max raised to a larger default)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return Bound(value, value)
     if not isinstance(value, Mapping):
@@ -310,8 +311,11 @@ def _bound(where: str, value: object, fallback: Bound) -> Bound:
         raise ConfigInvalidError(f"{where}.{extra[0]}", "unknown key")
     mx = value.get("max", fallback.maximum)
     df = value.get("default", fallback.default)
-    if "default" not in value and isinstance(mx, int) and isinstance(df, int) and df > mx:
-        df = mx
+    if isinstance(mx, int) and isinstance(df, int) and df > mx:
+        if "default" not in value:
+            df = mx
+        elif "max" not in value:
+            mx = df
     b = Bound(df, mx)
     _check_bound(where, b)
     return b
