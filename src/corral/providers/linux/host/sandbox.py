@@ -616,13 +616,14 @@ class LinuxSandbox(Sandbox):
         """Capture /work (regular files and dirs); the handle restores in this provider only."""
         self._check_cpu()
         _h, payload = await self._call({"op": "snapshot"}, reply_payload=True)
-        return self._provider.snapshots.put(payload)
+        return await self._provider.snapshots.put(payload, tenant=self.spec.tenant_id,
+                                                  owner=self.id)
 
     async def restore(self, handle: SnapshotHandle) -> None:
         """Replace /work with a snapshot's content (InvalidSnapshotHandleError if not ours);
         the sandbox's own CA bundle (a policy with secret headers) is written again."""
         self._check_cpu()
-        data = self._provider.snapshots.get(handle)
+        data = await self._provider.snapshots.get(handle, tenant=self.spec.tenant_id)
         await self._call({"op": "restore"}, data)
         if self._ca_bundle is not None:
             await self.write_file(*self._ca_bundle)
@@ -697,6 +698,7 @@ class LinuxSandbox(Sandbox):
         try:
             await self._destroy()
         finally:
+            self._provider.snapshots.drop_owner(self.id)
             await self.network.aclose()
 
     async def _destroy(self) -> None:
