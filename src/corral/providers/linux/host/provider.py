@@ -123,7 +123,7 @@ class LinuxProvider(SandboxProvider):
         snapshots: the snapshot store's bounds, a ``SnapshotLimits`` or a mapping
             of its field names (bytes and count per store and per tenant, a TTL,
             whether a destroyed sandbox's snapshots are kept, the directory of the
-            nameless files); see docs/providers/linux.md, "Snapshots".
+            nameless files); see docs/snapshots.md.
 
     Network: ``none`` (loopback only), ``allowlist`` and ``unrestricted``; the latter
     two reach out only through the sandbox's egress proxy on the host (see
