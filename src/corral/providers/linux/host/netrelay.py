@@ -39,7 +39,13 @@ from typing import Final, final
 from corral.core.errors import ConfigInvalidError, ProviderError
 from corral.core.result import NetworkDenial
 from corral.core.spec import NetworkPolicy
-from corral.providers.linux.host.egress import EgressPolicy, EgressProxy, Resolver, parse_entry
+from corral.providers.linux.host.egress import (
+    EgressPolicy,
+    EgressProxy,
+    NeverReach,
+    Resolver,
+    parse_entry,
+)
 
 __all__ = ["PROXY_HOST", "PROXY_PORT", "SandboxNetwork", "check_agent_socket", "check_entries",
            "proxy_env"]
@@ -125,8 +131,10 @@ class SandboxNetwork:
 
     def __init__(self, policy: NetworkPolicy, new_socket: NewSocket, *,
                  resolver: Resolver | None = None,
-                 upstream_ssl_context: ssl.SSLContext | None = None) -> None:
+                 upstream_ssl_context: ssl.SSLContext | None = None,
+                 never: NeverReach | None = None) -> None:
         self.policy = policy
+        self._never = never
         self._new_socket = new_socket
         self._resolver = resolver
         self._upstream_ssl = upstream_ssl_context
@@ -153,7 +161,7 @@ class SandboxNetwork:
         if self.policy.kind == "none":
             return
         proxy = EgressProxy(self.egress_policy(self.policy), resolver=self._resolver,
-                            upstream_ssl_context=self._upstream_ssl)
+                            upstream_ssl_context=self._upstream_ssl, never=self._never)
         try:
             sock = check_agent_socket(await self._new_socket())
             try:

@@ -23,7 +23,7 @@ from corral.images.cache import ImageCache, UnpackedImage, unreachable_part
 from corral.providers.linux import _sys_unsafe as su
 from corral.providers.linux.host.channel import Zygote
 from corral.providers.linux.host.cpuwatch import CpuWatch
-from corral.providers.linux.host.egress import Resolver
+from corral.providers.linux.host.egress import NeverReach, Resolver
 from corral.providers.linux.host.launch import launch, race
 from corral.providers.linux.host.netrelay import check_entries
 from corral.providers.linux.host.sandbox import LinuxSandbox
@@ -124,6 +124,9 @@ class LinuxProvider(SandboxProvider):
             of its field names (bytes and count per store and per tenant, a TTL,
             whether a destroyed sandbox's snapshots are kept, the directory of the
             nameless files); see docs/snapshots.md.
+        egress_never: destinations every sandbox's egress proxy refuses whatever its
+            policy lists (a ``NeverReach``, shared and updatable: the Ray node actor
+            fills it with the cluster's addresses and Ray's ports).
 
     Network: ``none`` (loopback only), ``allowlist`` and ``unrestricted``; the latter
     two reach out only through the sandbox's egress proxy on the host (see
@@ -148,7 +151,8 @@ class LinuxProvider(SandboxProvider):
                  binds: Sequence[Bind] = (),
                  egress_resolver: Resolver | None = None,
                  egress_upstream_ssl_context: ssl.SSLContext | None = None,
-                 snapshots: SnapshotLimits | Mapping[str, Any] | None = None) -> None:
+                 snapshots: SnapshotLimits | Mapping[str, Any] | None = None,
+                 egress_never: NeverReach | None = None) -> None:
         from corral.providers.linux.host.cgroups import CgroupManager
         if isinstance(spares, bool) or not isinstance(spares, int) or not 0 <= spares <= 8:
             raise ConfigInvalidError("spares", f"must be an integer 0..8, got {spares!r}")
@@ -175,6 +179,7 @@ class LinuxProvider(SandboxProvider):
                 "snapshot", "restore", "network-allowlist", "network-unrestricted",
                 "preview-url"}
         self._egress_resolver = egress_resolver
+        self.egress_never = egress_never
         self._egress_upstream_ssl = egress_upstream_ssl_context
         if self._cgroups.support.has("freezer"):
             caps.add("pause")

@@ -111,7 +111,8 @@ class LinuxSandbox(Sandbox):
         #: by the provider's create before the sandbox is handed out
         self.network = SandboxNetwork(spec.network, self._agent_socket,
                                       resolver=provider._egress_resolver,
-                                      upstream_ssl_context=provider._egress_upstream_ssl)
+                                      upstream_ssl_context=provider._egress_upstream_ssl,
+                                      never=provider.egress_never)
         #: what every command's env gets for the network (the proxy's variables)
         self._net_env: dict[str, str] = {}
         #: (path, bytes) of the CA bundle written at create (a policy with secrets)
