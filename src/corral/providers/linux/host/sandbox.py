@@ -19,6 +19,7 @@ from corral.core.errors import (
     ProviderError,
     error_from_code,
 )
+from corral.core.preview import PreviewURL
 from corral.core.result import NetworkDenial, Outcome, OutputBuffer, RunResult
 from corral.core.spec import (
     ExecOpts,
@@ -667,11 +668,14 @@ class LinuxSandbox(Sandbox):
         """Every connection the network policy refused so far (the most recent 1000)."""
         return self.network.all_denials()
 
-    async def expose(self, port: int) -> str:
+    async def expose(self, port: int) -> PreviewURL:
         """The ``preview-url`` capability: a URL on the host's loopback
         (``http://127.0.0.1:N/``) whose connections are forwarded to TCP ``port`` on
-        the sandbox's loopback (whatever protocol is spoken there). Exposing a port
-        again returns the same URL. Closed by :meth:`unexpose` and at destroy."""
+        the sandbox's loopback (whatever protocol is spoken there), once they present
+        the URL's token (``url.token``: the ``X-Corral-Preview-Token`` header, or the
+        ``url.preamble()`` line for other protocols; see docs/network.md). Exposing a
+        port again returns the same URL and token. Closed by :meth:`unexpose` and at
+        destroy."""
         self._live()
         return await self.network.expose(port)
 
