@@ -171,3 +171,35 @@ def test_bad_bounds_are_config_invalid(bad: Any) -> None:
     with pytest.raises(ConfigInvalidError) as e:
         SnapshotLimits.of(bad)
     assert e.value.field.startswith("snapshots")
+
+
+def test_a_cancelled_snapshot_leaves_nothing() -> None:
+    """Cancelled while its archive is written on a thread: the bounds are given back and
+    the file is closed once the thread is done with it (no descriptor, nothing named)."""
+    from corral.providers.linux.snapshots import SnapshotStore
+    d = tempfile.mkdtemp(prefix="corral-snaptest-")
+
+    async def go() -> None:
+        store = SnapshotStore(SnapshotLimits(dir=d))
+        data = b"z" * (64 * MIB)
+        for delay in (0, 0.001, 0.01):
+            task = asyncio.ensure_future(store.put(data, tenant="t", owner="o"))
+            await asyncio.sleep(delay)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert store.count == 0 and store.bytes_used == 0
+        for _ in range(100):
+            if not _fds_into(d):
+                break
+            await asyncio.sleep(0.05)
+        assert _fds_into(d) == [] and os.listdir(d) == []
+        h = await store.put(b"kept", tenant="t", owner="o")  # the store still works
+        assert await store.get(h, tenant="t") == b"kept"
+        store.clear()
+        assert _fds_into(d) == []
+
+    try:
+        asyncio.run(go())
+    finally:
+        os.rmdir(d)

@@ -245,21 +245,46 @@ def _nameless_file(directory: str) -> int:
     return fd
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    off = 0
-    while off < len(view):
-        off += os.pwrite(fd, view[off:off + 8 * _MIB], off)
+def _stored(directory: str, data: bytes) -> tuple[int, str]:
+    """A nameless file of ``directory`` holding ``data``: (its descriptor, the data's
+    sha256), on a thread."""
+    digest = hashlib.sha256(data).hexdigest()
+    fd = _nameless_file(directory)
+    try:
+        view = memoryview(data)
+        off = 0
+        while off < len(view):
+            off += os.pwrite(fd, view[off:off + 8 * _MIB], off)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, digest
 
 
-def _read_all(fd: int, size: int) -> bytes:
-    data = os.pread(fd, size, 0)  # one read for a regular file under 2 GiB
-    while len(data) < size:
-        more = os.pread(fd, size - len(data), len(data))
-        if not more:
-            raise InvalidSnapshotHandleError("snapshot file is shorter than its handle")
-        data += more
-    return data
+def _close_when_done(fut: asyncio.Future[tuple[int, str]]) -> None:
+    """A cancelled store's thread still finishes: close the descriptor it made then
+    (never while the thread uses it, whose number could be reused meanwhile)."""
+    def done(f: asyncio.Future[tuple[int, str]]) -> None:
+        if not f.cancelled() and f.exception() is None:
+            os.close(f.result()[0])
+    fut.add_done_callback(done)
+
+
+def _read_all(fd: int, size: int, digest: str) -> bytes:
+    """Read ``size`` bytes of ``fd`` from its start and check their sha256, then close
+    ``fd`` (on a thread)."""
+    try:
+        data = os.pread(fd, size, 0)  # one read for a regular file under 2 GiB
+        while len(data) < size:
+            more = os.pread(fd, size - len(data), len(data))
+            if not more:
+                raise InvalidSnapshotHandleError("snapshot file is shorter than its handle")
+            data += more
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise InvalidSnapshotHandleError("snapshot content does not match its handle")
+        return data
+    finally:
+        os.close(fd)
 
 
 @final
@@ -321,18 +346,17 @@ class SnapshotStore:
         self._reserved += size
         self._reserved_by[tenant] = (rb + size, rc + 1)
         directory = self.limits.dir or tempfile.gettempdir()
-        fd = -1
+        loop = asyncio.get_running_loop()
         try:
-            fd = await asyncio.to_thread(_nameless_file, directory)
-            await asyncio.to_thread(_write_all, fd, data)
-            digest = hashlib.sha256(data).hexdigest()
-        except BaseException as e:
-            if fd >= 0:
-                os.close(fd)
-            if isinstance(e, OSError):
-                raise ProviderError(f"cannot store the snapshot in {directory}: "
-                                    f"{e.strerror or e}") from None
-            raise
+            fut = loop.run_in_executor(None, _stored, directory, data)
+            try:
+                fd, digest = await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                _close_when_done(fut)
+                raise
+        except OSError as e:
+            raise ProviderError(f"cannot store the snapshot in {directory}: "
+                                f"{e.strerror or e}") from None
         finally:
             self._reserved -= size
             rb, rc = self._reserved_by.pop(tenant)
@@ -342,7 +366,6 @@ class SnapshotStore:
             os.close(fd)
             raise ProviderError("the snapshot store is closed")
         sid = secrets.token_hex(16)
-        loop = asyncio.get_running_loop()
         self._data[sid] = _Entry(fd, size, digest, tenant, owner,
                                  loop.time() + self.limits.ttl_s)
         self._arm(loop)
@@ -378,14 +401,9 @@ class SnapshotStore:
         _sid, entry = self._entry(handle)
         if not hmac.compare_digest(entry.tenant.encode(), tenant.encode()):
             raise InvalidSnapshotHandleError("snapshot belongs to another tenant")
-        fd = os.dup(entry.fd)  # a drop while reading closes only the store's copy
-        try:
-            data = await asyncio.to_thread(_read_all, fd, entry.size)
-        finally:
-            os.close(fd)
-        if hashlib.sha256(data).hexdigest() != entry.digest:
-            raise InvalidSnapshotHandleError("snapshot content does not match its handle")
-        return data
+        # a copy of the descriptor, closed by the reading thread itself: a drop while it
+        # reads closes only the store's, and a cancel never closes one in use
+        return await asyncio.to_thread(_read_all, os.dup(entry.fd), entry.size, entry.digest)
 
     def drop(self, handle: SnapshotHandle) -> None:
         """Delete the snapshot of ``handle`` (a verified one; stale: nothing to do)."""
