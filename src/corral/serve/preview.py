@@ -40,11 +40,13 @@ def _preview(entry: SandboxEntry) -> SupportsPreviewUrl:
 async def expose(service: Service, tenant: TenantState, sandbox_id: str,
                  doc: dict[str, Any]) -> dict[str, Any]:
     """``{"port"}`` -> ``{"url", "token", "port"}``."""
+    entry = service.entry(tenant, sandbox_id)  # another tenant's: 404 before the body
+    sb = _preview(entry)
     port = _port(doc)
-    url = await _preview(service.entry(tenant, sandbox_id)).expose(port)
+    url = await sb.expose(port)
     token = url.token if isinstance(url, PreviewURL) else None
     if not token:  # a provider whose URL has no token: never handed out
-        raise LevelNotSupportedError(service.entry(tenant, sandbox_id).level, (),
+        raise LevelNotSupportedError(entry.level, (),
                                      "its preview URLs carry no token",
                                      missing="preview-url token", field="expose")
     return {"url": str(url), "token": token, "port": port}
@@ -52,7 +54,8 @@ async def expose(service: Service, tenant: TenantState, sandbox_id: str,
 
 async def unexpose(service: Service, tenant: TenantState, sandbox_id: str,
                    doc: dict[str, Any]) -> None:
-    await _preview(service.entry(tenant, sandbox_id)).unexpose(_port(doc))
+    sb = _preview(service.entry(tenant, sandbox_id))
+    await sb.unexpose(_port(doc))
 
 
 def _entries(doc: dict[str, Any], key: str) -> list[str]:
@@ -94,11 +97,11 @@ async def change_network(service: Service, tenant: TenantState, sandbox_id: str,
                          doc: dict[str, Any]) -> None:
     """``{"allow": [...], "revoke": [...]}``: the sandbox's ``allow_host`` /
     ``revoke_host``, for new connections (all entries checked before any applies)."""
+    entry = service.entry(tenant, sandbox_id)  # another tenant's: 404 before the body
     allow, revoke = _entries(doc, "allow"), _entries(doc, "revoke")
     extra = sorted(set(doc) - {"allow", "revoke"})
     if extra:
         raise ConfigInvalidError("network", f"unknown field(s) {extra}")
-    entry = service.entry(tenant, sandbox_id)
     sb = entry.sandbox
     allow_host, revoke_host = getattr(sb, "allow_host", None), getattr(sb, "revoke_host", None)
     if not (callable(allow_host) and callable(revoke_host)):
