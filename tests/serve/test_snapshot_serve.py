@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from servehelp import ALICE, config_text, running
+from servehelp import ALICE, config_text, metric, running
 
 from strict_tier import host_can_sandbox, needs_strict
 
@@ -61,8 +61,11 @@ def test_twenty_60mib_snapshots_over_serve(tmp_path: Path) -> None:
         print(f"server RSS around 19 snapshots of 60 MiB: {before:.0f} -> {after:.0f} MiB")
         assert after - before < 200, (before, after)
         assert _files_held(server.pid, str(store)) == 20 and os.listdir(store) == []
+        held = metric(server, 'corral_snapshot_bytes{tenant="alice"}')
+        assert held is not None and 20 * 60 * 2**20 <= held <= 20 * 61 * 2**20, held
         r = c.post(f"/v1/sandboxes/{sid}/restore", json={"handle": handles[3]})
         assert r.status_code == 204, r.text
         assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
         assert _files_held(server.pid, str(store)) == 0  # gone with their sandbox
+        assert metric(server, 'corral_snapshot_bytes{tenant="alice"}') == 0
     assert os.listdir(store) == []
