@@ -679,7 +679,8 @@ def test_preview_urls_carry_connections_in_only(linux: Any) -> None:
 
                 def get() -> bytes:
                     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-                    with opener.open(url, timeout=20) as r:
+                    with opener.open(urllib.request.Request(url, headers=url.headers),
+                                     timeout=20) as r:
                         data: bytes = r.read()
                         return data
 

@@ -261,11 +261,19 @@ def test_preview_url_reaches_a_server_inside_and_stops_at_destroy(linux: Any) ->
               "    def log_message(self, *a): pass\n"
               "http.server.ThreadingHTTPServer(('127.0.0.1', 8000), H).serve_forever()\n")
 
+    tokens: dict[str, str] = {}  # host port -> the URL's token
+
     def get(url: str) -> bytes:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(url, timeout=5) as r:
+        hport = url.split("/")[2]
+        req = urllib.request.Request(url, headers={"X-Corral-Preview-Token":
+                                                   tokens.get(hport, "")})
+        with opener.open(req, timeout=5) as r:
             data: bytes = r.read()
             return data
+
+    def remember(url: Any) -> None:
+        tokens[url.split("/")[2]] = url.token
 
     async def test(p: Any) -> None:
         assert "preview-url" in p.capabilities
@@ -273,6 +281,7 @@ def test_preview_url_reaches_a_server_inside_and_stops_at_destroy(linux: Any) ->
         await sb.write_file("srv.py", server)
         proc = await sb.start_process([PY, "/work/srv.py"])
         url = await sb.expose(8000)
+        remember(url)
         assert url.startswith("http://127.0.0.1:")
         assert await sb.expose(8000) == url
         for _ in range(100):
@@ -286,6 +295,7 @@ def test_preview_url_reaches_a_server_inside_and_stops_at_destroy(linux: Any) ->
         assert sorted(bodies) == sorted(f"inside /{i}".encode() for i in range(8))
         # a port where nothing listens: the connection is closed, no answer
         url2 = await sb.expose(8001)
+        remember(url2)
         with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
             await asyncio.to_thread(get, url2)
         await sb.unexpose(8001)

@@ -118,9 +118,10 @@ def test_a_secret_header_reaches_upstream_and_not_the_sandbox(linux: Any, test_c
                                   ExecOpts(env={"LEAK": secret}, timeout_ms=120_000))
                 assert "'env'" in r.stdout_text and "/mem'" in r.stdout_text, r.stdout_text
                 # a restore (here: another sandbox's /work) keeps this sandbox's bundle
+                # (while that sandbox lives: its snapshots go with it, docs/snapshots.md)
                 async with await p.create(SandboxSpec(tenant_id="t", run_id="r2")) as other:
                     snap = await other.snapshot()
-                await sb.restore(snap)
+                    await sb.restore(snap)
                 r = await sb.exec([PY, "-c", FETCH, f"https://api.test:{srv.port}/y"])
                 assert r.exit_code == 0, r.stderr_text
             got = [q[2].get("authorization") for q in srv.requests]

@@ -292,7 +292,9 @@ class SupportsProcessCount(Protocol):
 @runtime_checkable
 class SupportsPreviewUrl(Protocol):
     """The sandbox side of ``preview-url``: a URL the host can open that reaches a TCP
-    port inside the sandbox, until ``unexpose`` or destroy."""
+    port inside the sandbox, until ``unexpose`` or destroy. A URL anyone else on the
+    host could open carries a token (a :class:`~corral.core.preview.PreviewURL`, still
+    a ``str``) that a connection must present first."""
 
     async def expose(self, port: int) -> str: ...
 

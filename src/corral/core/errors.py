@@ -77,7 +77,7 @@ class ErrorCode(enum.StrEnum):
     PROVIDER_ERROR = "provider-error"
 
 
-LimitKind = Literal["memory", "cpu", "disk", "processes", "output"]
+LimitKind = Literal["memory", "cpu", "disk", "processes", "output", "snapshot-bytes", "snapshots"]
 
 
 class CorralError(Exception):
@@ -164,7 +164,8 @@ class LevelNotSupportedError(CorralError):
 class LimitsExceededError(CorralError):
     """A run hit one of its limits and was stopped.
 
-    ``limit`` says which (memory, cpu, disk, processes, output); ``limit_value``
+    ``limit`` says which (memory, cpu, disk, processes, output; for a snapshot
+    store past its bounds ``snapshot-bytes`` or ``snapshots``); ``limit_value``
     is the configured cap and ``observed`` what was measured (0 when the kernel
     only told us the cap was hit), both in the limit's unit (MiB, ms, count,
     bytes). ``unit`` spells that unit.
@@ -176,6 +177,7 @@ class LimitsExceededError(CorralError):
 
     _UNITS: ClassVar[dict[str, str]] = {
         "memory": "MiB", "cpu": "ms", "disk": "MiB", "processes": "processes", "output": "bytes",
+        "snapshot-bytes": "bytes", "snapshots": "snapshots",
     }
 
     def __init__(self, limit: LimitKind, limit_value: int, observed: int = 0,

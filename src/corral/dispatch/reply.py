@@ -86,7 +86,7 @@ def _error_from_body(body: ErrorBody, exit_code: int | None, stderr_tail: str) -
             return ConfigInvalidError(fld, reason)
     if body.code == ErrorCode.LIMITS_EXCEEDED:
         limit, value, seen = (details.get(k) for k in ("limit", "limit_value", "observed"))
-        if (limit in ("memory", "cpu", "disk", "processes", "output")
+        if (limit in ("memory", "cpu", "disk", "processes", "output", "snapshot-bytes", "snapshots")
                 and type(value) is int and type(seen) is int):
             return LimitsExceededError(limit, value, seen)
     return error_from_code(body.code, body.message)  # unknown codes: ProviderError

@@ -73,6 +73,10 @@ ROUTES: Final[tuple[tuple[str, str, str, bool], ...]] = (
     ("POST", f"{P}/sandboxes/{{sid}}/snapshot", "snapshot", True),
     ("POST", f"{P}/sandboxes/{{sid}}/restore", "restore", True),
     ("POST", f"{P}/sandboxes/{{sid}}/invoke", "invoke_in", True),
+    # preview URLs and a live sandbox's network policy (issue 23 item 6: serve/preview.py)
+    ("POST", f"{P}/sandboxes/{{sid}}/expose", "expose", True),
+    ("POST", f"{P}/sandboxes/{{sid}}/unexpose", "unexpose", True),
+    ("PUT", f"{P}/sandboxes/{{sid}}/network", "change_network", True),
     ("GET", "/metrics", "metrics", False),
 )
 
@@ -597,6 +601,24 @@ class _Api:
 
     async def restore(self, request: Request, tenant: TenantState, body: bytes) -> Response:
         return await self._life(request, tenant, "restore", body)
+
+    # -- preview URLs, live network policy (serve/preview.py) ---------------------------
+    async def expose(self, request: Request, tenant: TenantState, body: bytes) -> Response:
+        from corral.serve import preview
+        return _json(await preview.expose(self.s, tenant, request.path_params["sid"],
+                                          self._doc(body)))
+
+    async def unexpose(self, request: Request, tenant: TenantState, body: bytes) -> Response:
+        from corral.serve import preview
+        await preview.unexpose(self.s, tenant, request.path_params["sid"], self._doc(body))
+        return Response(status_code=204)
+
+    async def change_network(self, request: Request, tenant: TenantState, body: bytes
+                             ) -> Response:
+        from corral.serve import preview
+        await preview.change_network(self.s, tenant, request.path_params["sid"],
+                                     self._doc(body))
+        return Response(status_code=204)
 
 
 def _playground_routes() -> list[BaseRoute]:

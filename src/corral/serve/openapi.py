@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 __all__ = ["document"]
 
@@ -51,6 +51,11 @@ _PID = {"name": "pid", "in": "path", "required": True, "schema": {"type": "strin
         "description": "a process id (from POST .../processes)"}
 _PATH = {"name": "path", "in": "query", "required": True, "schema": {"type": "string"},
          "description": "a path relative to the sandbox's work dir"}
+
+
+_port_body: Final[dict[str, Any]] = {
+    "type": "object", "required": ["port"], "additionalProperties": False,
+    "properties": {"port": {"type": "integer", "minimum": 1, "maximum": 65535}}}
 
 
 def _op(summary: str, responses: dict[str, Any], *, body: dict[str, Any] | None = None,
@@ -252,6 +257,23 @@ def document() -> dict[str, Any]:
         "/v1/sandboxes/{sid}/invoke": {"post": _op(
             "handler dispatch in this sandbox (in-context is refused)", _ok(_ref("Reply")),
             params=sid, body=_json_body(_ref("InvokeRequest")), tag="handlers")},
+        # preview URLs and a live sandbox's network policy (issue 23 item 6)
+        "/v1/sandboxes/{sid}/expose": {"post": _op(
+            "a preview URL on the server's loopback for a port inside, and the token a "
+            "connection must present (X-Corral-Preview-Token)", _ok({
+                "type": "object", "required": ["url", "token", "port"], "properties": {
+                    "url": {"type": "string"}, "token": {"type": "string"},
+                    "port": {"type": "integer"}}}),
+            params=sid, body=_json_body(_port_body))},
+        "/v1/sandboxes/{sid}/unexpose": {"post": _op(
+            "close a port's preview URL and its connections", _ok(None, "Closed", "204"),
+            params=sid, body=_json_body(_port_body))},
+        "/v1/sandboxes/{sid}/network": {"put": _op(
+            "allow / revoke host entries of a live sandbox's policy (new connections)",
+            _ok(None, "Changed", "204"), params=sid, body=_json_body({
+                "type": "object", "additionalProperties": False, "properties": {
+                    k: {"type": "array", "maxItems": 64, "items": {"type": "string"}}
+                    for k in ("allow", "revoke")}}))},
         "/metrics": {"get": _op("Prometheus text format (a bearer token only when the "
                                 "config sets metrics_token)", {"200": {
             "description": "metrics", "content": {"text/plain": {"schema": {

@@ -158,6 +158,16 @@ class Service:
             ({}, 1.0 if self.draining else 0.0)])
         m.gauge("corral_uptime_seconds", "seconds since start", lambda: [
             ({}, round(time.time() - self.started, 3))])
+        m.gauge("corral_snapshot_bytes", "bytes of snapshots held on disk, by tenant "
+                "(providers with a snapshot store: linux)", self._snapshot_figures)
+
+    def _snapshot_figures(self) -> list[tuple[dict[str, str], float]]:
+        """Per tenant, the bytes the providers' snapshot stores hold (issue 23 item 7)."""
+        stores = [st for p in {id(p): p for p in self.providers.values()}.values()
+                  if (st := getattr(p, "snapshots", None)) is not None
+                  and callable(getattr(st, "tenant_usage", None))]
+        return [({"tenant": t.name}, float(sum(st.tenant_usage(t.name)[0] for st in stores)))
+                for t in self.tenants.values()]
 
     def _pool_figures(self) -> list[tuple[dict[str, str], float]]:
         if self._pool is None:

@@ -24,13 +24,14 @@ node reports stay on Ray.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from corral.core.contract import (
     Sandbox,
@@ -59,6 +60,14 @@ POLL_MAX_BYTES = 1 << 20
 _LIMIT_PROBES = {"mem_mb": 64, "cpu_ms": 1000, "disk_mb": 16, "max_processes": 16}
 #: how long a finished process's record waits for its last poll
 _UNPOLLED_S = 60.0
+#: Ray's fixed default ports (GCS, dashboard and job API, dashboard agent, client server,
+#: object manager, metrics) and its default worker port range (core workers' gRPC
+#: servers, bound to every address): refused on the node's own addresses whatever a
+#: sandbox's policy lists, beside the ports each node reports (``_ray_services``)
+_RAY_PORTS: Final = frozenset({6379, 8265, 8076, 10001, 52365, 52366, 44217, 44227}
+                              | set(range(10002, 20000)))
+#: the cluster's services are looked up again at most this often
+_NEVER_REFRESH_S = 2.0
 
 
 @dataclass(slots=True)
@@ -105,6 +114,12 @@ class NodeHost:
         self._limits: frozenset[str] | None = None
         self._chan: Any = None
         self.reaped = 0
+        from corral.providers.linux.host.egress import NeverReach
+        #: the cluster's own services (node addresses, Ray's ports): every sandbox's
+        #: egress proxy on this node refuses them whatever its policy lists
+        self.never = NeverReach(what="a service of the Ray cluster")
+        self._never_at = 0.0     # when it was last filled (monotonic; 0: never)
+        self._never_lock: asyncio.Lock | None = None
 
     # -- set-up ------------------------------------------------------------------------
     def _where(self) -> str:
@@ -120,7 +135,8 @@ class NodeHost:
             from corral.providers import get_provider_class
             try:
                 cls = get_provider_class(self._provider_name)
-                self._p = cls(spares=self._spares) if self._provider_name == "linux" else cls()
+                self._p = (cls(spares=self._spares, egress_never=self.never)
+                           if self._provider_name == "linux" else cls())
             except Exception as e:
                 self._why_not = f"{type(e).__name__}: {e}"
                 raise
@@ -232,8 +248,13 @@ class NodeHost:
                 pass
 
     async def _reap_once(self) -> None:
-        """Destroy the sandboxes of every expired lease; drop stale process records."""
+        """Destroy the sandboxes of every expired lease; drop stale process records;
+        keep the cluster's services current for the sandboxes' proxies (nodes join)."""
         await asyncio.sleep(0.25)
+        if self._never_at and any(b.sb.spec.network.kind != "none"
+                                  for b in self._boxes.values()):
+            with contextlib.suppress(ProviderError):
+                await self._refresh_never()
         now = time.monotonic()
         owners = {b.owner for b in self._boxes.values()}
         for owner in owners - set(self._leases):  # a sandbox never outlives a lease
@@ -250,10 +271,34 @@ class NodeHost:
                     if r.ended_at and now - r.ended_at > _UNPOLLED_S]:
             del self._procs[pid]
 
+    # -- the cluster's services, never reachable from a sandbox ---------------------------
+    async def _refresh_never(self, *, force: bool = False) -> None:
+        """Fill :attr:`never` with every node's address (all ports) and Ray's ports (on
+        this host's own addresses); at most every ``_NEVER_REFRESH_S`` unless forced.
+        Raises ProviderError if Ray cannot say (the caller refuses a network then)."""
+        if self._never_lock is None:
+            self._never_lock = asyncio.Lock()
+        async with self._never_lock:
+            if not force and time.monotonic() - self._never_at < _NEVER_REFRESH_S:
+                return
+            try:
+                addrs, ports = await asyncio.to_thread(_ray_services)
+            except Exception as e:
+                raise ProviderError(f"cannot list the Ray cluster's services on "
+                                    f"{self._where()} to keep them from sandboxes: "
+                                    f"{type(e).__name__}: {e}") from None
+            if self._chan is not None and self._chan.address is not None:
+                ports.add(self._chan.address[1])  # the data channel, on every local address
+            addrs.add(_node_ip())
+            self.never.update(addrs, ports)
+            self._never_at = time.monotonic()
+
     # -- sandboxes -----------------------------------------------------------------------
     async def create(self, owner: str, lease_s: float, spec: SandboxSpec) -> Reply:
         try:
             p = self._provider()
+            if spec.network.kind != "none":  # fail closed: no network without the deny
+                await self._refresh_never(force=not self._never_at)
             if owner not in self._leases:
                 self._leases[owner] = time.monotonic() + lease_s
             sb = await p.create(spec)
@@ -519,6 +564,25 @@ def _node_ip() -> str:
     """This node's IP as Ray knows it (127.0.0.x on a local cluster)."""
     import ray  # type: ignore[import-untyped,unused-ignore]
     return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call,unused-ignore]
+
+
+def _ray_services() -> tuple[set[str], set[int]]:
+    """(every node's address, Ray's ports): from the GCS's node table (blocking)."""
+    import ray  # type: ignore[import-untyped,unused-ignore]
+    addrs: set[str] = set()
+    ports: set[int] = set(_RAY_PORTS)
+    gcs = str(ray.get_runtime_context().gcs_address)  # type: ignore[no-untyped-call,unused-ignore]
+    host, _, port = gcs.rpartition(":")
+    addrs.add(host.strip("[]"))
+    ports.add(int(port))
+    for n in ray.nodes():  # type: ignore[no-untyped-call,unused-ignore]
+        addr = n.get("NodeManagerAddress")
+        if isinstance(addr, str) and addr:
+            addrs.add(addr)  # dead ones too: a node may come back on its address
+        for key, value in n.items():
+            if key.endswith("Port") and isinstance(value, int) and 0 < value < 65536:
+                ports.add(value)
+    return addrs, ports
 
 
 def _count(sb: Sandbox) -> tuple[bool, int] | None:

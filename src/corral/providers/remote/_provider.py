@@ -33,6 +33,7 @@ from corral.core.errors import (
     LevelNotSupportedError,
     ProviderError,
 )
+from corral.core.preview import PreviewURL
 from corral.core.result import RunResult
 from corral.core.spec import (
     Capability,
@@ -51,7 +52,7 @@ __all__ = ["RemoteProcess", "RemoteProvider", "RemoteSandbox"]
 _RELAYED: Final = frozenset({
     Capability.STREAMING.value, Capability.STREAMING_EXEC.value, Capability.SNAPSHOT.value,
     Capability.RESTORE.value, Capability.PAUSE.value, Capability.STRICT.value,
-    Capability.CONTEXT_ISOLATED.value})
+    Capability.CONTEXT_ISOLATED.value, Capability.PREVIEW_URL.value})
 
 
 def _httpx() -> Any:
@@ -256,6 +257,14 @@ class RemoteSandbox(Sandbox):
         self._procs.append(proc)
         return proc
 
+    async def change_network(self, *, allow: Sequence[str] = (),
+                             revoke: Sequence[str] = ()) -> None:
+        """Allow / revoke host entries of the sandbox's egress policy for new connections
+        (``PUT .../network``): the server's provider's ``allow_host`` / ``revoke_host``,
+        within what the operator lets this tenant ask; 501 where it has none."""
+        await self._p.call("PUT", self._path("/network"),
+                           json_body={"allow": list(allow), "revoke": list(revoke)})
+
     async def destroy(self) -> None:
         if self._destroyed:
             return
@@ -320,18 +329,32 @@ class _Restore:
                          json_body={"handle": wire.handle_to_json(handle)})
 
 
+class _Preview:
+    async def expose(self, port: int) -> PreviewURL:
+        """A preview URL on the *server's* loopback for ``port`` inside, with its token
+        (issue 23 item 6; see docs/network.md)."""
+        me: Any = self
+        doc = (await me._p.call("POST", me._path("/expose"), json_body={"port": port})).json()
+        return PreviewURL(str(doc["url"]), str(doc["token"]), int(doc["port"]))
+
+    async def unexpose(self, port: int) -> None:
+        me: Any = self
+        await me._p.call("POST", me._path("/unexpose"), json_body={"port": port})
+
+
 _CLASSES: dict[frozenset[str], type[RemoteSandbox]] = {}
 
 
 def _sandbox_class(caps: frozenset[str]) -> type[RemoteSandbox]:
     """RemoteSandbox with exactly the optional methods the capabilities advertise (the
     contract: a sandbox has ``pause`` iff ``pause`` is advertised, and so on)."""
-    key = caps & frozenset({"streaming-exec", "pause", "snapshot", "restore"})
+    key = caps & frozenset({"streaming-exec", "pause", "snapshot", "restore", "preview-url"})
     cls = _CLASSES.get(key)
     if cls is None:
         bases: list[type] = []
         for cap, mixin in (("streaming-exec", _StreamingExec), ("pause", _Pause),
-                           ("snapshot", _Snapshot), ("restore", _Restore)):
+                           ("snapshot", _Snapshot), ("restore", _Restore),
+                           ("preview-url", _Preview)):
             if cap in key:
                 bases.append(mixin)
         cls = type("RemoteSandbox", (*bases, RemoteSandbox), {"__module__": __name__})

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 from corral.core.errors import (
     ConfigInvalidError,
     CorralError,
     ErrorCode,
     LevelNotSupportedError,
+    LimitKind,
     LimitsExceededError,
     ProviderError,
     SandboxTimeoutError,
@@ -268,7 +269,7 @@ def error_to_json(err: CorralError) -> dict[str, Any]:
     return doc
 
 
-_LIMIT_KINDS: Final = frozenset({"memory", "cpu", "disk", "processes", "output"})
+_LIMIT_KINDS: Final = frozenset(get_args(LimitKind))
 
 
 def error_from_json(doc: object) -> CorralError:

@@ -58,7 +58,7 @@ import struct
 import threading
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Final, Literal, Protocol, final
 
@@ -76,6 +76,7 @@ __all__ = [
     "MAX_CLIENT_HELLO",
     "MAX_LOOKUPS",
     "MAX_HEADER",
+    "NeverReach",
     "SPECIAL_RANGES",
     "Denial",
     "EgressDenied",
@@ -837,6 +838,53 @@ def _check_not_host(policy: EgressPolicy, ip: IPAddress, port: int) -> None:
                        f"{ip} is an address of this host, not listed by itself in the policy")
 
 
+@final
+class NeverReach:
+    """Destinations no policy opens, whatever it lists: checked after a name is
+    resolved (and for a literal), before any connect, by every proxy given it. Filled by
+    whoever knows them (the Ray node actor: the cluster's node addresses and Ray's ports,
+    which have no authentication) and shared by reference, so an update reaches the
+    proxies of sandboxes already running.
+
+    ``addresses``: refused on every port. ``local_ports``: refused on every address
+    that reaches this host's own sockets (loopback, the unspecified address, any
+    address of the host's interfaces), since a service bound to ``*`` answers there.
+    """
+
+    def __init__(self, addresses: Iterable[str] = (), local_ports: Iterable[int] = (),
+                 *, what: str = "a protected service") -> None:
+        self.what = what
+        self.addresses: frozenset[IPAddress] = frozenset()
+        self.local_ports: frozenset[int] = frozenset()
+        self.update(addresses, local_ports)
+
+    def update(self, addresses: Iterable[str], local_ports: Iterable[int]) -> None:
+        """Replace both sets (each connection checks the sets current at its decision)."""
+        addrs = set()
+        for a in addresses:
+            ip = ipaddress.ip_address(a)
+            addrs.add(_unmapped(ip))
+        ports = {int(p) for p in local_ports if 0 < int(p) < 65536}
+        self.addresses, self.local_ports = frozenset(addrs), frozenset(ports)
+
+    def check(self, ip: IPAddress, port: int) -> None:
+        """Raise :class:`EgressDenied` if ``ip:port`` is never to be reached."""
+        ip = _unmapped(ip)
+        if ip in self.addresses:
+            raise EgressDenied("not-allowed", f"{ip} is {self.what}: never reachable "
+                               "from a sandbox, whatever the policy lists")
+        if port in self.local_ports and (ip.is_loopback or ip.is_unspecified
+                                         or _is_host_address(ip)):
+            raise EgressDenied("not-allowed", f"{ip} port {port} is {self.what}: never "
+                               "reachable from a sandbox, whatever the policy lists")
+
+
+def _unmapped(ip: IPAddress) -> IPAddress:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
 def _check_connection_tokens(head: HttpHead, secret_names: frozenset[str]) -> None:
     """Refuse a ``Connection`` header that lists a framing or routing header (or a
     secret's): a hop that honours it drops ``Content-Length`` (the body becomes the next
@@ -892,8 +940,11 @@ class EgressProxy:
 
     def __init__(self, policy: EgressPolicy, *, resolver: Resolver | None = None,
                  limits: EgressLimits | None = None,
-                 upstream_ssl_context: ssl.SSLContext | None = None) -> None:
+                 upstream_ssl_context: ssl.SSLContext | None = None,
+                 never: NeverReach | None = None) -> None:
         self._ca: EgressCA | None = None
+        #: destinations refused whatever the policy says (see :class:`NeverReach`)
+        self.never = never
         self._policy = policy
         self.policy = policy
         self.limits = limits or EgressLimits()
@@ -1088,6 +1139,8 @@ class EgressProxy:
         if not isinstance(key, str):
             policy.check_address(key, port, by_name=False)
             _check_not_host(policy, key, port)
+            if self.never is not None:
+                self.never.check(key, port)
             return _Target(host, port, (str(key),), "")
         policy.check_name(key, port)
         try:
@@ -1106,6 +1159,8 @@ class EgressProxy:
             try:
                 policy.check_address(ip, port, by_name=True)
                 _check_not_host(policy, ip, port)
+                if self.never is not None:
+                    self.never.check(ip, port)
             except EgressDenied as e:
                 first_err = first_err or EgressDenied(
                     e.kind, f"{key} resolves to {e.reason}")

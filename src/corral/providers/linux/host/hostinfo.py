@@ -406,7 +406,8 @@ def _linux_rows(info: HostInfo) -> tuple[tuple[Row, ...], bool, str]:
           "on the host), listening inside the sandbox on 127.0.0.1:3128, which "
           "HTTP_PROXY/HTTPS_PROXY/ALL_PROXY name; no route out otherwise"),
         n("net", "preview URLs (expose)",
-          "host loopback port forwarded to a port on the sandbox's loopback"),
+          "host loopback port forwarded to a port on the sandbox's loopback, "
+          "for connections presenting the URL's token"),
         n("ipc", "ipc namespace", "private SysV IPC and POSIX queues"),
         n("uts", "uts namespace", "hostname 'sandbox'"),
         n("cgroup", "cgroup namespace", "host cgroup paths hidden"),

@@ -16,10 +16,15 @@ the host: names resolved on the host, ranges checked, SNI checked (see
 ``egress.py`` and docs/network.md).
 
 **Preview URLs** (``expose``). The host listens on its own loopback
-(``127.0.0.1``, a free port); for each connection it asks the agent for another
-fresh socket, connects it to ``127.0.0.1:PORT`` (the sandbox's loopback: the
-socket lives there) and copies bytes both ways. Every listener and connection is
-closed at ``unexpose`` or destroy.
+(``127.0.0.1``, a free port), where every local user can connect, so each URL has
+its own random token (:class:`~corral.core.preview.PreviewURL`): a connection must
+present it first (an HTTP request header ``X-Corral-Preview-Token``, or a
+``CORRAL-PREVIEW-TOKEN`` line for other protocols), read within a deadline and a
+size bound, or it gets 403 and is closed before the agent is asked for anything.
+Then the host asks the agent for another fresh socket, connects it to
+``127.0.0.1:PORT`` (the sandbox's loopback: the socket lives there), sends what the
+client sent with the token removed, and copies bytes both ways. Every listener and
+connection is closed at ``unexpose`` or destroy.
 
 Sockets from the agent are checked before use (a socket, ``AF_INET``, TCP, not
 bound, not connected, not listening): the agent is pid 1 of a sandbox and is
@@ -29,7 +34,11 @@ read as hostile like every frame from it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hmac
 import os
+import re
+import secrets
 import socket
 import ssl
 import stat
@@ -37,9 +46,16 @@ from collections.abc import Awaitable, Callable
 from typing import Final, final
 
 from corral.core.errors import ConfigInvalidError, ProviderError
+from corral.core.preview import PREVIEW_PREAMBLE, PreviewURL
 from corral.core.result import NetworkDenial
 from corral.core.spec import NetworkPolicy
-from corral.providers.linux.host.egress import EgressPolicy, EgressProxy, Resolver, parse_entry
+from corral.providers.linux.host.egress import (
+    EgressPolicy,
+    EgressProxy,
+    NeverReach,
+    Resolver,
+    parse_entry,
+)
 
 __all__ = ["PROXY_HOST", "PROXY_PORT", "SandboxNetwork", "check_agent_socket", "check_entries",
            "proxy_env"]
@@ -52,6 +68,17 @@ MAX_EXPOSED: Final = 16
 #: connections through one preview URL at once, at most (more wait in the backlog)
 MAX_PREVIEW_CONNECTIONS: Final = 64
 _CHUNK: Final = 256 * 1024
+#: a preview connection's token: the head (or preamble line) it comes in, at most, and
+#: the time to send it; connections not yet past the token check at once, per URL
+PREVIEW_HEAD_MAX: Final = 16 * 1024
+PREVIEW_HEAD_TIMEOUT_S: Final = 10.0
+MAX_PREVIEW_PENDING: Final = 64
+#: the token's header line (with the CRLF before it: every header line has one)
+_TOKEN_LINE: Final = re.compile(
+    rb"(?i)\r\nx-corral-preview-token[ \t]*:[ \t]*([^\r\n]*?)[ \t]*(?=\r\n)")
+_FORBIDDEN: Final = (b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\n"
+                     b"Content-Length: 59\r\nConnection: close\r\n\r\n"
+                     b"corral preview: this URL needs its X-Corral-Preview-Token\n")
 
 #: asks the sandbox's agent for one fresh unbound TCP socket of its namespace (its fd)
 NewSocket = Callable[[], Awaitable[int]]
@@ -125,14 +152,17 @@ class SandboxNetwork:
 
     def __init__(self, policy: NetworkPolicy, new_socket: NewSocket, *,
                  resolver: Resolver | None = None,
-                 upstream_ssl_context: ssl.SSLContext | None = None) -> None:
+                 upstream_ssl_context: ssl.SSLContext | None = None,
+                 never: NeverReach | None = None) -> None:
         self.policy = policy
+        self._never = never
         self._new_socket = new_socket
         self._resolver = resolver
         self._upstream_ssl = upstream_ssl_context
         self.proxy: EgressProxy | None = None
         #: port inside -> (host listener, its open connections)
         self._exposed: dict[int, tuple[asyncio.Server, set[asyncio.Task[None]]]] = {}
+        self._tokens: dict[int, str] = {}  # port inside -> its URL's token
         self._closed = False
         self.ca_bundle_pem: bytes | None = None
 
@@ -153,7 +183,7 @@ class SandboxNetwork:
         if self.policy.kind == "none":
             return
         proxy = EgressProxy(self.egress_policy(self.policy), resolver=self._resolver,
-                            upstream_ssl_context=self._upstream_ssl)
+                            upstream_ssl_context=self._upstream_ssl, never=self._never)
         try:
             sock = check_agent_socket(await self._new_socket())
             try:
@@ -214,32 +244,44 @@ class SandboxNetwork:
                      for d in self.proxy.denials())
 
     # -- preview URLs -------------------------------------------------------------------
-    async def expose(self, port: int) -> str:
-        """A URL on the host's loopback forwarding to ``port`` on the sandbox's loopback."""
+    async def expose(self, port: int) -> PreviewURL:
+        """A URL on the host's loopback forwarding to ``port`` on the sandbox's loopback,
+        for connections that present the URL's token first (see module doc)."""
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
             raise ConfigInvalidError("port", f"not a TCP port: {port!r}")
         if self._closed:
             raise ProviderError("the sandbox was destroyed")
         if port == PROXY_PORT and self.proxy is not None:
             # the URL would hand the sandbox's egress (its allowlist, its secrets) to
-            # every local user of the host
+            # whoever holds the token: the caller has the policy already, nobody needs it
             raise ConfigInvalidError("port", f"port {PROXY_PORT} is the sandbox's egress "
                                      "proxy, not exposed")
         if port in self._exposed:
-            return self._url(self._exposed[port][0])
+            return self._preview(port)
         if len(self._exposed) >= MAX_EXPOSED:
             raise ConfigInvalidError("port", f"at most {MAX_EXPOSED} ports exposed at once")
         conns: set[asyncio.Task[None]] = set()
         gate = asyncio.Semaphore(MAX_PREVIEW_CONNECTIONS)
+        token = secrets.token_urlsafe(32)
+        pending = [0]
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()
             assert task is not None
             conns.add(task)
             try:
+                if pending[0] >= MAX_PREVIEW_PENDING:
+                    return  # too many connections without a token yet: closed unread
+                pending[0] += 1
+                try:
+                    first = await _admit(reader, writer, token)
+                finally:
+                    pending[0] -= 1
+                if first is None:
+                    return
                 async with gate:
-                    await self._forward(port, reader, writer)
-            except (OSError, ProviderError, asyncio.IncompleteReadError):
+                    await self._forward(port, first, reader, writer)
+            except (OSError, ProviderError, asyncio.IncompleteReadError, TimeoutError):
                 pass
             finally:
                 writer.transport.abort()
@@ -248,20 +290,25 @@ class SandboxNetwork:
         server = await asyncio.start_server(serve, host="127.0.0.1", port=0,
                                             limit=_CHUNK)
         self._exposed[port] = (server, conns)
-        return self._url(server)
+        self._tokens[port] = token
+        return self._preview(port)
+
+    def _preview(self, port: int) -> PreviewURL:
+        return PreviewURL(self._url(self._exposed[port][0]), self._tokens[port], port)
 
     @staticmethod
     def _url(server: asyncio.Server) -> str:
         host, hport = server.sockets[0].getsockname()[:2]
         return f"http://{host}:{hport}/"
 
-    def exposed(self) -> dict[int, str]:
-        """Ports exposed now -> their URLs."""
-        return {p: self._url(s) for p, (s, _c) in self._exposed.items()}
+    def exposed(self) -> dict[int, PreviewURL]:
+        """Ports exposed now -> their URLs (with their tokens)."""
+        return {p: self._preview(p) for p in self._exposed}
 
     async def unexpose(self, port: int) -> None:
         """Stop the preview URL of ``port`` and cut its open connections (idempotent)."""
         got = self._exposed.pop(port, None)
+        self._tokens.pop(port, None)
         if got is None:
             return
         server, conns = got
@@ -272,7 +319,7 @@ class SandboxNetwork:
             await asyncio.gather(*conns, return_exceptions=True)
         await server.wait_closed()
 
-    async def _forward(self, port: int, reader: asyncio.StreamReader,
+    async def _forward(self, port: int, first: bytes, reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter) -> None:
         sock = check_agent_socket(await self._new_socket())
         sock.setblocking(False)
@@ -285,6 +332,9 @@ class SandboxNetwork:
             raise
         in_r, in_w = await asyncio.open_connection(sock=sock, limit=_CHUNK)
         try:
+            if first:
+                in_w.write(first)
+                await in_w.drain()
             await asyncio.gather(_copy(reader, in_w), _copy(in_r, writer))
         finally:
             in_w.transport.abort()
@@ -297,6 +347,46 @@ class SandboxNetwork:
             await self.unexpose(port)
         if self.proxy is not None:
             await self.proxy.aclose()
+
+
+def _head_complete(buf: bytes) -> bool:
+    """Whether ``buf`` holds a whole preamble line, or else a whole HTTP head."""
+    if PREVIEW_PREAMBLE.startswith(buf[:len(PREVIEW_PREAMBLE)]):  # the preamble so far
+        return len(buf) > len(PREVIEW_PREAMBLE) and b"\r\n" in buf
+    return b"\r\n\r\n" in buf
+
+
+async def _admit(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 token: str) -> bytes | None:
+    """Read what a preview connection sends first, up to its token: the bytes to send
+    on (token removed), or None when it is refused (403 for what looks like HTTP, else
+    closed). Nothing is asked of the sandbox before this returns bytes."""
+    buf = b""
+    async with asyncio.timeout(PREVIEW_HEAD_TIMEOUT_S):
+        while True:
+            if _head_complete(buf) or len(buf) >= PREVIEW_HEAD_MAX:
+                break
+            chunk = await reader.read(PREVIEW_HEAD_MAX - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+    want = token.encode()
+    if buf.startswith(PREVIEW_PREAMBLE):
+        line, sep, rest = buf.partition(b"\r\n")
+        if sep and hmac.compare_digest(line[len(PREVIEW_PREAMBLE):], want):
+            return rest
+        return None  # not HTTP: no answer, closed
+    end = buf.find(b"\r\n\r\n")
+    if end >= 0:
+        head, rest = buf[:end + 2], buf[end + 2:]
+        got = _TOKEN_LINE.findall(head)
+        if len(got) == 1 and hmac.compare_digest(got[0], want):
+            return _TOKEN_LINE.sub(b"", head, count=1) + rest
+    writer.write(_FORBIDDEN)
+    with contextlib.suppress(OSError):
+        async with asyncio.timeout(1.0):
+            await writer.drain()
+    return None
 
 
 async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:

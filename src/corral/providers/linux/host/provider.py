@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import os
 import ssl
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 from corral.core.cancel import CancelToken
@@ -18,12 +18,12 @@ from corral.core.errors import (
     ProviderError,
 )
 from corral.core.result import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES
-from corral.core.spec import Level, SandboxLimits, SandboxSpec
+from corral.core.spec import Level, SandboxLimits, SandboxSpec, SnapshotHandle
 from corral.images.cache import ImageCache, UnpackedImage, unreachable_part
 from corral.providers.linux import _sys_unsafe as su
 from corral.providers.linux.host.channel import Zygote
 from corral.providers.linux.host.cpuwatch import CpuWatch
-from corral.providers.linux.host.egress import Resolver
+from corral.providers.linux.host.egress import NeverReach, Resolver
 from corral.providers.linux.host.launch import launch, race
 from corral.providers.linux.host.netrelay import check_entries
 from corral.providers.linux.host.sandbox import LinuxSandbox
@@ -39,7 +39,7 @@ from corral.providers.linux.policy.plan import (
     build_plan,
     check_spec,
 )
-from corral.providers.linux.snapshots import SnapshotStore
+from corral.providers.linux.snapshots import SnapshotLimits, SnapshotStore
 
 __all__ = ["LinuxProvider", "LinuxSandbox"]
 
@@ -120,6 +120,13 @@ class LinuxProvider(SandboxProvider):
             host whose requests get secret headers (it terminates the sandbox's TLS
             and opens its own); default: the host's CAs, hostname checked. Tests
             pass one trusting their own CA.
+        snapshots: the snapshot store's bounds, a ``SnapshotLimits`` or a mapping
+            of its field names (bytes and count per store and per tenant, a TTL,
+            whether a destroyed sandbox's snapshots are kept, the directory of the
+            nameless files); see docs/snapshots.md.
+        egress_never: destinations every sandbox's egress proxy refuses whatever its
+            policy lists (a ``NeverReach``, shared and updatable: the Ray node actor
+            fills it with the cluster's addresses and Ray's ports).
 
     Network: ``none`` (loopback only), ``allowlist`` and ``unrestricted``; the latter
     two reach out only through the sandbox's egress proxy on the host (see
@@ -143,7 +150,9 @@ class LinuxProvider(SandboxProvider):
                  image_cache_dir: str | None = None, ro_binds: Sequence[str] = (),
                  binds: Sequence[Bind] = (),
                  egress_resolver: Resolver | None = None,
-                 egress_upstream_ssl_context: ssl.SSLContext | None = None) -> None:
+                 egress_upstream_ssl_context: ssl.SSLContext | None = None,
+                 snapshots: SnapshotLimits | Mapping[str, Any] | None = None,
+                 egress_never: NeverReach | None = None) -> None:
         from corral.providers.linux.host.cgroups import CgroupManager
         if isinstance(spares, bool) or not isinstance(spares, int) or not 0 <= spares <= 8:
             raise ConfigInvalidError("spares", f"must be an integer 0..8, got {spares!r}")
@@ -165,11 +174,12 @@ class LinuxProvider(SandboxProvider):
         if self.options.extra_ro_binds or self.options.binds:  # refuse a bad dst now
             _extra_binds(self._host, self.options, with_package=False)
         self.reaped_orphans: tuple[str, ...] = tuple(self._cgroups.reap_orphans())
-        self.snapshots = SnapshotStore()
+        self.snapshots = SnapshotStore(SnapshotLimits.of(snapshots))
         caps = {"strict", "streaming", "streaming-exec", "warm-fork", "process-count",
                 "snapshot", "restore", "network-allowlist", "network-unrestricted",
                 "preview-url"}
         self._egress_resolver = egress_resolver
+        self.egress_never = egress_never
         self._egress_upstream_ssl = egress_upstream_ssl_context
         if self._cgroups.support.has("freezer"):
             caps.add("pause")
@@ -460,6 +470,10 @@ class LinuxProvider(SandboxProvider):
             self._zygote.stop()
             self._zygote = None
         self.snapshots.clear()
+
+    def drop_snapshot(self, handle: SnapshotHandle) -> None:
+        """Delete a snapshot now (its handle no longer restores); a stale one: nothing."""
+        self.snapshots.drop(handle)
 
     @property
     def zygote_pid(self) -> int | None:

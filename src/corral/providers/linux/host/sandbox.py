@@ -19,6 +19,7 @@ from corral.core.errors import (
     ProviderError,
     error_from_code,
 )
+from corral.core.preview import PreviewURL
 from corral.core.result import NetworkDenial, Outcome, OutputBuffer, RunResult
 from corral.core.spec import (
     ExecOpts,
@@ -111,7 +112,8 @@ class LinuxSandbox(Sandbox):
         #: by the provider's create before the sandbox is handed out
         self.network = SandboxNetwork(spec.network, self._agent_socket,
                                       resolver=provider._egress_resolver,
-                                      upstream_ssl_context=provider._egress_upstream_ssl)
+                                      upstream_ssl_context=provider._egress_upstream_ssl,
+                                      never=provider.egress_never)
         #: what every command's env gets for the network (the proxy's variables)
         self._net_env: dict[str, str] = {}
         #: (path, bytes) of the CA bundle written at create (a policy with secrets)
@@ -616,13 +618,14 @@ class LinuxSandbox(Sandbox):
         """Capture /work (regular files and dirs); the handle restores in this provider only."""
         self._check_cpu()
         _h, payload = await self._call({"op": "snapshot"}, reply_payload=True)
-        return self._provider.snapshots.put(payload)
+        return await self._provider.snapshots.put(payload, tenant=self.spec.tenant_id,
+                                                  owner=self.id)
 
     async def restore(self, handle: SnapshotHandle) -> None:
         """Replace /work with a snapshot's content (InvalidSnapshotHandleError if not ours);
         the sandbox's own CA bundle (a policy with secret headers) is written again."""
         self._check_cpu()
-        data = self._provider.snapshots.get(handle)
+        data = await self._provider.snapshots.get(handle, tenant=self.spec.tenant_id)
         await self._call({"op": "restore"}, data)
         if self._ca_bundle is not None:
             await self.write_file(*self._ca_bundle)
@@ -665,11 +668,14 @@ class LinuxSandbox(Sandbox):
         """Every connection the network policy refused so far (the most recent 1000)."""
         return self.network.all_denials()
 
-    async def expose(self, port: int) -> str:
+    async def expose(self, port: int) -> PreviewURL:
         """The ``preview-url`` capability: a URL on the host's loopback
         (``http://127.0.0.1:N/``) whose connections are forwarded to TCP ``port`` on
-        the sandbox's loopback (whatever protocol is spoken there). Exposing a port
-        again returns the same URL. Closed by :meth:`unexpose` and at destroy."""
+        the sandbox's loopback (whatever protocol is spoken there), once they present
+        the URL's token (``url.token``: the ``X-Corral-Preview-Token`` header, or the
+        ``url.preamble()`` line for other protocols; see docs/network.md). Exposing a
+        port again returns the same URL and token. Closed by :meth:`unexpose` and at
+        destroy."""
         self._live()
         return await self.network.expose(port)
 
@@ -697,6 +703,7 @@ class LinuxSandbox(Sandbox):
         try:
             await self._destroy()
         finally:
+            self._provider.snapshots.drop_owner(self.id)
             await self.network.aclose()
 
     async def _destroy(self) -> None:
