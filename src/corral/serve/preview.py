@@ -67,30 +67,18 @@ def _entries(doc: dict[str, Any], key: str) -> list[str]:
     return v
 
 
-def _check_allowed(tenant: TenantState, entry: str) -> None:
-    """What a tenant may add to a live sandbox's policy.
-
-    TODO(lead, issue 23 item 2): call the tenants helper's admission of network
-    entries (the operator's per-tenant ceiling, serve/tenancy.py) here, the same check
-    ``POST /v1/sandboxes`` makes for a spec's policy. Until then the interim rule,
-    which that check may widen per tenant: an entry naming an address or range (the
-    only entries that can open a non-public destination: the egress proxy refuses a
-    name resolving to one) must be public; loopback, private, link-local and metadata
-    ranges are refused."""
-    from corral.providers.linux.host import egress
-    rule = egress.parse_entry(entry)  # ConfigInvalidError for a bad entry
-    if rule.kind != "net" or rule.net is None:
-        return
-    net = rule.net
-    special = [why for r, why in egress.SPECIAL_RANGES
-               if r.version == net.version and r.overlaps(net)]
-    if special or not net.network_address.is_global or not net.broadcast_address.is_global:
-        raise ConfigInvalidError("network.allow", f"{entry!r} reaches a non-public range "
-                                 f"({', '.join(special) or 'reserved'}); the operator has "
-                                 "not opened it for this tenant")
-    if net.num_addresses == 1 and egress._is_host_address(net.network_address):
-        raise ConfigInvalidError("network.allow", f"{entry!r} is an address of the server's "
-                                 "own host")
+def _check_allowed(tenant: TenantState, level: str, entry: str) -> None:
+    """What a tenant may add to a live sandbox's policy: the same ceiling a create's
+    policy meets (:func:`corral.serve.tenancy.check_network`, the operator's per-tenant
+    kinds, public destinations and non-public ranges), for one more allowlist entry."""
+    from corral.core.spec import NetworkPolicy
+    from corral.serve import tenancy
+    from corral.serve.service import _is_host_address
+    try:
+        tenancy.check_network(tenant.config.policy, level, NetworkPolicy.allowlist(entry),
+                              host_address=_is_host_address)
+    except ConfigInvalidError as e:
+        raise ConfigInvalidError("network.allow", e.reason) from None
 
 
 async def change_network(service: Service, tenant: TenantState, sandbox_id: str,
@@ -112,7 +100,7 @@ async def change_network(service: Service, tenant: TenantState, sandbox_id: str,
     for e in revoke:
         parse_entry(e)
     for e in allow:
-        _check_allowed(tenant, e)
+        _check_allowed(tenant, entry.level, e)
     for e in revoke:
         revoke_host(e)
     for e in allow:
