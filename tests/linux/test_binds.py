@@ -1,6 +1,7 @@
 """LinuxProvider(binds=[Bind(src, dst, rw=...)]): bubblewrap's --bind / --ro-bind SRC DST.
 
-A read-write bind's writes land on the host as the sandbox's outside uid; a read-only
+A read-write bind's writes land on the host as the provider's own uid (as root through
+an idmapped mount: root, never a sandbox's uid; not root: the caller's); a read-only
 bind of the same writable dir refuses them (EROFS); a bind at another path hides the
 source's own path; a dst that would hide a sandbox dir or the interpreter is refused,
 and so is a source holding a unix socket, read-write or not (issue 16).
@@ -56,9 +57,8 @@ def shared() -> Iterator[Path]:
 
 
 def _owner_ok(uid: int) -> bool:
-    if os.geteuid() == 0:
-        return FIRST_UID <= uid <= LAST_UID
-    return uid == os.geteuid()
+    """As root the write went through an idmapped mount: root's, not a sandbox uid's."""
+    return uid == os.geteuid() and not FIRST_UID <= uid <= LAST_UID
 
 
 # -- in a sandbox ----------------------------------------------------------------
@@ -74,6 +74,8 @@ def test_a_rw_bind_is_writable_and_the_write_lands_on_the_host(linux: Any,
             assert m.exit_code == 0, m
             opts = m.stdout_text.split()[5].split(",")
             assert "rw" in opts and "nosuid" in opts and "nodev" in opts, m.stdout_text
+            if os.geteuid() == 0:
+                assert "idmapped" in opts, m.stdout_text
         new = shared / "new.txt"
         assert new.read_text() == "out\n"
         assert (shared / "sub" / "f").read_text() == "deep\n"
@@ -98,13 +100,15 @@ def test_a_ro_bind_of_the_same_writable_dir_refuses_the_write(linux: Any,
     linux(test, spares=0, binds=[Bind(str(shared), "/work/proj")])
 
 
-def test_a_rw_bind_of_a_dir_the_sandbox_uid_cannot_write_is_eacces(linux: Any,
-                                                                   shared: Path) -> None:
-    """As root the writes are the sandbox's own uid's: a 0755 root-owned dir refuses
-    them with the command's own EACCES (not EROFS: the bind is writable)."""
+def test_a_rw_bind_of_a_dir_the_sandbox_cannot_write_is_eacces(linux: Any,
+                                                               shared: Path) -> None:
+    """As root the writes are root's through the idmapped mount, and only root's: a
+    0755 dir of another uid refuses them with the command's own EACCES (not EROFS:
+    the bind is writable; the sandbox has no capability to override it)."""
     if os.geteuid() != 0:
-        pytest.skip("as the caller's own uid the dir is writable")
+        pytest.skip("as the caller's own uid a dir of another uid is a plain EACCES")
     os.chmod(shared, 0o755)
+    os.chown(shared, 4321, 4321)
 
     async def test(p: Any) -> None:
         async with await p.create(make_spec()) as sb:

@@ -797,12 +797,17 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
                     os.setresuid(-1, 0, -1)
                     os.setresgid(-1, 0, -1)
             s.pid, s.pidfd = pid, pidfd
-            for fd in (*procs, *trees, theirs.detach()):
+            for fd in (*procs, theirs.detach()):
                 os.close(fd)
                 s.fds.remove(fd)
             _write_proc(f"/proc/{pid}/setgroups", b"deny")
             _write_proc(f"/proc/{pid}/uid_map", b"0 %d 1\n" % uid)
             _write_proc(f"/proc/{pid}/gid_map", b"0 %d 1\n" % gid)
+            # as the library's fork server does (no read-write bind on this path today)
+            mounts.idmap_trees(pid, pidfd, wire["mounts"], trees)
+            for fd in trees:
+                os.close(fd)
+                s.fds.remove(fd)
             mine.send(b"go")
             mine.sendmsg([b"\0".join(os.fsencode(a) for a in req.argv)],
                          [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,

@@ -15,6 +15,7 @@ read-only. Any failure raises; the caller stops the sandbox.
 from __future__ import annotations
 
 import os
+import select
 import stat
 import sys
 
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
 
     from corral.providers.linux.policy.plan import HostLayout
 
-__all__ = ["detach_sources", "detect_host_layout", "init_child"]
+__all__ = ["detach_sources", "detect_host_layout", "fs_types", "idmap_rw_trees", "idmap_trees",
+           "init_child", "rw_bind_sources"]
 
 _SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC_FILES: Final = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf",
@@ -156,6 +158,85 @@ def detach_sources(steps: Iterable[Mapping[str, Any]]) -> list[int]:
             return []
         raise OSError(e.errno, f"{s['source']}: {e.strerror}") from None
     return trees
+
+
+def rw_bind_sources(steps: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The sources of the caller's read-write binds among ``steps`` (the /dev node
+    binds are read-write too, but write no file)."""
+    return [s["source"] for s in steps
+            if s["kind"] == "bind" and not s["readonly"] and s.get("nosuid_nodev")]
+
+
+def idmap_trees(pid: int, pidfd: int, steps: Iterable[Mapping[str, Any]],
+                trees: Sequence[int]) -> None:
+    """:func:`idmap_rw_trees` through the user namespace of the new pid 1 ``pid``
+    (``pidfd``), its id maps written; nothing without a read-write bind. OSError if it
+    fails, or if ``pid`` exited before its namespace was opened."""
+    steps = list(steps)
+    if not rw_bind_sources(steps):
+        return
+    ns = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if select.select([pidfd], [], [], 0)[0]:  # gone: the pid may name another process
+            raise OSError(3, "the sandbox's pid 1 exited")
+        idmap_rw_trees(steps, trees, ns)
+    finally:
+        os.close(ns)
+
+
+def idmap_rw_trees(steps: Iterable[Mapping[str, Any]], trees: Sequence[int],
+                   userns_fd: int) -> None:
+    """Fork server side, as root, once the sandbox's user namespace has its id maps:
+    make each read-write bind's detached tree (``trees``: :func:`detach_sources`'s, in
+    step order) an idmapped mount through that namespace (``userns_fd``).
+
+    The namespace maps uid/gid 0 inside to the sandbox's outside ids, so through the
+    mount the host's uid/gid 0 shows as the sandbox's root and, the other way round,
+    what the sandbox writes lands on the host as uid/gid 0 (the fork server's own ids):
+    never as a uid some sandbox runs as. Ids other than 0 on the host show as
+    ``nobody`` inside and cannot be chown'ed to.
+
+    Raises OSError naming the source and its file system type when the kernel or the
+    file system (or a file system mounted below the source) has no idmapped mounts;
+    the caller refuses the sandbox: a read-write bind as root never runs without it.
+    """
+    it = iter(trees)
+    for s in steps:
+        if s["kind"] not in _SOURCE_KINDS:
+            continue
+        tree = next(it)
+        if s["kind"] != "bind" or s["readonly"] or not s.get("nosuid_nodev"):
+            continue
+        try:
+            su.mount_setattr(tree, su.MOUNT_ATTR_IDMAP, userns_fd=userns_fd)
+        except OSError as e:
+            raise OSError(e.errno, f"idmapped mount of {s['source']} "
+                                   f"({fs_types(s['source'])}): {e.strerror}"
+                          ) from None
+
+
+def fs_types(path: str) -> str:
+    """The file system type of ``path``'s mount and of any mount below it, from
+    /proc/self/mountinfo ("ext4", "overlay, with proc below" ...), for an error."""
+    real = os.path.realpath(path).rstrip("/") or "/"
+    best, below = ("", "?"), []
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            for raw in f:
+                line = raw.decode("utf-8", "replace").split()
+                if "-" not in line:
+                    continue
+                point = line[4].replace("\\040", " ")
+                fstype = line[line.index("-") + 1]
+                if real == point or real.startswith(point.rstrip("/") + "/"):
+                    if len(point) >= len(best[0]):
+                        best = (point, fstype)
+                elif point.startswith(real + "/"):
+                    below.append(fstype)
+    except OSError:
+        return "?"
+    more = sorted(set(below) - {best[1]})
+    return best[1] + (f", with {', '.join(more)} mounted below" if more else "")
 
 
 def _stage(sources: Iterable[str]) -> str:

@@ -94,7 +94,7 @@ from corral.providers.linux.init import (
 from corral.providers.linux.policy.plan import NAMESPACES
 from corral.wire import agent as _frames, fork as _fork, jsonline as _jsonline
 
-__all__ = ["BOOT", "boot_argv", "serve"]
+__all__ = ["BOOT", "IDMAP_ERROR", "boot_argv", "serve"]
 
 #: run by ``python -I -S -c``; ``{root}`` is corral's import root, ``{fd}`` the socket
 BOOT: Final = ("import sys; sys.path.insert(0, {root!r}); "
@@ -105,6 +105,9 @@ PROCTITLE: Final = b"corral"
 #: SCM_RIGHTS carries at most 253 descriptors (SCM_MAX_FD): the agent socket, the
 #: cgroup.procs files and one detached tree per bind source must fit
 MAX_LAUNCH_FDS: Final = 253
+#: how a create that needs an idmapped mount and cannot have one fails (the host turns
+#: it into LevelNotSupportedError)
+IDMAP_ERROR: Final = "idmapped mount"
 
 
 def boot_argv(import_root: str, fd: int) -> list[str]:
@@ -267,6 +270,9 @@ def _create(req: Mapping[str, Any], agent_fd: int, template: _Template, uids: Sa
             trees = mounts.detach_sources(plan["mounts"]) if uids.root else []
         except OSError as e:
             return {"ok": False, "error": f"bind source: {e}"}, -1
+        if uids.root and not trees and mounts.rw_bind_sources(plan["mounts"]):
+            return {"ok": False, "error": f"{IDMAP_ERROR}: this kernel gives the fork server "
+                                          "no detached mount trees (open_tree)"}, -1
         if 1 + len(procs) + len(trees) > MAX_LAUNCH_FDS:
             return {"ok": False, "error": f"too many bind sources ({len(trees)})"}, -1
         try:
@@ -278,6 +284,9 @@ def _create(req: Mapping[str, Any], agent_fd: int, template: _Template, uids: Sa
         stage = "id maps"
         try:
             _write_maps(c2, uid, gid)
+            if trees:
+                stage = IDMAP_ERROR
+                mounts.idmap_trees(c2, pidfd, plan["mounts"], trees)
             stage = "launch"
             head = {"plan": plan, "procs": len(procs), "trees": len(trees)}
             _fdpass.send(ctl_z, _jsonline.dumps(head), [agent_fd, *procs, *trees])
