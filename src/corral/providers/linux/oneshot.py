@@ -773,6 +773,8 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
             uid, gid, _pooled = s.uids.pick(wire["uid_map"][1], wire["gid_map"][1])
             trees = mounts.detach_sources(wire["mounts"]) if s.uids.root else []
             s.fds += trees
+            if s.uids.root:  # as the fork server does (no read-write bind on this path yet)
+                mounts.idmap_trees(wire["mounts"], trees, uid, gid)
             mine, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
             s.fds += [mine.fileno(), theirs.fileno()]
             in_r, in_w = os.pipe2(os.O_CLOEXEC)
@@ -797,17 +799,12 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
                     os.setresuid(-1, 0, -1)
                     os.setresgid(-1, 0, -1)
             s.pid, s.pidfd = pid, pidfd
-            for fd in (*procs, theirs.detach()):
+            for fd in (*procs, *trees, theirs.detach()):
                 os.close(fd)
                 s.fds.remove(fd)
             _write_proc(f"/proc/{pid}/setgroups", b"deny")
             _write_proc(f"/proc/{pid}/uid_map", b"0 %d 1\n" % uid)
             _write_proc(f"/proc/{pid}/gid_map", b"0 %d 1\n" % gid)
-            # as the library's fork server does (no read-write bind on this path today)
-            mounts.idmap_trees(pid, pidfd, wire["mounts"], trees)
-            for fd in trees:
-                os.close(fd)
-                s.fds.remove(fd)
             mine.send(b"go")
             mine.sendmsg([b"\0".join(os.fsencode(a) for a in req.argv)],
                          [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,

@@ -15,7 +15,6 @@ read-only. Any failure raises; the caller stops the sandbox.
 from __future__ import annotations
 
 import os
-import select
 import stat
 import sys
 
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
 
     from corral.providers.linux.policy.plan import HostLayout
 
-__all__ = ["detach_sources", "detect_host_layout", "fs_types", "idmap_rw_trees", "idmap_trees",
+__all__ = ["detach_sources", "detect_host_layout", "fs_types", "idmap_trees", "idmap_userns",
            "init_child", "rw_bind_sources"]
 
 _SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -167,52 +166,105 @@ def rw_bind_sources(steps: Iterable[Mapping[str, Any]]) -> list[str]:
             if s["kind"] == "bind" and not s["readonly"] and s.get("nosuid_nodev")]
 
 
-def idmap_trees(pid: int, pidfd: int, steps: Iterable[Mapping[str, Any]],
-                trees: Sequence[int]) -> None:
-    """:func:`idmap_rw_trees` through the user namespace of the new pid 1 ``pid``
-    (``pidfd``), its id maps written; nothing without a read-write bind. OSError if it
-    fails, or if ``pid`` exited before its namespace was opened."""
-    steps = list(steps)
-    if not rw_bind_sources(steps):
-        return
-    ns = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if select.select([pidfd], [], [], 0)[0]:  # gone: the pid may name another process
-            raise OSError(3, "the sandbox's pid 1 exited")
-        idmap_rw_trees(steps, trees, ns)
-    finally:
-        os.close(ns)
+def idmap_trees(steps: Iterable[Mapping[str, Any]], trees: Sequence[int], uid: int,
+                gid: int) -> None:
+    """Fork server side, as root, before the sandbox is cloned: make each read-write
+    bind's detached tree (``trees``: :func:`detach_sources`'s, in step order) an
+    idmapped mount for a sandbox that runs as host ``uid``/``gid``; nothing without a
+    read-write bind, or for a sandbox that runs as root itself.
 
-
-def idmap_rw_trees(steps: Iterable[Mapping[str, Any]], trees: Sequence[int],
-                   userns_fd: int) -> None:
-    """Fork server side, as root, once the sandbox's user namespace has its id maps:
-    make each read-write bind's detached tree (``trees``: :func:`detach_sources`'s, in
-    step order) an idmapped mount through that namespace (``userns_fd``).
-
-    The namespace maps uid/gid 0 inside to the sandbox's outside ids, so through the
-    mount the host's uid/gid 0 shows as the sandbox's root and, the other way round,
-    what the sandbox writes lands on the host as uid/gid 0 (the fork server's own ids):
-    never as a uid some sandbox runs as. Ids other than 0 on the host show as
-    ``nobody`` inside and cannot be chown'ed to.
+    The mount's idmapping (:func:`idmap_userns`) turns the sandbox's ids into 0 on the
+    way to the file system and the host's 0 into the sandbox's ids on the way back:
+    what the sandbox writes lands on the host as root (the fork server's own ids),
+    never as a uid some sandbox runs as, and root's files there are its own. Every
+    other id maps to itself (a world-writable dir of another user stays writable,
+    another user's file stays theirs), except the sandbox's own ids, which the mount
+    leaves unmapped: a file on the host that some earlier sandbox of this uid left
+    behind cannot be written through it.
 
     Raises OSError naming the source and its file system type when the kernel or the
     file system (or a file system mounted below the source) has no idmapped mounts;
     the caller refuses the sandbox: a read-write bind as root never runs without it.
     """
-    it = iter(trees)
-    for s in steps:
-        if s["kind"] not in _SOURCE_KINDS:
-            continue
-        tree = next(it)
-        if s["kind"] != "bind" or s["readonly"] or not s.get("nosuid_nodev"):
-            continue
+    steps = list(steps)
+    if (uid, gid) == (0, 0) or not rw_bind_sources(steps):
+        return
+    if not trees:
+        raise OSError(38, "this kernel gives the fork server no detached mount trees "
+                          "(open_tree, Linux 5.12)")
+    ns = idmap_userns(uid, gid)
+    try:
+        it = iter(trees)
+        for s in steps:
+            if s["kind"] not in _SOURCE_KINDS:
+                continue
+            tree = next(it)
+            if s["kind"] != "bind" or s["readonly"] or not s.get("nosuid_nodev"):
+                continue
+            try:
+                su.mount_setattr(tree, su.MOUNT_ATTR_IDMAP, userns_fd=ns)
+            except OSError as e:
+                raise OSError(e.errno, f"idmapped mount of {s['source']} "
+                                       f"({fs_types(s['source'])}): {e.strerror}"
+                              ) from None
+    finally:
+        os.close(ns)
+
+
+#: the highest valid id plus one ((uid_t)-1 is "no id")
+_ID_END: Final = (1 << 32) - 1
+
+
+def _id_map(own: int) -> bytes:
+    """A user namespace id map (file system id inside -> mount id outside): 0 -> ``own``,
+    every other id to itself except ``own``, which stays unmapped."""
+    lines = [b"0 %d 1\n" % own]
+    if own > 1:
+        lines.append(b"1 1 %d\n" % (own - 1))
+    if own + 1 < _ID_END:
+        lines.append(b"%d %d %d\n" % (own + 1, own + 1, _ID_END - own - 1))
+    return b"".join(lines)
+
+
+def idmap_userns(uid: int, gid: int) -> int:
+    """A user namespace (a descriptor) whose id maps are :func:`_id_map` of ``uid`` and
+    ``gid``: an idmapping for :func:`idmap_trees`. A child is cloned into a new user
+    namespace and held until its maps are written and the namespace opened. As root;
+    the caller is single-threaded (the fork server, the CLI's one-shot path)."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid, pidfd = su.clone_pidfd(su.CLONE_NEWUSER)
+        if pid == 0:  # the child: wait for the parent to be done, then go
+            try:
+                os.close(w)
+                os.read(r, 1)
+            finally:
+                os._exit(0)
         try:
-            su.mount_setattr(tree, su.MOUNT_ATTR_IDMAP, userns_fd=userns_fd)
-        except OSError as e:
-            raise OSError(e.errno, f"idmapped mount of {s['source']} "
-                                   f"({fs_types(s['source'])}): {e.strerror}"
-                          ) from None
+            _write(f"/proc/{pid}/setgroups", b"deny")
+            _write(f"/proc/{pid}/uid_map", _id_map(uid))
+            _write(f"/proc/{pid}/gid_map", _id_map(gid))
+            return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            os.close(w)
+            w = -1
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:  # SIGCHLD ignored: the kernel reaped it
+                pass
+            os.close(pidfd)
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+def _write(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def fs_types(path: str) -> str:

@@ -270,9 +270,11 @@ def _create(req: Mapping[str, Any], agent_fd: int, template: _Template, uids: Sa
             trees = mounts.detach_sources(plan["mounts"]) if uids.root else []
         except OSError as e:
             return {"ok": False, "error": f"bind source: {e}"}, -1
-        if uids.root and not trees and mounts.rw_bind_sources(plan["mounts"]):
-            return {"ok": False, "error": f"{IDMAP_ERROR}: this kernel gives the fork server "
-                                          "no detached mount trees (open_tree)"}, -1
+        try:  # a read-write bind: the sandbox's writes land as root (ours), not its uid
+            if uids.root:
+                mounts.idmap_trees(plan["mounts"], trees, uid, gid)
+        except OSError as e:
+            return {"ok": False, "error": f"{IDMAP_ERROR}: {e}"}, -1
         if 1 + len(procs) + len(trees) > MAX_LAUNCH_FDS:
             return {"ok": False, "error": f"too many bind sources ({len(trees)})"}, -1
         try:
@@ -284,9 +286,6 @@ def _create(req: Mapping[str, Any], agent_fd: int, template: _Template, uids: Sa
         stage = "id maps"
         try:
             _write_maps(c2, uid, gid)
-            if trees:
-                stage = IDMAP_ERROR
-                mounts.idmap_trees(c2, pidfd, plan["mounts"], trees)
             stage = "launch"
             head = {"plan": plan, "procs": len(procs), "trees": len(trees)}
             _fdpass.send(ctl_z, _jsonline.dumps(head), [agent_fd, *procs, *trees])
