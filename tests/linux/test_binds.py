@@ -273,7 +273,8 @@ async def main() -> None:
     p = LinuxProvider(spares=0, binds=[Bind(sys.argv[1], "/work/proj", rw=True)])
     try:
         async with await p.create(SandboxSpec(tenant_id="t", run_id="r")) as sb:
-            r = await sb.exec(["sh", "-c", "echo mine > /work/proj/f"])
+            r = await sb.exec(["sh", "-c", "echo mine > /work/proj/f; chmod 6755 /work/proj/f"
+                               " && echo setuid-allowed"])
             print(r.exit_code, r.stderr_text)
     finally:
         await p.aclose()
@@ -297,7 +298,7 @@ def as_nobody(nobody_python: tuple[str, str]) -> Callable[[list[str]], str]:
     return run
 
 
-def test_not_root_a_rw_bind_writes_as_the_caller(
+def test_not_root_a_rw_bind_writes_as_the_caller_and_never_setuid(
         linux: Any, as_nobody: Callable[[list[str]], str]) -> None:
     own = Path(tempfile.mkdtemp(prefix="corral-binds-nobody-"))
     try:
@@ -306,9 +307,11 @@ def test_not_root_a_rw_bind_writes_as_the_caller(
         out = as_nobody([str(own)])
         if "level-not-supported" in out or "LevelNotSupported" in out:
             pytest.skip(f"no unprivileged sandbox here: {out[-300:]}")
-        assert out.startswith("0 "), out
+        assert out.startswith("1 ") and "Operation not permitted" in out, out
         f = own / "f"
         assert f.read_text() == "mine\n"
         assert f.stat().st_uid == 65534
+        # a setuid file of the caller's uid would hand it to any local user: refused
+        assert f.stat().st_mode & 0o6000 == 0, oct(f.stat().st_mode)
     finally:
         shutil.rmtree(own, ignore_errors=True)
