@@ -429,3 +429,29 @@ def test_check_host_files_catches_a_setuid_file(shared: Path) -> None:
     (shared / "sgid" / "inherit").write_text("x")
     with pytest.raises(AssertionError):
         check_host_files(shared, {"uid": FIRST_UID + 7})
+
+
+# -- the pieces ---------------------------------------------------------------------------
+
+def test_the_idmapping_sends_the_sandbox_to_root_and_leaves_its_own_id_out() -> None:
+    from corral.providers.linux.init.mounts import _id_map
+    uid = 0x70001234
+    lines = [tuple(int(x) for x in line.split()) for line in _id_map(uid).decode().splitlines()]
+    assert lines == [(0, uid, 1), (1, 1, uid - 1), (uid + 1, uid + 1, (1 << 32) - 2 - uid)]
+    assert not any(s <= uid < s + n for s, _o, n in lines)  # a file of that uid: unmapped
+    outside = [(o, o + n) for _s, o, n in lines]
+    assert all(a[1] <= b[0] or b[1] <= a[0] for a in outside for b in outside if a != b)
+    assert _id_map(1) == b"0 1 1\n2 2 4294967293\n"
+
+
+def test_no_detached_trees_refuses_a_rw_bind_as_root() -> None:
+    """Where the fork server gets no detached trees (a container's seccomp denies
+    open_tree) a read-write bind cannot be idmapped: refused, not bound as the sandbox."""
+    from corral.providers.linux.init.mounts import idmap_trees
+    rw = [{"kind": "bind", "source": "/srv/x", "target": "/work/x", "readonly": False,
+           "nosuid_nodev": True}]
+    with pytest.raises(OSError, match="no detached mount trees"):
+        idmap_trees(rw, [], 0x70000001, 0x70000001)
+    idmap_trees([{**rw[0], "readonly": True, "nosuid_nodev": False}], [], 0x70000001,
+                0x70000001)  # read-only: nothing to map
+    idmap_trees(rw, [], 0, 0)  # a sandbox run as root itself writes as root anyway

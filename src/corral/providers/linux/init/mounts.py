@@ -190,8 +190,8 @@ def idmap_trees(steps: Iterable[Mapping[str, Any]], trees: Sequence[int], uid: i
     if (uid, gid) == (0, 0) or not rw_bind_sources(steps):
         return
     if not trees:
-        raise OSError(38, "this kernel gives the fork server no detached mount trees "
-                          "(open_tree, Linux 5.12)")
+        raise OSError(38, "the fork server gets no detached mount trees here (open_tree: "
+                          "Linux 5.12 and up, unless a container's seccomp denies it)")
     ns = idmap_userns(uid, gid)
     try:
         it = iter(trees)
