@@ -73,7 +73,7 @@ async def launch(plan: SandboxPlan, prog: bytes, cancel: CancelToken | None, *,
                 raise LevelNotSupportedError(
                     "strict", (), e.message,
                     missing="namespaces (user, mount, pid, net, ipc, uts, cgroup)") from None
-            if IDMAP_ERROR in e.message:  # a read-write bind as root: never without it
+            if f"failed: {IDMAP_ERROR}: " in e.message:  # a rw bind as root: never without
                 raise LevelNotSupportedError(
                     "strict", (), e.message + IDMAP_FIX, missing="idmapped mount",
                     field="binds") from None
