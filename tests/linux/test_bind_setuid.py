@@ -41,6 +41,9 @@ pytestmark = pytest.mark.linux
 
 #: the per-sandbox uids a root fork server hands out (host/uidpool.py)
 FIRST_UID, LAST_UID = 0x70000000, 0x7FFDFFFF
+#: where the bound dirs live: on disk, not a tmpfs /tmp (a rw bind as root is an
+#: idmapped mount; tmpfs has them only since Linux 6.3, the v2 guest's kernel is 6.1)
+BIND_TMP = "/var/tmp" if os.path.isdir("/var/tmp") else None
 #: a fixed outside uid/gid for every sandbox of one provider (``outside_uid=``): the
 #: reuse of a uid by a later sandbox, made certain
 FIXED_UID = 0x6FFE4242
@@ -130,7 +133,7 @@ def shared() -> Iterator[Path]:
     group the sandbox is not in; removed after the test."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the sandbox's own host uid and a local user to attack it")
-    outer = Path(tempfile.mkdtemp(prefix="corral-bind-setuid-"))
+    outer = Path(tempfile.mkdtemp(prefix="corral-bind-setuid-", dir=BIND_TMP))
     try:
         os.chmod(outer, 0o755)
         d = outer / "proj"

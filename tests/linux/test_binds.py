@@ -33,6 +33,9 @@ pytestmark = pytest.mark.linux
 
 #: the per-sandbox uids a root fork server hands out (host/uidpool.py)
 FIRST_UID, LAST_UID = 0x70000000, 0x7FFDFFFF
+#: where the bound dirs live: on disk, not a tmpfs /tmp (a rw bind as root is an
+#: idmapped mount; tmpfs has them only since Linux 6.3, the v2 guest's kernel is 6.1)
+BIND_TMP = "/var/tmp" if os.path.isdir("/var/tmp") else None
 
 
 def make_spec() -> SandboxSpec:
@@ -43,7 +46,7 @@ def make_spec() -> SandboxSpec:
 def shared() -> Iterator[Path]:
     """A world-writable host dir (the sandbox's own uid must be able to write it),
     under a parent only root can walk (like a 0700 home); removed after the test."""
-    outer = Path(tempfile.mkdtemp(prefix="corral-binds-"))
+    outer = Path(tempfile.mkdtemp(prefix="corral-binds-", dir=BIND_TMP))
     try:
         os.chmod(outer, 0o700)
         d = outer / "proj"
