@@ -9,11 +9,13 @@ same uid (4094 first uids for one-shot runs; every sandbox of a provider with a 
 ``outside_uid``) was theirs to read (``/proc/PID/environ``) and kill.
 
 Now: seccomp refuses the mode bits and device nodes (EPERM inside), and as root a
-read-write bind is an idmapped mount, so what the sandbox writes is root's on the host,
-never a uid any sandbox runs as. Each test checks the host file's mode and owner, then
-has uid 65534 run everything the sandbox left and try the second sandbox's environment
-and a signal (0) to it; the control shows the same chmod working outside a sandbox and
-the same attacker succeeding with a setuid file of that uid made by root on the host.
+read-write bind is an idmapped mount, so what the sandbox writes lands on the host as
+the bind writer (uid/gid 0x70000000), an identity no sandbox runs as, never as its own
+uid; and root's files, setuid binaries among them, stay "other" to the sandbox. Each
+test checks the host file's mode and owner, then has uid 65534 run everything the
+sandbox left and try the second sandbox's environment and a signal (0) to it; the
+control shows the same chmod working outside a sandbox and the same attacker
+succeeding with a setuid file of that uid made by root on the host.
 """
 
 from __future__ import annotations
@@ -33,14 +35,17 @@ from typing import Any
 
 import pytest
 
+from corral.core.errors import ConfigInvalidError
 from corral.core.spec import ExecOpts, SandboxSpec
-from corral.providers.linux.policy.plan import Bind
+from corral.providers.linux.policy.plan import Bind, LinuxOptions
 from strict_tier import unavailable
 
 pytestmark = pytest.mark.linux
 
-#: the per-sandbox uids a root fork server hands out (host/uidpool.py)
-FIRST_UID, LAST_UID = 0x70000000, 0x7FFDFFFF
+#: the per-sandbox uids a root fork server hands out (host/uidpool.py): blocks of 65536
+#: from the second on; the first id of the first is the bind writer's
+FIRST_UID, LAST_UID, BLOCK = 0x70000000, 0x7FFDFFFF, 1 << 16
+BIND_UID = FIRST_UID
 #: where the bound dirs live: on disk, not a tmpfs /tmp (a rw bind as root is an
 #: idmapped mount; tmpfs has them only since Linux 6.3, the v2 guest's kernel is 6.1)
 BIND_TMP = "/var/tmp" if os.path.isdir("/var/tmp") else None
@@ -149,14 +154,15 @@ def shared() -> Iterator[Path]:
 
 
 def _sandbox_uid(uid: int) -> bool:
-    return FIRST_UID <= uid <= LAST_UID or uid == FIXED_UID
+    return FIRST_UID + BLOCK <= uid <= LAST_UID or uid == FIXED_UID
 
 
 def check_host_files(d: Path, ran: dict[str, Any],
                      expect: frozenset[str] = frozenset({"tool", "inherit"})) -> list[Path]:
     """What the sandbox left in ``d``: no setuid or setgid file, no device node, no
-    file capability, nothing owned by a sandbox's uid (as root: root's, through the
-    idmapped mount). Returns the regular files (for the attacker)."""
+    file capability, nothing owned by a sandbox's uid: everything is the bind
+    writer's (through the idmapped mount; in the setgid dir the group is the dir's).
+    Returns the regular files (for the attacker)."""
     assert ran["uid"] != os.geteuid() and _sandbox_uid(ran["uid"]), ran
     files = []
     for root, dirs, names in os.walk(d):
@@ -171,7 +177,8 @@ def check_host_files(d: Path, ran: dict[str, Any],
                 assert "security.capability" not in os.listxattr(p), p
                 files.append(p)
             if p != d / "sgid":
-                assert st.st_uid == 0 and not _sandbox_uid(st.st_gid), \
+                groups = {BIND_UID, SGID_GROUP} if p.parent == d / "sgid" else {BIND_UID}
+                assert st.st_uid == BIND_UID and st.st_gid in groups, \
                     f"{p}: owned by {st.st_uid:#x}:{st.st_gid:#x}"
     assert {f.name for f in files} >= expect, files
     return files
@@ -297,12 +304,13 @@ def test_run_strict_with_a_rw_bind_leaves_no_setuid_file(linux: Any, shared: Pat
     linux(test, spares=0, binds=[Bind(str(shared), "/work/p", rw=True)])
 
 
-def test_a_rw_bind_as_root_writes_where_root_may(linux: Any, shared: Path) -> None:
-    """The other side of the idmapped mount: a root-owned 0755 dir is writable through
-    it (the writes are root's), a file of another uid is not (EACCES: that uid is
-    nobody inside, and the sandbox has no capability), a world-writable dir of another
-    uid still is (other ids map to themselves), and a file some sandbox uid owns on the
-    host cannot be written even world-writable (the sandbox's own uid is unmapped)."""
+def test_a_rw_bind_as_root_writes_as_the_bind_writer_only(linux: Any, shared: Path) -> None:
+    """The idmapped mount maps the sandbox to the bind writer and nothing more: a dir
+    the writer owns is the sandbox's (its root's, inside); root's files stay "other"
+    (a root-owned setuid binary cannot be opened for writing: a shared mapping's
+    writes keep its setuid bit, as the control shows); another user's file is not
+    writable, their world-writable dir is; a file some sandbox uid owns on the host is
+    not writable at all (that uid is unmapped), even world-writable."""
     os.chmod(shared, 0o755)
     other = shared / "other.txt"
     other.write_text("theirs\n")
@@ -312,28 +320,48 @@ def test_a_rw_bind_as_root_writes_where_root_may(linux: Any, shared: Path) -> No
     public.mkdir()
     os.chown(public, 4321, 4321)
     os.chmod(public, 0o777)
+    mine = shared / "mine"
+    mine.mkdir()
+    os.chown(mine, BIND_UID, BIND_UID)
+    suid = shared / "suid-root"
+    shutil.copyfile("/usr/bin/true", suid)
+    os.chmod(suid, 0o4755)
+    before = suid.read_bytes()
+    mmap_write = ("import mmap, os; fd = os.open('{}', os.O_RDWR); m = mmap.mmap(fd, 0); "
+                  "m[100] = m[100] ^ 1; m.flush()")
 
     async def test(p: Any) -> None:
         async with await p.create(SandboxSpec(tenant_id="t", run_id="r")) as sb:
-            r = await sb.exec(["/bin/sh", "-c", "echo mine > /work/p/new.txt && "
+            r = await sb.exec(["/bin/sh", "-c", "echo m > /work/p/mine/f && "
                                "echo pub > /work/p/public/f && "
-                               "stat -c '%u:%g' /work/p/new.txt /work/p/other.txt "
-                               "/work/p/public/f; cat /proc/self/uid_map; "
-                               "echo x >> /work/p/other.txt"])
-            assert r.stdout_text.startswith("0:0\n65534:65534\n0:0\n"), r
-            assert r.exit_code != 0 and "Permission denied" in r.stderr_text, r
-            uid = int(r.stdout_text.split()[4])
+                               "stat -c '%u:%g' /work/p/mine/f /work/p/other.txt "
+                               "/work/p/public/f /work/p/suid-root; cat /proc/self/uid_map"])
+            assert r.exit_code == 0, r
+            assert r.stdout_text.startswith("0:0\n65534:65534\n0:0\n65534:65534\n"), r
+            uid = int(r.stdout_text.split()[5])
+            for target in ("/work/p/new.txt", "/work/p/other.txt"):
+                r = await sb.exec(["/bin/sh", "-c", f"echo x >> {target}"])
+                assert r.exit_code != 0 and "Permission denied" in r.stderr_text, r
+            r = await sb.exec([PYTHON, "-I", "-S", "-c",
+                               mmap_write.format("/work/p/suid-root")])
+            assert r.exit_code != 0 and "PermissionError" in r.stderr_text, r
             left = shared / "left-by-an-earlier-sandbox"
             left.write_text("old\n")
             os.chown(left, uid, uid)
             os.chmod(left, 0o666)
             r = await sb.exec(["/bin/sh", "-c", f"echo x >> /work/p/{left.name}"])
             assert r.exit_code != 0 and "Permission denied" in r.stderr_text, r
-        for f in (shared / "new.txt", public / "f"):
+        for f in (mine / "f", public / "f"):
             st = f.stat()
-            assert (st.st_uid, st.st_gid) == (0, 0), f
-        assert other.read_text() == "theirs\n"
-        assert left.read_text() == "old\n"
+            assert (st.st_uid, st.st_gid) == (BIND_UID, BIND_UID), f
+        assert not (shared / "new.txt").exists()
+        assert other.read_text() == "theirs\n" and left.read_text() == "old\n"
+        assert suid.read_bytes() == before and suid.stat().st_mode & 0o4000
+        # the control: a shared mapping's write (by root here) keeps the setuid bit
+        proc = subprocess.run([PYTHON, "-I", "-S", "-c", mmap_write.format(suid)],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert suid.read_bytes() != before and suid.stat().st_mode & 0o4000
 
     linux(test, spares=0, binds=[Bind(str(shared), "/work/p", rw=True)])
 
@@ -436,15 +464,29 @@ def test_check_host_files_catches_a_setuid_file(shared: Path) -> None:
 
 # -- the pieces ---------------------------------------------------------------------------
 
-def test_the_idmapping_sends_the_sandbox_to_root_and_leaves_its_own_id_out() -> None:
+def test_the_idmapping_sends_the_sandbox_to_the_writer_and_nothing_else() -> None:
+    from corral.providers.linux.host import uidpool
     from corral.providers.linux.init.mounts import _id_map
-    uid = 0x70001234
-    lines = [tuple(int(x) for x in line.split()) for line in _id_map(uid).decode().splitlines()]
-    assert lines == [(0, uid, 1), (1, 1, uid - 1), (uid + 1, uid + 1, (1 << 32) - 2 - uid)]
-    assert not any(s <= uid < s + n for s, _o, n in lines)  # a file of that uid: unmapped
-    outside = [(o, o + n) for _s, o, n in lines]
-    assert all(a[1] <= b[0] or b[1] <= a[0] for a in outside for b in outside if a != b)
-    assert _id_map(1) == b"0 1 1\n2 2 4294967293\n"
+    from corral.providers.linux.policy import plan
+    assert uidpool.BIND_UID == plan.BIND_UID == BIND_UID
+    assert uidpool._FIRST_BLOCK * uidpool.BLOCK > BIND_UID  # no pool hands it out
+    for own in (0x70001234 + BLOCK, 5, 0, 0x7FFDFFFF):
+        lines = [tuple(int(x) for x in line.split())
+                 for line in _id_map(own, BIND_UID).decode().splitlines()]
+        assert (BIND_UID, own, 1) in lines
+        inside = [(s, s + n) for s, _o, n in lines]
+        outside = [(o, o + n) for _s, o, n in lines]
+        for ranges in (inside, outside):  # the kernel refuses overlapping lines
+            assert all(a[1] <= b[0] or b[1] <= a[0] for a in ranges for b in ranges
+                       if a != b), lines
+        assert not any(s <= own < e for s, e in inside)      # its files: unmapped
+        assert not any(s <= BIND_UID < e for s, e in outside)  # nothing else is the writer
+        covered = sum(e - s for s, e in inside)
+        assert covered == (1 << 32) - 2, lines                  # every other id: itself
+    with pytest.raises(ConfigInvalidError):
+        LinuxOptions(outside_uid=BIND_UID)
+    with pytest.raises(ConfigInvalidError):
+        LinuxOptions(outside_gid=BIND_UID)
 
 
 def test_no_detached_trees_refuses_a_rw_bind_as_root() -> None:
@@ -454,7 +496,7 @@ def test_no_detached_trees_refuses_a_rw_bind_as_root() -> None:
     rw = [{"kind": "bind", "source": "/srv/x", "target": "/work/x", "readonly": False,
            "nosuid_nodev": True}]
     with pytest.raises(OSError, match="no detached mount trees"):
-        idmap_trees(rw, [], 0x70000001, 0x70000001)
-    idmap_trees([{**rw[0], "readonly": True, "nosuid_nodev": False}], [], 0x70000001,
-                0x70000001)  # read-only: nothing to map
-    idmap_trees(rw, [], 0, 0)  # a sandbox run as root itself writes as root anyway
+        idmap_trees(rw, [], 0x70010001, 0x70010001, BIND_UID)
+    idmap_trees([{**rw[0], "readonly": True, "nosuid_nodev": False}], [], 0x70010001,
+                0x70010001, BIND_UID)  # read-only: nothing to map
+    idmap_trees(rw, [], 0, 0, BIND_UID)  # a sandbox run as root itself writes as root

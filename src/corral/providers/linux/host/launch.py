@@ -29,8 +29,8 @@ _T = TypeVar("_T")
 #: (``init.zygote.IDMAP_ERROR``; that module is not loaded on the host)
 IDMAP_ERROR = "idmapped mount"
 IDMAP_FIX = ("; a read-write bind as root needs one (what the sandbox writes then lands "
-             "on the host as root, never as a sandbox's uid): bind a directory on a file "
-             "system with idmapped mounts (ext4, xfs, btrfs, tmpfs since Linux 6.3; "
+             "on the host as uid 0x70000000, never as a sandbox's uid): bind a directory "
+             "on a file system with idmapped mounts (ext4, xfs, btrfs, tmpfs since 6.3; "
              "not overlayfs, nfs), read-only, or run corral as a non-root user")
 
 

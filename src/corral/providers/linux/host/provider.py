@@ -104,13 +104,15 @@ class LinuxProvider(SandboxProvider):
             or that nests with another bind, is refused (ConfigInvalidError naming
             ``binds``). A dir under /work (``Bind(src, "/work/proj", rw=True)``)
             is how a project dir is shared. Writes through a read-write bind land
-            on the host as root when the provider runs as root (an idmapped
-            mount: never as the sandbox's own uid, which a later sandbox may be
-            given again; refused at ``create`` with LevelNotSupportedError where
-            the source's file system has no idmapped mounts), otherwise as the
-            caller's own uid; and never with a setuid or setgid bit or as a
-            device node (the seccomp filter refuses those modes). A read-only
-            bind stays read-only (EROFS) even where the sandbox could write.
+            on the host as uid/gid 0x70000000 (``BIND_UID``, which no sandbox
+            runs as; the source must be writable by it) when the provider runs
+            as root (an idmapped mount: never as the sandbox's own uid, which a
+            later sandbox may be given again; refused at ``create`` with
+            LevelNotSupportedError where the source's file system has no
+            idmapped mounts), otherwise as the caller's own uid; and never with
+            a setuid or setgid bit or as a device node (the seccomp filter
+            refuses those modes). A read-only bind stays read-only (EROFS) even
+            where the sandbox could write.
 
         egress_resolver: ``async (host, port) -> [address, ...]``, how the egress
             proxy of a sandbox with network ``allowlist``/``unrestricted`` resolves

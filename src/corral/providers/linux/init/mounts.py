@@ -167,20 +167,21 @@ def rw_bind_sources(steps: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def idmap_trees(steps: Iterable[Mapping[str, Any]], trees: Sequence[int], uid: int,
-                gid: int) -> None:
+                gid: int, writer: int) -> None:
     """Fork server side, as root, before the sandbox is cloned: make each read-write
     bind's detached tree (``trees``: :func:`detach_sources`'s, in step order) an
     idmapped mount for a sandbox that runs as host ``uid``/``gid``; nothing without a
     read-write bind, or for a sandbox that runs as root itself.
 
-    The mount's idmapping (:func:`idmap_userns`) turns the sandbox's ids into 0 on the
-    way to the file system and the host's 0 into the sandbox's ids on the way back:
-    what the sandbox writes lands on the host as root (the fork server's own ids),
-    never as a uid some sandbox runs as, and root's files there are its own. Every
-    other id maps to itself (a world-writable dir of another user stays writable,
-    another user's file stays theirs), except the sandbox's own ids, which the mount
-    leaves unmapped: a file on the host that some earlier sandbox of this uid left
-    behind cannot be written through it.
+    The mount's idmapping (:func:`idmap_userns`) turns the sandbox's ids into
+    ``writer`` (``uidpool.BIND_UID``, uid and gid) on the way to the file system and
+    back: what the sandbox writes lands on the host as ``writer``, an identity no
+    sandbox runs as, never as its own uid (which a later sandbox may be given). Every
+    other id maps to itself: root's files, a setuid binary among them, and another
+    user's are "other" to the sandbox as before (writable only where their mode lets
+    anyone), and a world-writable dir stays writable. The sandbox's own ids are left
+    unmapped: a file some earlier sandbox of that uid left on the host cannot be
+    written through the mount.
 
     Raises OSError naming the source and its file system type when the kernel or the
     file system (or a file system mounted below the source) has no idmapped mounts;
@@ -192,7 +193,7 @@ def idmap_trees(steps: Iterable[Mapping[str, Any]], trees: Sequence[int], uid: i
     if not trees:
         raise OSError(38, "the fork server gets no detached mount trees here (open_tree: "
                           "Linux 5.12 and up, unless a container's seccomp denies it)")
-    ns = idmap_userns(uid, gid)
+    ns = idmap_userns(uid, gid, writer)
     try:
         it = iter(trees)
         for s in steps:
@@ -215,22 +216,30 @@ def idmap_trees(steps: Iterable[Mapping[str, Any]], trees: Sequence[int], uid: i
 _ID_END: Final = (1 << 32) - 1
 
 
-def _id_map(own: int) -> bytes:
-    """A user namespace id map (file system id inside -> mount id outside): 0 -> ``own``,
-    every other id to itself except ``own``, which stays unmapped."""
-    lines = [b"0 %d 1\n" % own]
-    if own > 1:
-        lines.append(b"1 1 %d\n" % (own - 1))
-    if own + 1 < _ID_END:
-        lines.append(b"%d %d %d\n" % (own + 1, own + 1, _ID_END - own - 1))
+def _id_map(own: int, writer: int) -> bytes:
+    """A user namespace id map for an idmapped mount (file system id inside -> id seen
+    through the mount outside): ``writer`` -> ``own`` (the sandbox's), every other id
+    to itself but ``own`` (left unmapped: its outside id is taken) and ``writer`` (its
+    inside id is taken); identity if they are equal."""
+    if own == writer:
+        return b"0 0 %d\n" % _ID_END
+    lines = [b"%d %d 1\n" % (writer, own)]
+    start = 0
+    for skip in sorted((own, writer)):
+        if skip > start:
+            lines.append(b"%d %d %d\n" % (start, start, skip - start))
+        start = skip + 1
+    if start < _ID_END:
+        lines.append(b"%d %d %d\n" % (start, start, _ID_END - start))
     return b"".join(lines)
 
 
-def idmap_userns(uid: int, gid: int) -> int:
+def idmap_userns(uid: int, gid: int, writer: int) -> int:
     """A user namespace (a descriptor) whose id maps are :func:`_id_map` of ``uid`` and
-    ``gid``: an idmapping for :func:`idmap_trees`. A child is cloned into a new user
-    namespace and held until its maps are written and the namespace opened. As root;
-    the caller is single-threaded (the fork server, the CLI's one-shot path)."""
+    ``gid`` with ``writer``: an idmapping for :func:`idmap_trees`. A child is cloned
+    into a new user namespace and held until its maps are written and the namespace
+    opened. As root; the caller is single-threaded (the fork server, the CLI's
+    one-shot path)."""
     r, w = os.pipe2(os.O_CLOEXEC)
     try:
         pid, pidfd = su.clone_pidfd(su.CLONE_NEWUSER)
@@ -242,8 +251,8 @@ def idmap_userns(uid: int, gid: int) -> int:
                 os._exit(0)
         try:
             _write(f"/proc/{pid}/setgroups", b"deny")
-            _write(f"/proc/{pid}/uid_map", _id_map(uid))
-            _write(f"/proc/{pid}/gid_map", _id_map(gid))
+            _write(f"/proc/{pid}/uid_map", _id_map(uid, writer))
+            _write(f"/proc/{pid}/gid_map", _id_map(gid, writer))
             return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         finally:
             os.close(w)

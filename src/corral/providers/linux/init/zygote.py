@@ -85,7 +85,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from corral.providers.linux import _sys_unsafe as su, fdpass as _fdpass
-from corral.providers.linux.host.uidpool import SandboxUids
+from corral.providers.linux.host.uidpool import BIND_UID, SandboxUids
 from corral.providers.linux.init import (
     agent,
     mounts,
@@ -270,9 +270,9 @@ def _create(req: Mapping[str, Any], agent_fd: int, template: _Template, uids: Sa
             trees = mounts.detach_sources(plan["mounts"]) if uids.root else []
         except OSError as e:
             return {"ok": False, "error": f"bind source: {e}"}, -1
-        try:  # a read-write bind: the sandbox's writes land as root (ours), not its uid
+        try:  # a read-write bind: the sandbox's writes land as BIND_UID, not its uid
             if uids.root:
-                mounts.idmap_trees(plan["mounts"], trees, uid, gid)
+                mounts.idmap_trees(plan["mounts"], trees, uid, gid, BIND_UID)
         except OSError as e:
             return {"ok": False, "error": f"{IDMAP_ERROR}: {e}"}, -1
         if 1 + len(procs) + len(trees) > MAX_LAUNCH_FDS:
