@@ -1,6 +1,7 @@
 """LinuxProvider(binds=[Bind(src, dst, rw=...)]): bubblewrap's --bind / --ro-bind SRC DST.
 
-A read-write bind's writes land on the host as the sandbox's outside uid; a read-only
+A read-write bind's writes land on the host as the provider's own uid (as root through
+an idmapped mount: root, never a sandbox's uid; not root: the caller's); a read-only
 bind of the same writable dir refuses them (EROFS); a bind at another path hides the
 source's own path; a dst that would hide a sandbox dir or the interpreter is refused,
 and so is a source holding a unix socket, read-write or not (issue 16).
@@ -30,8 +31,9 @@ from corral.providers.linux.policy.plan import (
 
 pytestmark = pytest.mark.linux
 
-#: the per-sandbox uids a root fork server hands out (host/uidpool.py)
-FIRST_UID, LAST_UID = 0x70000000, 0x7FFDFFFF
+#: where the bound dirs live: on disk, not a tmpfs /tmp (a rw bind as root is an
+#: idmapped mount; tmpfs has them only since Linux 6.3, the v2 guest's kernel is 6.1)
+BIND_TMP = "/var/tmp" if os.path.isdir("/var/tmp") else None
 
 
 def make_spec() -> SandboxSpec:
@@ -42,7 +44,7 @@ def make_spec() -> SandboxSpec:
 def shared() -> Iterator[Path]:
     """A world-writable host dir (the sandbox's own uid must be able to write it),
     under a parent only root can walk (like a 0700 home); removed after the test."""
-    outer = Path(tempfile.mkdtemp(prefix="corral-binds-"))
+    outer = Path(tempfile.mkdtemp(prefix="corral-binds-", dir=BIND_TMP))
     try:
         os.chmod(outer, 0o700)
         d = outer / "proj"
@@ -55,10 +57,14 @@ def shared() -> Iterator[Path]:
         shutil.rmtree(outer, ignore_errors=True)
 
 
+#: what a rw bind's writes are on the host as root (host/uidpool.py): no sandbox's uid
+BIND_UID = 0x70000000
+
+
 def _owner_ok(uid: int) -> bool:
-    if os.geteuid() == 0:
-        return FIRST_UID <= uid <= LAST_UID
-    return uid == os.geteuid()
+    """As root the write went through an idmapped mount: the bind writer's, not the
+    sandbox's own uid; not root: the caller's."""
+    return uid == (BIND_UID if os.geteuid() == 0 else os.geteuid())
 
 
 # -- in a sandbox ----------------------------------------------------------------
@@ -74,6 +80,8 @@ def test_a_rw_bind_is_writable_and_the_write_lands_on_the_host(linux: Any,
             assert m.exit_code == 0, m
             opts = m.stdout_text.split()[5].split(",")
             assert "rw" in opts and "nosuid" in opts and "nodev" in opts, m.stdout_text
+            if os.geteuid() == 0:
+                assert "idmapped" in opts, m.stdout_text
         new = shared / "new.txt"
         assert new.read_text() == "out\n"
         assert (shared / "sub" / "f").read_text() == "deep\n"
@@ -98,10 +106,11 @@ def test_a_ro_bind_of_the_same_writable_dir_refuses_the_write(linux: Any,
     linux(test, spares=0, binds=[Bind(str(shared), "/work/proj")])
 
 
-def test_a_rw_bind_of_a_dir_the_sandbox_uid_cannot_write_is_eacces(linux: Any,
-                                                                   shared: Path) -> None:
-    """As root the writes are the sandbox's own uid's: a 0755 root-owned dir refuses
-    them with the command's own EACCES (not EROFS: the bind is writable)."""
+def test_a_rw_bind_of_a_dir_the_sandbox_cannot_write_is_eacces(linux: Any,
+                                                               shared: Path) -> None:
+    """As root the writes are the bind writer's (BIND_UID) through the idmapped mount:
+    a 0755 root-owned dir refuses them with the command's own EACCES (not EROFS: the
+    bind is writable; the sandbox has no capability to override it)."""
     if os.geteuid() != 0:
         pytest.skip("as the caller's own uid the dir is writable")
     os.chmod(shared, 0o755)
@@ -269,7 +278,8 @@ async def main() -> None:
     p = LinuxProvider(spares=0, binds=[Bind(sys.argv[1], "/work/proj", rw=True)])
     try:
         async with await p.create(SandboxSpec(tenant_id="t", run_id="r")) as sb:
-            r = await sb.exec(["sh", "-c", "echo mine > /work/proj/f"])
+            r = await sb.exec(["sh", "-c", "echo mine > /work/proj/f; chmod 6755 /work/proj/f"
+                               " && echo setuid-allowed"])
             print(r.exit_code, r.stderr_text)
     finally:
         await p.aclose()
@@ -293,7 +303,7 @@ def as_nobody(nobody_python: tuple[str, str]) -> Callable[[list[str]], str]:
     return run
 
 
-def test_not_root_a_rw_bind_writes_as_the_caller(
+def test_not_root_a_rw_bind_writes_as_the_caller_and_never_setuid(
         linux: Any, as_nobody: Callable[[list[str]], str]) -> None:
     own = Path(tempfile.mkdtemp(prefix="corral-binds-nobody-"))
     try:
@@ -302,9 +312,11 @@ def test_not_root_a_rw_bind_writes_as_the_caller(
         out = as_nobody([str(own)])
         if "level-not-supported" in out or "LevelNotSupported" in out:
             pytest.skip(f"no unprivileged sandbox here: {out[-300:]}")
-        assert out.startswith("0 "), out
+        assert out.startswith("1 ") and "Operation not permitted" in out, out
         f = own / "f"
         assert f.read_text() == "mine\n"
         assert f.stat().st_uid == 65534
+        # a setuid file of the caller's uid would hand it to any local user: refused
+        assert f.stat().st_mode & 0o6000 == 0, oct(f.stat().st_mode)
     finally:
         shutil.rmtree(own, ignore_errors=True)

@@ -515,3 +515,83 @@ def test_core_as_unprivileged_uid(linux: Any, nobody_python: tuple[str, str]) ->
     assert out["file"] == "x"
     if out["mem"] != "accepted":
         assert out["mem"].startswith("refused: ") and "memory" in out["mem"]
+
+
+# -- leftover processes: a zombie leader with a live thread (issue 24, item 3) ------------
+
+#: the main thread leaves with exit(2) (not exit_group): the process's leader is a zombie
+#: while its other thread runs (bounded: it sleeps 30 s)
+_ZOMBIE_LEADER = """
+import ctypes, platform, threading, time
+threading.Thread(target=time.sleep, args=(30,)).start()
+ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[platform.machine()], 0)  # SYS_exit
+"""
+
+
+def _state(stat_path: str) -> bytes | None:
+    try:
+        with open(stat_path, "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _zombie_leaders(pids: list[int]) -> list[int]:
+    """Those of ``pids`` whose leader is a zombie while another of their threads runs."""
+    out = []
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        if _state(f"/proc/{pid}/stat") == b"Z" and any(
+                _state(f"/proc/{pid}/task/{t}/stat") not in (None, b"Z") for t in tids):
+            out.append(pid)
+    return out
+
+
+async def _start_zombie_leader(sb: Any) -> int:
+    r = await sb.exec(["/bin/sh", "-c", f"{PY} -I -S -c '{_ZOMBIE_LEADER}' "
+                       ">/dev/null 2>&1 </dev/null &"])
+    assert r.exit_code == 0, r
+    for _ in range(400):
+        found = _zombie_leaders(sb.host_pids()[1:])
+        if found:
+            return found[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no zombie leader with a live thread in {sb.host_pids()}")
+
+
+@needs_cgroup_limits()
+def test_process_count_counts_a_zombie_leader_whose_thread_runs(linux: Any) -> None:
+    """The warm slot's leftover check (``process_count``): a process whose main thread
+    exited while another runs is still there. On cgroup v2 (the v2 guest runs this
+    file) cgroup.procs lists only that zombie leader; v1's tasks file lists the thread."""
+    async def test(p: Any) -> None:
+        async with await p.create(make_spec(max_processes=16, mem_mb=128)) as sb:
+            assert sb.process_count() == 0
+            await _start_zombie_leader(sb)
+            assert sb.process_count() >= 1, sb.host_pids()
+
+    linux(test, spares=0)
+
+
+@needs_cgroup_limits()
+def test_process_count_counts_it_from_the_leaders_alone(linux: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same with the sandbox's cgroup listing only leaders (cgroup.procs), as cgroup
+    v2 does, on any host: the count reads the zombie leader's threads (this failed
+    before: it read the leader's own state only)."""
+    from corral.providers.linux.host.cgroupfiles import read_text
+
+    async def test(p: Any) -> None:
+        async with await p.create(make_spec(max_processes=16, mem_mb=128)) as sb:
+            leader = await _start_zombie_leader(sb)
+            cg = sb._cg
+            procs = [os.path.join(d, "cgroup.procs") for d in cg.dirs.values()]
+            monkeypatch.setattr(cg, "pids", lambda: sorted(
+                {int(x) for f in procs for x in read_text(f).split()}))
+            assert sb.host_pids()[1:] == [leader]  # what v2 shows: the zombie leader only
+            assert sb.process_count() == 1, sb.host_pids()
+
+    linux(test, spares=0)

@@ -125,9 +125,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--bind", action="append", default=[], metavar="SRC[:DST][:ro|rw]",
                    help="show host path SRC inside the sandbox at DST (default: the same "
                         "path), read-only unless :rw (--level strict only; repeatable). "
-                        "Writes through :rw land on the host as the sandbox's own uid "
-                        "(as root: a uid from 0x70000000 up, so SRC must be writable by "
-                        "it, e.g. world-writable; else yours). DST may not hide /proc, "
+                        "Writes through :rw land on the host as uid/gid 0x70000000, which "
+                        "no sandbox runs as (as root: SRC must be writable by it, e.g. "
+                        "world-writable or chowned to it; else yours), never setuid, "
+                        "setgid or a device node. DST may not hide /proc, "
                         "/dev, /etc, /tmp, /work or the interpreter; a dir under /work "
                         "(DIR:/work/proj:rw) shares a project")
     p.add_argument("--ro-bind", action="append", default=[], metavar="PATH",

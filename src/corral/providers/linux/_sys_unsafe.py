@@ -109,6 +109,7 @@ __all__ = [
     "MS_REC",
     "MS_REMOUNT",
     "MS_SLAVE",
+    "MOUNT_ATTR_IDMAP",
     "MOUNT_ATTR_NODEV",
     "MOUNT_ATTR_NOSUID",
     "MOUNT_ATTR_RDONLY",
@@ -161,6 +162,7 @@ MNT_DETACH: Final = 2
 MOUNT_ATTR_RDONLY: Final = 0x1
 MOUNT_ATTR_NOSUID: Final = 0x2
 MOUNT_ATTR_NODEV: Final = 0x4
+MOUNT_ATTR_IDMAP: Final = 0x00100000
 
 _SIGCHLD: Final = 17  # the same on x86_64 and aarch64
 _CLONE_PIDFD: Final = 0x1000
@@ -346,11 +348,14 @@ def open_tree_clone(path: str, *, libc: Any = None) -> int:
                     libc=libc)
 
 
-def mount_setattr(fd: int, attr_set: int, *, propagation: int = 0, libc: Any = None) -> None:
+def mount_setattr(fd: int, attr_set: int, *, propagation: int = 0, userns_fd: int = 0,
+                  libc: Any = None) -> None:
     """mount_setattr(2) on the tree ``fd`` (from :func:`open_tree_clone`) and every
     mount under it: set ``attr_set`` (MOUNT_ATTR_*) and, if given, the propagation
-    type (``MS_PRIVATE``, ``MS_SLAVE`` ...)."""
-    attr = struct.pack("=4Q", attr_set, 0, propagation, 0)  # set, clr, propagation, userns
+    type (``MS_PRIVATE``, ``MS_SLAVE`` ...). With ``MOUNT_ATTR_IDMAP``, ``userns_fd``
+    is a user namespace descriptor whose id maps become the tree's idmapping (a tree
+    not yet attached anywhere, on a file system that allows idmapped mounts)."""
+    attr = struct.pack("=4Q", attr_set, 0, propagation, userns_fd)  # set, clr, prop, userns
     _syscall("mount_setattr", ctypes.c_int(fd), b"",
              ctypes.c_uint(_AT_EMPTY_PATH | _AT_RECURSIVE), attr,
              ctypes.c_size_t(len(attr)), libc=libc)

@@ -740,7 +740,7 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
     output goes to ``out_fd``/``err_fd`` as it arrives. None: the sandbox could not be
     set up (nothing of the command ran); take the library path."""
     from corral.providers.linux import _sys_unsafe as su
-    from corral.providers.linux.host.uidpool import SandboxUids
+    from corral.providers.linux.host.uidpool import BIND_UID, SandboxUids
     from corral.providers.linux.init import contain, mounts, pid1  # noqa: F401  # C2 runs them
 
     started = time.monotonic()
@@ -773,6 +773,8 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
             uid, gid, _pooled = s.uids.pick(wire["uid_map"][1], wire["gid_map"][1])
             trees = mounts.detach_sources(wire["mounts"]) if s.uids.root else []
             s.fds += trees
+            if s.uids.root:  # as the fork server does (no read-write bind on this path yet)
+                mounts.idmap_trees(wire["mounts"], trees, uid, gid, BIND_UID)
             mine, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
             s.fds += [mine.fileno(), theirs.fileno()]
             in_r, in_w = os.pipe2(os.O_CLOEXEC)

@@ -389,7 +389,7 @@ def _linux_rows(info: HostInfo) -> tuple[tuple[Row, ...], bool, str]:
         return (what, False, "; ".join(f"cgroup {x}: {cg.missing.get(x, 'unavailable')}"
                                        for x in lacking))
 
-    user_how = ("sandbox root is a host uid of each sandbox's own (0x70000000 up), "
+    user_how = ("sandbox root is a host uid of each sandbox's own (0x70010000 up), "
                 "owner of its user namespace" if info.is_root
                 else f"sandbox root is your uid {info.uid} outside")
     user = n("user", "user namespace", user_how)

@@ -25,6 +25,13 @@ if TYPE_CHECKING:
 __all__ = ["launch", "race"]
 
 _T = TypeVar("_T")
+#: the fork server's word for a create refused for want of an idmapped mount
+#: (``init.zygote.IDMAP_ERROR``; that module is not loaded on the host)
+IDMAP_ERROR = "idmapped mount"
+IDMAP_FIX = ("; a read-write bind as root needs one (what the sandbox writes then lands "
+             "on the host as uid 0x70000000, never as a sandbox's uid): bind a directory "
+             "on a file system with idmapped mounts (ext4, xfs, btrfs, tmpfs since 6.3; "
+             "not overlayfs, nfs), read-only, or run corral as a non-root user")
 
 
 async def launch(plan: SandboxPlan, prog: bytes, cancel: CancelToken | None, *,
@@ -66,6 +73,10 @@ async def launch(plan: SandboxPlan, prog: bytes, cancel: CancelToken | None, *,
                 raise LevelNotSupportedError(
                     "strict", (), e.message,
                     missing="namespaces (user, mount, pid, net, ipc, uts, cgroup)") from None
+            if f"failed: {IDMAP_ERROR}: " in e.message:  # a rw bind as root: never without
+                raise LevelNotSupportedError(
+                    "strict", (), e.message + IDMAP_FIX, missing="idmapped mount",
+                    field="binds") from None
             raise
         finally:
             sb_end.close()

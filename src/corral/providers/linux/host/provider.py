@@ -103,14 +103,16 @@ class LinuxProvider(SandboxProvider):
             the system dirs, the interpreter's prefixes or corral's import root,
             or that nests with another bind, is refused (ConfigInvalidError naming
             ``binds``). A dir under /work (``Bind(src, "/work/proj", rw=True)``)
-            is how a project dir is shared. Writes through a read-write bind are
-            made as the sandbox's outside uid: as root a uid of the sandbox's own
-            (0x70000000 and up, see ``uidpool.py``), otherwise the caller's own;
-            so as root the source must be writable by that uid (world-writable,
-            or chowned to it), or the command's write fails with EACCES, and what
-            it creates is owned on the host by that uid (which a later sandbox may
-            be given again). A read-only bind stays read-only (EROFS) even where
-            that uid could write.
+            is how a project dir is shared. Writes through a read-write bind land
+            on the host as uid/gid 0x70000000 (``BIND_UID``, which no sandbox
+            runs as; the source must be writable by it) when the provider runs
+            as root (an idmapped mount: never as the sandbox's own uid, which a
+            later sandbox may be given again; refused at ``create`` with
+            LevelNotSupportedError where the source's file system has no
+            idmapped mounts), otherwise as the caller's own uid; and never with
+            a setuid or setgid bit or as a device node (the seccomp filter
+            refuses those modes). A read-only bind stays read-only (EROFS) even
+            where the sandbox could write.
 
         egress_resolver: ``async (host, port) -> [address, ...]``, how the egress
             proxy of a sandbox with network ``allowlist``/``unrestricted`` resolves

@@ -580,9 +580,10 @@ class LinuxSandbox(Sandbox):
         return [agent, *sorted(others)]
 
     def process_count(self) -> int:
-        """How many live processes (not zombies) the sandbox holds besides its agent; 0
-        once it no longer serves. The ``process-count`` capability
-        (:class:`corral.core.contract.SupportsProcessCount`)."""
+        """How many live processes the sandbox holds besides its agent (a process is live
+        while any of its threads is: a zombie leader whose main thread left with exit(2)
+        while another thread runs counts); 0 once it no longer serves. The
+        ``process-count`` capability (:class:`corral.core.contract.SupportsProcessCount`)."""
         if not self.alive:
             return 0
         try:  # one read instead of every hierarchy's procs and tasks: the pids controller
@@ -592,15 +593,7 @@ class LinuxSandbox(Sandbox):
                 return 0
         except OSError:
             pass  # the full count below says
-        count = 0
-        for pid in self.host_pids()[1:]:
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    state = f.read().rpartition(b")")[2].split()[0]
-            except (OSError, IndexError):
-                continue  # gone
-            count += state not in (b"Z", b"X")
-        return count
+        return sum(_live(pid) for pid in self.host_pids()[1:])
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         self._check_cpu()
@@ -777,3 +770,32 @@ def _error(result: RunResult) -> CorralError:
     err = result.error()
     assert err is not None, result.outcome
     return err
+
+
+def _state(stat_path: str) -> bytes | None:
+    """The state letter of a /proc/.../stat file; None if the task is gone."""
+    try:
+        with open(stat_path, "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _live(pid: int) -> bool:
+    """Whether the host process ``pid`` has a thread that is not a zombie. Its own state
+    is not enough: a leader whose main thread left with exit(2) (not exit_group) stays a
+    zombie while its other threads run, and cgroup v2's cgroup.procs lists only the
+    leader (v1's tasks file lists every thread; v2's is cgroup.threads). So for a
+    zombie, its threads are read too, up to the first live one (at most the sandbox's
+    task count: ``pids.max`` counts threads)."""
+    state = _state(f"/proc/{pid}/stat")
+    if state is None:
+        return False
+    if state not in (b"Z", b"X"):
+        return True
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    return any(_state(f"/proc/{pid}/task/{tid}/stat") not in (None, b"Z", b"X")
+               for tid in tids)

@@ -18,6 +18,12 @@ ranges, below systemd's 64K "foreign" range at ``0x7FFE0000`` and below
 2^31 (uids above it trip programs that keep a uid in a signed int). The
 usual /etc/subuid allocations (100000 up, 65536 per user) sit far below.
 
+The first block is not handed out: its first id, ``BIND_UID`` (0x70000000), is the
+identity every write through a read-write bind lands as on the host (an idmapped
+mount, ``init.mounts.idmap_trees``), so that id owns files outside sandboxes and no
+sandbox ever runs as it (issue 24: a uid a sandbox runs as must never own a file a
+local user can reach).
+
 How, across processes: each pool takes one block, chosen at random, and
 holds an exclusive ``flock`` on ``/run/corral/uid-blocks/<block>`` for its
 life, so two fork servers (of one process or several) never share a block;
@@ -42,13 +48,17 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without loading typing (the CLI's 
 if TYPE_CHECKING:
     from typing import Final
 
-__all__ = ["BLOCK", "FIRST_UID", "LAST_UID", "LOCK_DIR", "SandboxUids", "UidPool"]
+__all__ = ["BIND_UID", "BLOCK", "FIRST_UID", "LAST_UID", "LOCK_DIR", "SandboxUids", "UidPool"]
 
 FIRST_UID: Final = 0x70000000
 LAST_UID: Final = 0x7FFDFFFF
 BLOCK: Final = 1 << 16
 LOCK_DIR: Final = "/run/corral/uid-blocks"
-_FIRST_BLOCK: Final = FIRST_UID // BLOCK
+#: what a sandbox's writes through a read-write bind are on the host (uid and gid): the
+#: first id of the first block, which no pool hands out. ``policy.plan.BIND_UID`` (a
+#: test holds them equal)
+BIND_UID: Final = FIRST_UID
+_FIRST_BLOCK: Final = FIRST_UID // BLOCK + 1  # the first block is BIND_UID's
 _BLOCKS: Final = (LAST_UID + 1) // BLOCK - _FIRST_BLOCK
 #: ``policy.plan.PER_SANDBOX_ID`` (a test holds them equal; the plan module is not loaded
 #: here, for the CLI's one-shot path)

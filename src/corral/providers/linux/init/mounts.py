@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
     from corral.providers.linux.policy.plan import HostLayout
 
-__all__ = ["detach_sources", "detect_host_layout", "init_child"]
+__all__ = ["detach_sources", "detect_host_layout", "fs_types", "idmap_trees", "idmap_userns",
+           "init_child", "rw_bind_sources"]
 
 _SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC_FILES: Final = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf",
@@ -156,6 +157,147 @@ def detach_sources(steps: Iterable[Mapping[str, Any]]) -> list[int]:
             return []
         raise OSError(e.errno, f"{s['source']}: {e.strerror}") from None
     return trees
+
+
+def rw_bind_sources(steps: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The sources of the caller's read-write binds among ``steps`` (the /dev node
+    binds are read-write too, but write no file)."""
+    return [s["source"] for s in steps
+            if s["kind"] == "bind" and not s["readonly"] and s.get("nosuid_nodev")]
+
+
+def idmap_trees(steps: Iterable[Mapping[str, Any]], trees: Sequence[int], uid: int,
+                gid: int, writer: int) -> None:
+    """Fork server side, as root, before the sandbox is cloned: make each read-write
+    bind's detached tree (``trees``: :func:`detach_sources`'s, in step order) an
+    idmapped mount for a sandbox that runs as host ``uid``/``gid``; nothing without a
+    read-write bind, or for a sandbox that runs as root itself.
+
+    The mount's idmapping (:func:`idmap_userns`) turns the sandbox's ids into
+    ``writer`` (``uidpool.BIND_UID``, uid and gid) on the way to the file system and
+    back: what the sandbox writes lands on the host as ``writer``, an identity no
+    sandbox runs as, never as its own uid (which a later sandbox may be given). Every
+    other id maps to itself: root's files, a setuid binary among them, and another
+    user's are "other" to the sandbox as before (writable only where their mode lets
+    anyone), and a world-writable dir stays writable. The sandbox's own ids are left
+    unmapped: a file some earlier sandbox of that uid left on the host cannot be
+    written through the mount.
+
+    Raises OSError naming the source and its file system type when the kernel or the
+    file system (or a file system mounted below the source) has no idmapped mounts;
+    the caller refuses the sandbox: a read-write bind as root never runs without it.
+    """
+    steps = list(steps)
+    if (uid, gid) == (0, 0) or not rw_bind_sources(steps):
+        return
+    if not trees:
+        raise OSError(38, "the fork server gets no detached mount trees here (open_tree: "
+                          "Linux 5.12 and up, unless a container's seccomp denies it)")
+    ns = idmap_userns(uid, gid, writer)
+    try:
+        it = iter(trees)
+        for s in steps:
+            if s["kind"] not in _SOURCE_KINDS:
+                continue
+            tree = next(it)
+            if s["kind"] != "bind" or s["readonly"] or not s.get("nosuid_nodev"):
+                continue
+            try:
+                su.mount_setattr(tree, su.MOUNT_ATTR_IDMAP, userns_fd=ns)
+            except OSError as e:
+                raise OSError(e.errno, f"idmapped mount of {s['source']} "
+                                       f"({fs_types(s['source'])}): {e.strerror}"
+                              ) from None
+    finally:
+        os.close(ns)
+
+
+#: the highest valid id plus one ((uid_t)-1 is "no id")
+_ID_END: Final = (1 << 32) - 1
+
+
+def _id_map(own: int, writer: int) -> bytes:
+    """A user namespace id map for an idmapped mount (file system id inside -> id seen
+    through the mount outside): ``writer`` -> ``own`` (the sandbox's), every other id
+    to itself but ``own`` (left unmapped: its outside id is taken) and ``writer`` (its
+    inside id is taken); identity if they are equal."""
+    if own == writer:
+        return b"0 0 %d\n" % _ID_END
+    lines = [b"%d %d 1\n" % (writer, own)]
+    start = 0
+    for skip in sorted((own, writer)):
+        if skip > start:
+            lines.append(b"%d %d %d\n" % (start, start, skip - start))
+        start = skip + 1
+    if start < _ID_END:
+        lines.append(b"%d %d %d\n" % (start, start, _ID_END - start))
+    return b"".join(lines)
+
+
+def idmap_userns(uid: int, gid: int, writer: int) -> int:
+    """A user namespace (a descriptor) whose id maps are :func:`_id_map` of ``uid`` and
+    ``gid`` with ``writer``: an idmapping for :func:`idmap_trees`. A child is cloned
+    into a new user namespace and held until its maps are written and the namespace
+    opened. As root; the caller is single-threaded (the fork server, the CLI's
+    one-shot path)."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid, pidfd = su.clone_pidfd(su.CLONE_NEWUSER)
+        if pid == 0:  # the child: wait for the parent to be done, then go
+            try:
+                os.close(w)
+                os.read(r, 1)
+            finally:
+                os._exit(0)
+        try:
+            _write(f"/proc/{pid}/setgroups", b"deny")
+            _write(f"/proc/{pid}/uid_map", _id_map(uid, writer))
+            _write(f"/proc/{pid}/gid_map", _id_map(gid, writer))
+            return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            os.close(w)
+            w = -1
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:  # SIGCHLD ignored: the kernel reaped it
+                pass
+            os.close(pidfd)
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+def _write(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def fs_types(path: str) -> str:
+    """The file system type of ``path``'s mount and of any mount below it, from
+    /proc/self/mountinfo ("ext4", "overlay, with proc below" ...), for an error."""
+    real = os.path.realpath(path).rstrip("/") or "/"
+    best, below = ("", "?"), []
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            for raw in f:
+                line = raw.decode("utf-8", "replace").split()
+                if "-" not in line:
+                    continue
+                point = line[4].replace("\\040", " ")
+                fstype = line[line.index("-") + 1]
+                if real == point or real.startswith(point.rstrip("/") + "/"):
+                    if len(point) >= len(best[0]):
+                        best = (point, fstype)
+                elif point.startswith(real + "/"):
+                    below.append(fstype)
+    except OSError:
+        return "?"
+    more = sorted(set(below) - {best[1]})
+    return best[1] + (f", with {', '.join(more)} mounted below" if more else "")
 
 
 def _stage(sources: Iterable[str]) -> str:

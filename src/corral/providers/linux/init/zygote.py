@@ -85,7 +85,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from corral.providers.linux import _sys_unsafe as su, fdpass as _fdpass
-from corral.providers.linux.host.uidpool import SandboxUids
+from corral.providers.linux.host.uidpool import BIND_UID, SandboxUids
 from corral.providers.linux.init import (
     agent,
     mounts,
@@ -94,7 +94,7 @@ from corral.providers.linux.init import (
 from corral.providers.linux.policy.plan import NAMESPACES
 from corral.wire import agent as _frames, fork as _fork, jsonline as _jsonline
 
-__all__ = ["BOOT", "boot_argv", "serve"]
+__all__ = ["BOOT", "IDMAP_ERROR", "boot_argv", "serve"]
 
 #: run by ``python -I -S -c``; ``{root}`` is corral's import root, ``{fd}`` the socket
 BOOT: Final = ("import sys; sys.path.insert(0, {root!r}); "
@@ -105,6 +105,9 @@ PROCTITLE: Final = b"corral"
 #: SCM_RIGHTS carries at most 253 descriptors (SCM_MAX_FD): the agent socket, the
 #: cgroup.procs files and one detached tree per bind source must fit
 MAX_LAUNCH_FDS: Final = 253
+#: how a create that needs an idmapped mount and cannot have one fails (the host turns
+#: it into LevelNotSupportedError)
+IDMAP_ERROR: Final = "idmapped mount"
 
 
 def boot_argv(import_root: str, fd: int) -> list[str]:
@@ -267,6 +270,11 @@ def _create(req: Mapping[str, Any], agent_fd: int, template: _Template, uids: Sa
             trees = mounts.detach_sources(plan["mounts"]) if uids.root else []
         except OSError as e:
             return {"ok": False, "error": f"bind source: {e}"}, -1
+        try:  # a read-write bind: the sandbox's writes land as BIND_UID, not its uid
+            if uids.root:
+                mounts.idmap_trees(plan["mounts"], trees, uid, gid, BIND_UID)
+        except OSError as e:
+            return {"ok": False, "error": f"{IDMAP_ERROR}: {e}"}, -1
         if 1 + len(procs) + len(trees) > MAX_LAUNCH_FDS:
             return {"ok": False, "error": f"too many bind sources ({len(trees)})"}, -1
         try:

@@ -25,6 +25,7 @@ __all__ = [
     "ENV_BASE",
     "MIN_MEM_MB",
     "MIN_PROCESSES",
+    "BIND_UID",
     "PER_SANDBOX_ID",
     "USER_SYSCTLS",
     "WORK_DIR",
@@ -55,6 +56,9 @@ _NOFILE: Final = 1024
 #: an id map's outside id meaning "a host uid of this sandbox's own": the fork
 #: server (as root) gives each sandbox one (see _uidpool.py) and maps uid/gid 0 to it
 PER_SANDBOX_ID: Final = -1
+#: the host uid and gid every write through a read-write bind lands as when the
+#: provider runs as root (``host.uidpool.BIND_UID``): no sandbox may run as it
+BIND_UID: Final = 0x70000000
 #: per-user quotas the kernel charges to the sandbox's uid rather than to a process:
 #: queued signals (sigqueue, real-time signals) and POSIX message queue bytes, as
 #: rlimits every command inherits (the kernel's own default for the queues)
@@ -127,9 +131,11 @@ class Bind:
     refuses one that is or holds a unix socket). ``dst`` is where the sandbox sees
     it: a normalized absolute path, ``None`` (default) for the same path as
     ``src``. Read-only unless ``rw``; every bind is nosuid and nodev. A read-write
-    bind's writes reach the host as the sandbox's outside uid (as root a uid of the
-    sandbox's own, 0x70000000 and up; otherwise the caller's): the source must be
-    writable by it, or the command's write fails with EACCES.
+    bind's writes reach the host as ``BIND_UID`` (uid and gid 0x70000000, which no
+    sandbox runs as) when the provider runs as root, through an idmapped mount;
+    otherwise as the caller's own ids: the source must be writable by them, or the
+    command's write fails with EACCES. No setuid or setgid bit and no device node
+    gets there (the seccomp filter refuses them).
     """
 
     src: str
@@ -184,7 +190,7 @@ class LinuxOptions:
         outside_uid / outside_gid: the host ids inside uid/gid 0 map to, and the
             owner of the sandbox's user namespace (the uid the kernel charges its
             per-user quotas to). ``None``: a host uid of the sandbox's own when
-            running as root (PER_SANDBOX_ID: 0x70000000 and up, see _uidpool.py),
+            running as root (PER_SANDBOX_ID: 0x70010000 and up, see _uidpool.py),
             the caller's own ids otherwise.
         default_limits: applied where a spec leaves a limit unset.
         hostname: the sandbox's hostname.
@@ -217,6 +223,9 @@ class LinuxOptions:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ConfigInvalidError(name, f"must be a non-negative integer, got {v!r}")
+            if v == BIND_UID:
+                raise ConfigInvalidError(name, f"{v:#x} is what writes through a read-write "
+                                               "bind land as on the host: no sandbox runs as it")
         if not isinstance(self.default_limits, SandboxLimits):
             raise ConfigInvalidError("default_limits", "must be a SandboxLimits")
         if (not isinstance(self.hostname, str) or not 0 < len(self.hostname) <= 64

@@ -20,6 +20,12 @@ kernel reads for these ``int``-typed arguments):
   the kernel turns ``(AF_INET, SOCK_PACKET)`` into a packet socket.
 * ``ioctl`` ``TIOCSTI`` / ``TIOCLINUX`` / ``TIOCSETD`` -> ``EPERM``.
 * ``personality``: only the values Docker allows.
+* ``chmod``, ``fchmod``, ``fchmodat``, ``fchmodat2`` with ``S_ISUID`` or
+  ``S_ISGID`` in the mode, ``open``/``openat``/``creat`` creating a file with
+  them, and ``mknod``/``mknodat`` with them or of a device node -> ``EPERM``;
+  ``openat2`` -> ``ENOSYS`` (its mode sits in a struct; libc falls back to
+  ``openat``). A file a sandbox writes through a read-write bind lands on the
+  host's file system, which is not nosuid: no such file may carry those bits.
 * ``prlimit64``, ``setpriority``, ``ioprio_set`` and the ``sched_set*``
   calls aimed at pid 1 (or, for the priorities, at every process of the
   uid) -> ``EPERM``: pid 1 is corral's agent, with the same uid as the
@@ -93,6 +99,11 @@ _INET_PROTOCOLS: Final = {
 _AGENT_PID: Final = 1
 _PRIO_PROCESS, _PRIO_PGRP, _PRIO_USER = 0, 1, 2
 _IOPRIO_WHO_PROCESS, _IOPRIO_WHO_PGRP, _IOPRIO_WHO_USER = 1, 2, 3
+# mode bits and file types (sys/stat.h) and the open flags that create a file; the same
+# on x86_64 and aarch64 (asm-generic/fcntl.h)
+_S_ISUID, _S_ISGID = 0o4000, 0o2000
+_S_IFMT, _S_IFCHR, _S_IFBLK = 0o170000, 0o020000, 0o060000
+_O_CREAT, _O_TMPFILE = 0o100, 0o20000000
 _DENIED_IOCTLS: Final = {0x5412: "TIOCSTI", 0x541C: "TIOCLINUX", 0x5423: "TIOCSETD"}
 # personality(2) values Docker's default profile allows: PER_LINUX, PER_LINUX32,
 # UNAME26, PER_LINUX32|UNAME26, and the 0xffffffff query.
@@ -209,6 +220,15 @@ REVIEWED_ALLOWED: Final[dict[str, str]] = {
         "(else SIGILL); the kernel lets them past seccomp anyway",
 }
 
+_SUID = ("EPERM when the mode has S_ISUID or S_ISGID: a file written through a read-write "
+         "bind lands on the host's file system, which is not nosuid, where a setuid or "
+         "setgid file would hand its owner's ids to any local user")
+_SUID_OPEN = ("EPERM when O_CREAT or O_TMPFILE is set and the mode has S_ISUID or S_ISGID "
+              "(see chmod)")
+_SUID_MKNOD = ("EPERM for a character or block device (a device node written through a "
+               "read-write bind would reach the host's devices) and for a mode with S_ISUID "
+               "or S_ISGID (see chmod); FIFOs, sockets and plain files pass")
+
 #: Syscalls filtered by argument, with what is refused and why.
 ARG_RULES: Final[dict[str, str]] = {
     "clone": "EPERM when args[0] has any CLONE_NEW* flag: no new namespaces "
@@ -236,7 +256,20 @@ ARG_RULES: Final[dict[str, str]] = {
     "sched_setscheduler": "EPERM for pid 1: no SCHED_IDLE for the agent",
     "sched_setparam": "EPERM for pid 1, like sched_setscheduler",
     "sched_setattr": "EPERM for pid 1, like sched_setscheduler",
+    "chmod": _SUID,
+    "fchmod": _SUID,
+    "fchmodat": _SUID,
+    "fchmodat2": _SUID,
+    "open": _SUID_OPEN,
+    "openat": _SUID_OPEN,
+    "creat": "EPERM when the mode has S_ISUID or S_ISGID (see chmod)",
+    "openat2": "ENOSYS always: its mode is in memory BPF cannot read, so libc falls back "
+               "to openat, which is checked",
+    "mknod": _SUID_MKNOD,
+    "mknodat": _SUID_MKNOD,
 }
+#: ARG_RULES answered ENOSYS outright (libc falls back to a call that is checked)
+_ENOSYS_RULES: Final = ("clone3", "openat2")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyRule:
@@ -257,7 +290,7 @@ def describe_policy() -> tuple[PolicyRule, ...]:
     ]
     for name, reason in ARG_RULES.items():
         rows.append(PolicyRule(syscall=name,
-                               action="ENOSYS" if name == "clone3" else "by argument",
+                               action="ENOSYS" if name in _ENOSYS_RULES else "by argument",
                                reason=reason, arches=_arches_of(name)))
     for name, reason in DENIED_SYSCALLS.items():
         rows.append(PolicyRule(syscall=name, action="EPERM", reason=reason,
@@ -296,10 +329,11 @@ def build_filter(arch: str) -> bytes:
         p.ret(RET_KILL_PROCESS)
         p.label("abi_ok")
 
-    skip = p.fresh()
-    p.jump(JEQ_K, nrs["clone3"], None, skip)
-    p.ret(RET_ERRNO | ENOSYS)
-    p.label(skip)
+    for name in _ENOSYS_RULES:
+        skip = p.fresh()
+        p.jump(JEQ_K, nrs[name], None, skip)
+        p.ret(RET_ERRNO | ENOSYS)
+        p.label(skip)
     _rule(p, nrs["clone"], _clone_rule(p))
     _rule(p, nrs["socket"], _socket_rule(p))
     _rule(p, nrs["socketpair"], _socketpair_rule(p))
@@ -312,6 +346,17 @@ def build_filter(arch: str) -> bytes:
                                                 user=_PRIO_USER))
     _rule(p, nrs["ioprio_set"], _priority_rule(p, process=_IOPRIO_WHO_PROCESS,
                                                pgrp=_IOPRIO_WHO_PGRP, user=_IOPRIO_WHO_USER))
+    # no setuid/setgid bits and no device nodes (x86_64 also has the old path-only calls)
+    for name, arg in (("chmod", 1), ("fchmod", 1), ("fchmodat", 2), ("fchmodat2", 2),
+                      ("creat", 1)):
+        if name in nrs:
+            _rule(p, nrs[name], _mode_rule(p, arg))
+    for name, flags in (("open", 1), ("openat", 2)):
+        if name in nrs:
+            _rule(p, nrs[name], _create_rule(p, flags))
+    for name, arg in (("mknod", 1), ("mknodat", 2)):
+        if name in nrs:
+            _rule(p, nrs[name], _mknod_rule(p, arg))
     # outright denials: "jeq nr, 0, 1; ret EPERM"
     for name in DENIED_SYSCALLS:
         nr = nrs.get(name)
@@ -396,6 +441,38 @@ def _personality_rule(p: _Program) -> _Body:
         for value in _ALLOWED_PERSONALITIES:
             p.jump(JEQ_K, value, allow)
         p.jump(JEQ_K, 0, deny, deny)
+    return body
+
+
+def _mode_rule(p: _Program, arg: int) -> _Body:
+    """EPERM when args[arg] (a mode) has S_ISUID or S_ISGID."""
+    def body(allow: str, deny: str) -> None:
+        p.load(_arg_lo(arg))
+        p.jump(JSET_K, _S_ISUID | _S_ISGID, deny, allow)
+    return body
+
+
+def _create_rule(p: _Program, flags: int) -> _Body:
+    """open/openat: EPERM when args[flags] creates a file (O_CREAT, O_TMPFILE) and the
+    mode after it has S_ISUID or S_ISGID (without those flags the kernel ignores it)."""
+    def body(allow: str, deny: str) -> None:
+        creates = p.fresh()
+        p.load(_arg_lo(flags))
+        p.jump(JSET_K, _O_CREAT | _O_TMPFILE, creates, allow)
+        p.label(creates)
+        p.load(_arg_lo(flags + 1))
+        p.jump(JSET_K, _S_ISUID | _S_ISGID, deny, allow)
+    return body
+
+
+def _mknod_rule(p: _Program, arg: int) -> _Body:
+    """EPERM for a character or block device and for S_ISUID/S_ISGID in args[arg]."""
+    def body(allow: str, deny: str) -> None:
+        p.load(_arg_lo(arg))
+        p.jump(JSET_K, _S_ISUID | _S_ISGID, deny)
+        p.and_(_S_IFMT)
+        p.jump(JEQ_K, _S_IFCHR, deny)
+        p.jump(JEQ_K, _S_IFBLK, deny, allow)
     return body
 
 

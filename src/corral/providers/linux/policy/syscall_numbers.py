@@ -37,6 +37,8 @@ SYSCALL_NUMBERS: Final[dict[str, dict[str, int]]] = {
         "clone3": 435, "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442,
         "quotactl_fd": 443, "memfd_secret": 447, "set_mempolicy_home_node": 450,
         "cachestat": 451, "statmount": 457, "listmount": 458, "open_tree_attr": 467,
+        "open": 2, "creat": 85, "chmod": 90, "fchmod": 91, "mknod": 133, "openat": 257,
+        "mknodat": 259, "fchmodat": 268, "openat2": 437, "fchmodat2": 452,
     },
     "aarch64": {
         "lookup_dcookie": 18, "ioctl": 29, "ioprio_set": 30, "umount2": 39, "mount": 40,
@@ -59,5 +61,7 @@ SYSCALL_NUMBERS: Final[dict[str, dict[str, int]]] = {
         "process_madvise": 440, "mount_setattr": 442, "quotactl_fd": 443,
         "memfd_secret": 447, "set_mempolicy_home_node": 450, "cachestat": 451,
         "statmount": 457, "listmount": 458, "open_tree_attr": 467,
+        "mknodat": 33, "fchmod": 52, "fchmodat": 53, "openat": 56, "openat2": 437,
+        "fchmodat2": 452,
     },
 }
