@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, find, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from corral.snippets.validator import validate_source
 
@@ -318,18 +318,18 @@ def _indent(text: str) -> str:
     return "".join(f"    {line}\n" if line else "\n" for line in text.splitlines())
 
 
-@settings(max_examples=60, derandomize=True, deadline=None, database=None)
-@given(source=snippets())
-def test_the_generated_snippets_are_python(source: str) -> None:
-    compile(source, "main.py", "exec", dont_inherit=True)
+def test_the_search_writes_python_the_validator_mostly_accepts() -> None:
+    """The search is only worth something if what it writes compiles and gets through."""
+    accepted: list[bool] = []
 
+    @settings(max_examples=60, derandomize=True, deadline=None, database=None)
+    @given(source=snippets())
+    def collect(source: str) -> None:
+        compile(source, "main.py", "exec", dont_inherit=True)
+        accepted.append(not validate_source(source))
 
-@pytest.mark.slow
-def test_the_search_writes_snippets_the_validator_accepts() -> None:
-    """The search is only worth something if some of what it writes gets through."""
-    found = find(snippets(), lambda s: not validate_source(s) and "@dataclasses" in s,
-                 settings=settings(derandomize=True, database=None, max_examples=300))
-    assert "out.append" in found
+    collect()
+    assert sum(accepted) > len(accepted) // 2
 
 
 @pytest.mark.parametrize("source", [
