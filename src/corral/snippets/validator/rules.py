@@ -44,6 +44,19 @@ Found = tuple[str, int, int, str]
 _METACLASS_BASES = frozenset({"type", "ABCMeta", "EnumMeta", "EnumType"})
 #: Class-body names whose string values become attribute names of the class's instances.
 _NAME_LISTS = frozenset({"__slots__", "__match_args__"})
+#: The node types each pass looks at (most nodes, contexts and operators included, are none
+#: of these: one set lookup instead of a chain of isinstance calls).
+_PREPARE_KINDS: frozenset[type] = frozenset({
+    ast.Import, ast.ImportFrom, ast.Attribute, ast.FunctionDef, ast.AsyncFunctionDef,
+    ast.ClassDef, ast.Name, ast.arg, ast.alias, ast.ExceptHandler, ast.MatchAs, ast.MatchStar,
+    ast.MatchMapping, ast.Global, ast.Nonlocal,
+})
+_VISIT_KINDS: frozenset[type] = frozenset({
+    ast.Name, ast.Attribute, ast.Import, ast.ImportFrom, ast.Call, ast.Subscript, ast.Constant,
+    ast.Dict, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg, ast.AnnAssign,
+    ast.ExceptHandler, ast.Global, ast.Nonlocal, ast.MatchAs, ast.MatchStar, ast.MatchMapping,
+    ast.MatchClass,
+})
 
 
 def check_tree(
@@ -148,6 +161,13 @@ class _Checker:
 
     def prepare(self, node: ast.AST) -> None:
         """First pass: module bindings, attribute receivers, bound names, allowed calls."""
+        kind = type(node)
+        if kind not in _PREPARE_KINDS:
+            return
+        if kind is ast.Name:
+            if type(node.ctx) is not ast.Load:  # type: ignore[attr-defined]
+                self.bound.add(node.id)  # type: ignore[attr-defined]
+            return
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
@@ -226,6 +246,8 @@ class _Checker:
         return ".".join(parts)
 
     def visit(self, node: ast.AST, in_class: bool) -> None:
+        if type(node) not in _VISIT_KINDS:
+            return
         if isinstance(node, ast.Name):
             self.check_name(node, in_class)
             if in_class and not isinstance(node.ctx, ast.Load):
