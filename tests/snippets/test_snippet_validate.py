@@ -249,6 +249,7 @@ def test_rule_shapes(source: str, expected: list[str]) -> None:
         ("from dataclasses import replace", ["forbidden-attribute"]),
         ("import dataclasses as dc\ndc.asdict(x)", ["forbidden-attribute"]),
         ("s.replace('a', 'b')", []),  # only the dataclasses member
+        ("import copy\ncopy.replace(x)", ["forbidden-attribute"]),  # 3.13: dataclass replace
         ("import dataclasses\n@dataclasses.dataclass(frozen=True)\nclass A:\n"
          "    x: list = dataclasses.field(default_factory=list)", []),
         ("from dataclasses import dataclass, field\n@dataclass\nclass A:\n"

@@ -101,6 +101,8 @@ MODULE_MEMBERS_FORBIDDEN: Final[dict[str, frozenset[str]]] = {
     # at run time names fields the validator never sees; Field is the class whose name slot
     # every field shares
     "dataclasses": frozenset({"asdict", "astuple", "replace", "fields", "Field"}),
+    # Python 3.13's copy.replace calls __replace__, which dataclasses implement as replace()
+    "copy": frozenset({"replace"}),
     # setattr on what dir() finds; of no use to a snippet (no type checker runs)
     "typing": frozenset({"no_type_check", "no_type_check_decorator"}),
     # a subclass's format() hook is handed every object printed (dataclass fields read by
