@@ -3,8 +3,8 @@
 A helper process for tests/snippets/test_validator_search.py (not a test module). It reads
 one JSON string (a snippet's source) per line on stdin and answers one JSON object per line
 on stdout: ``{"found": [...], "error": "..."}``. Each snippet runs in a fork of this process
-with the worker's restricted builtins, its import guard over the default allowlist and its
-run-time guards (``worker._harden``), as a run does; after it ran, everything reachable
+through the worker's own ``run_child`` (restricted builtins, the import guard over the
+default allowlist, the run-time guards), as a run does; after it ran, everything reachable
 from its globals (containers, the snippet's own instances, classes, closures, bound
 methods) is searched for a forbidden object:
 
@@ -15,7 +15,8 @@ methods) is searched for a forbidden object:
 - the namespace dict of any module (a function's ``__globals__``, the real builtins' dict),
   its own globals included.
 
-The parent of each fork bounds it (2 s alarm inside, SIGKILL of that child after 5 s).
+The parent of each fork bounds it (the run's own 1.5 s timer, a 3 s alarm, SIGKILL of that
+child after 5 s).
 """
 
 from __future__ import annotations
@@ -38,14 +39,6 @@ _REAL = {id(getattr(builtins, n)): n for n in (
     "locals", "__import__", "breakpoint", "input")}
 _REAL[id(worker._real_import)] = "__import__"
 _FRAMEISH = (types.FrameType, types.CodeType, types.TracebackType)
-
-
-class _Sink:
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
 
 
 def _forbidden(obj: Any, namespaces: dict[int, str]) -> str | None:
@@ -131,28 +124,19 @@ def _search(g: dict[str, Any]) -> list[str]:
 
 
 def _child(source: str, fd: int) -> None:
-    signal.alarm(2)
-    result: dict[str, Any] = {"found": [], "error": None}
-    sys.stdout = sys.stderr = _Sink()  # type: ignore[assignment]
-    forbidden = frozenset(FORBIDDEN_NAMES)
-    safe = dict(worker._safe_builtins(forbidden))
-    safe["__import__"] = worker._guard(DEFAULT_ALLOWED_IMPORTS, set())
-    main = types.ModuleType("__main__")
-    g = main.__dict__
-    g.update(__builtins__=safe)
-    sys.modules["__main__"] = main
-    if not worker._HARDENED:
-        worker._harden()
-    run_log = getattr(worker, "_RUN_LOG", None)
-    if run_log is not None:
-        run_log.target = _Sink()
-    try:
-        exec(compile(source, "main.py", "exec", dont_inherit=True), g)
-    except BaseException as exc:
-        result["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    """One run, through the worker's own ``run_child`` (its builtins, import guard and
+    run-time layer, whatever they are), then the search of what the run's globals hold."""
+    signal.alarm(3)
+    null = os.open(os.devnull, os.O_WRONLY)
+    options = {"timeout_ms": 1500, "grace_ms": 200, "split": None,
+               "allowed": sorted(DEFAULT_ALLOWED_IMPORTS),
+               "forbidden": sorted(FORBIDDEN_NAMES - {"__build_class__"})}
+    record = worker.run_child({"main.py": source}, options, worker._Out(null, dict(worker.CAPS)))
     signal.alarm(0)
+    errors = record.get("errors") or []
+    result: dict[str, Any] = {"found": [], "error": errors[0]["type"] if errors else None}
     try:
-        result["found"] = _search(g)
+        result["found"] = _search(sys.modules["__main__"].__dict__)
     except BaseException as exc:
         result["found"] = [f"search failed: {type(exc).__name__}"]
     os.write(fd, json.dumps(result).encode())
