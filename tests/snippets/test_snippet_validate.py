@@ -206,6 +206,84 @@ def test_rule_shapes(source: str, expected: list[str]) -> None:
     assert codes(source) == expected
 
 
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # issue 24: names that become attribute names are checked like `x.name`
+        ("class A:\n    tb_frame: int", ["forbidden-attribute"]),
+        ("class A:\n    f_back = 1", ["forbidden-attribute"]),
+        ("class A:\n    def mro(self): pass", ["forbidden-attribute"]),
+        ("class A:\n    class gi_frame: pass", ["forbidden-attribute"]),
+        ("class A:\n    with x as co_code: pass", ["forbidden-attribute"]),
+        ("class A:\n    (os := 1)", ["forbidden-attribute"]),
+        ("class A:\n    match 1:\n        case f_globals: pass", ["forbidden-attribute"]),
+        ("class A:\n    __slots__ = ('f_locals',)", ["forbidden-attribute"]),
+        ("class A:\n    __slots__ = ('__dict__',)", ["forbidden-attribute"]),
+        ("class A:\n    __match_args__ = ('sys', 'x')", ["forbidden-attribute"]),
+        ("class A:\n    name: int\n    __slots__ = ('items',)\n    def f(self): pass", []),
+        ("def f():\n    tb_frame = 1\n    return tb_frame", []),  # a local, not an attribute
+        ("class A:\n    x = [gi_frame for gi_frame in ()]", []),  # a comprehension's own scope
+        ("f(tb_frame=1)", ["forbidden-attribute"]),
+        ("dict(os=1)", ["forbidden-attribute"]),
+        ("import collections\ncollections.namedtuple('P', 'x f_back')", ["forbidden-attribute"]),
+        ("import collections\ncollections.namedtuple('P', ['x', 'y'])", []),
+        ("import enum\nenum.Enum('E', ['gi_frame'])", ["forbidden-attribute"]),
+        ("import typing\ntyping.NamedTuple('P', [('tb_frame', int)])", ["forbidden-attribute"]),
+        # the alias types that relay attribute reads
+        ("import typing\nclass R(type(typing.List[int]), _root=True): pass",
+         ["dynamic-class", "forbidden-keyword"]),
+        ("class R(Alias, _root=True): pass", ["forbidden-keyword"]),
+        ("class R(Base, _private=1): pass", ["forbidden-keyword"]),
+        ("class R(Base, total=False): pass", []),
+        ("class R(type(list[int])): pass", ["dynamic-class"]),
+        ("T('R', (A,), {}, _root=True)", ["forbidden-keyword"]),
+        ("T('R', (A,), {}, **{'_root': True})", ["forbidden-keyword"]),
+        ("import abc\nabc.ABCMeta('A', (), {})", ["dynamic-class"]),
+        ("import enum\nenum.EnumType('E', (), {})", ["dynamic-class"]),
+        # dataclasses: fields only from class bodies, no helper reading them by name
+        ("import dataclasses\ndataclasses.replace(x)", ["forbidden-attribute"]),
+        ("import dataclasses\ndataclasses.asdict(x)", ["forbidden-attribute"]),
+        ("import dataclasses\ndataclasses.astuple(x)", ["forbidden-attribute"]),
+        ("import dataclasses\ndataclasses.fields(x)", ["forbidden-attribute"]),
+        ("import dataclasses\ndataclasses.Field.name = 'x'", ["forbidden-attribute"]),
+        ("from dataclasses import replace", ["forbidden-attribute"]),
+        ("import dataclasses as dc\ndc.asdict(x)", ["forbidden-attribute"]),
+        ("s.replace('a', 'b')", []),  # only the dataclasses member
+        ("import copy\ncopy.replace(x)", ["forbidden-attribute"]),  # 3.13: dataclass replace
+        ("import dataclasses\n@dataclasses.dataclass(frozen=True)\nclass A:\n"
+         "    x: list = dataclasses.field(default_factory=list)", []),
+        ("from dataclasses import dataclass, field\n@dataclass\nclass A:\n"
+         "    x: list = field(default_factory=list)", []),
+        ("from dataclasses import dataclass\n@other\n@dataclass\nclass A:\n    x: int", []),
+        ("from dataclasses import dataclass\n@dataclass\n@other\nclass A:\n    x: int",
+         ["forbidden-attribute"]),
+        ("import dataclasses\nD = dataclasses.dataclass(C)", ["forbidden-attribute"]),
+        ("import dataclasses\nd = dataclasses.dataclass", ["forbidden-attribute"]),
+        ("import dataclasses\nf = dataclasses.field()", ["forbidden-attribute"]),
+        ("from dataclasses import field\nclass A:\n    x: list = field()",
+         ["forbidden-attribute"]),  # not a dataclass: the Field would stay a class attribute
+        ("import dataclasses\ndataclasses.is_dataclass(x)", []),
+        # typing and pprint members dropped
+        ("import typing\ntyping.no_type_check(f)", ["forbidden-attribute"]),
+        ("import pprint\nclass P(pprint.PrettyPrinter): pass", ["forbidden-attribute"]),
+        ("import pprint\npprint.pformat({'a': 1})", []),
+        # wraps: only as the decorator of a def
+        ("import functools\nfunctools.wraps(f)(g)", ["forbidden-attribute"]),
+        ("import functools\n@functools.wraps(f)\nclass C: pass", ["forbidden-attribute"]),
+        # keyword class patterns get the rules of `subject.name` for an unknown subject
+        ("match t:\n    case str(format=f):\n        pass", ["dynamic-format"]),
+        ("match t:\n    case str(format_map=f):\n        pass", ["dynamic-format"]),
+        ("match t:\n    case object(_os=m):\n        pass", ["private-module-attribute"]),
+        ("match t:\n    case object(stdlib_re=m):\n        pass", ["module-value"]),
+        ("match t:\n    case object(wraps=w):\n        pass", ["forbidden-attribute"]),
+        ("match t:\n    case object(gi_frame=f):\n        pass", ["forbidden-attribute"]),
+        ("match p:\n    case Point(x=px, y=py):\n        pass", []),
+    ],
+)
+def test_names_that_become_attribute_names(source: str, expected: list[str]) -> None:
+    assert sorted(set(codes(source))) == expected
+
+
 def test_module_reexports_cover_this_interpreter() -> None:
     """Every module an allowed module exposes as a public attribute is in MODULE_REEXPORTS,
     so reaching it (``dataclasses.copy``) is treated as the import it is."""

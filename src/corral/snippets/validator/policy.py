@@ -23,8 +23,12 @@ __all__ = [
     "FORBIDDEN_ATTRIBUTES",
     "FORBIDDEN_ATTRIBUTE_PREFIXES",
     "FORBIDDEN_NAMES",
+    "CLASS_DECORATOR_ONLY_MEMBERS",
+    "FIELD_ONLY_MEMBERS",
     "KNOWN_SUBMODULES",
+    "MODULE_MEMBERS_FORBIDDEN",
     "MODULE_REEXPORTS",
+    "NAME_FACTORIES",
     "SCOPES",
     "SELF_MATCHING_BUILTINS",
     "SPECIAL_METHODS",
@@ -88,6 +92,42 @@ FORBIDDEN_ATTRIBUTES: Final[frozenset[str]] = frozenset(
 )  # fmt: skip
 
 FORBIDDEN_ATTRIBUTE_PREFIXES: Final[tuple[str, ...]] = ("co_", "gi_", "cr_", "ag_", "tb_")
+
+# Members of allowed modules refused on that module only (``s.replace`` is fine,
+# ``dataclasses.replace`` is not): each turns a run-time string into an attribute read, or
+# hands every object it meets to a snippet's hook (docs/validator.md, "The allowlist audit").
+MODULE_MEMBERS_FORBIDDEN: Final[dict[str, frozenset[str]]] = {
+    # getattr(obj, field.name) for every field: Field.name is writable and a namespace built
+    # at run time names fields the validator never sees; Field is the class whose name slot
+    # every field shares
+    "dataclasses": frozenset({"asdict", "astuple", "replace", "fields", "Field"}),
+    # Python 3.13's copy.replace calls __replace__, which dataclasses implement as replace()
+    "copy": frozenset({"replace"}),
+    # setattr on what dir() finds; of no use to a snippet (no type checker runs)
+    "typing": frozenset({"no_type_check", "no_type_check_decorator"}),
+    # a subclass's format() hook is handed every object printed (dataclass fields read by
+    # name); pprint/pformat/pp/saferepr stay
+    "pprint": frozenset({"PrettyPrinter"}),
+}
+
+# Members allowed only as the value of an annotated assignment in a class body
+# (``tags: list[str] = field(default_factory=list)``), so no reference to the Field it
+# returns is kept: its ``name`` is the attribute that generated methods read.
+FIELD_ONLY_MEMBERS: Final[dict[str, frozenset[str]]] = {"dataclasses": frozenset({"field"})}
+
+# Members allowed only as the innermost decorator of a class statement (``@dataclass`` or
+# ``@dataclass(frozen=True)``): then every field name is a name in that class body, which
+# the validator checks. Called on a class built at run time (``type(name, bases, ns)``), it
+# would make fields of names the validator never saw.
+CLASS_DECORATOR_ONLY_MEMBERS: Final[dict[str, frozenset[str]]] = {
+    "dataclasses": frozenset({"dataclass"})
+}
+
+# Factories whose string arguments become attribute (field, member) names of the class they
+# build: string literals given to them are checked like attribute names.
+NAME_FACTORIES: Final = frozenset(
+    {"namedtuple", "NamedTuple", "TypedDict", "Enum", "IntEnum", "StrEnum", "Flag", "IntFlag"}
+)
 
 # Known submodules of packages, so `from pkg import sub` and `pkg.sub` are import checks.
 KNOWN_SUBMODULES: Final[dict[str, frozenset[str]]] = {

@@ -12,13 +12,17 @@ import sys
 from corral.snippets.validator.policy import (
     BASIC_CONFIG_KEYWORDS,
     CALL_ONLY_NAMES,
+    CLASS_DECORATOR_ONLY_MEMBERS,
     CLASS_DUNDERS_OK,
     DUNDER_ATTRS_OK,
     DUNDER_LOADS_OK,
     DUNDER_STORES_OK,
+    FIELD_ONLY_MEMBERS,
     FORBIDDEN_NAMES,
     KNOWN_SUBMODULES,
+    MODULE_MEMBERS_FORBIDDEN,
     MODULE_REEXPORTS,
+    NAME_FACTORIES,
     SCOPES,
     SELF_MATCHING_BUILTINS,
     SPECIAL_METHODS,
@@ -38,6 +42,21 @@ Found = tuple[str, int, int, str]
 #: Bases that make a class a metaclass (it would decide isinstance and build classes from
 #: run-time strings when called with (name, bases, namespace)).
 _METACLASS_BASES = frozenset({"type", "ABCMeta", "EnumMeta", "EnumType"})
+#: Class-body names whose string values become attribute names of the class's instances.
+_NAME_LISTS = frozenset({"__slots__", "__match_args__"})
+#: The node types each pass looks at (most nodes, contexts and operators included, are none
+#: of these: one set lookup instead of a chain of isinstance calls).
+_PREPARE_KINDS: frozenset[type] = frozenset({
+    ast.Import, ast.ImportFrom, ast.Attribute, ast.FunctionDef, ast.AsyncFunctionDef,
+    ast.ClassDef, ast.Name, ast.arg, ast.alias, ast.ExceptHandler, ast.MatchAs, ast.MatchStar,
+    ast.MatchMapping, ast.Global, ast.Nonlocal,
+})
+_VISIT_KINDS: frozenset[type] = frozenset({
+    ast.Name, ast.Attribute, ast.Import, ast.ImportFrom, ast.Call, ast.Subscript, ast.Constant,
+    ast.Dict, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg, ast.AnnAssign,
+    ast.ExceptHandler, ast.Global, ast.Nonlocal, ast.MatchAs, ast.MatchStar, ast.MatchMapping,
+    ast.MatchClass,
+})
 
 
 def check_tree(
@@ -74,6 +93,10 @@ class _Checker:
         self.receivers: set[int] = set()  # ids of expressions used as `expr.attr`
         self.bound: set[str] = set()  # every name bound anywhere in the file
         self.call_ok: set[int] = set()  # ids of call-only names used in an allowed call
+        self.members: dict[str, tuple[str, str]] = {}  # local name -> (module, member)
+        self.field_ok: set[int] = set()  # ids of field-only members used as a class field
+        self.decorator_ok: set[int] = set()  # ids of class-decorator-only members so used
+        self.classes: list[ast.ClassDef] = []
 
     # -- helpers ---------------------------------------------------------------
 
@@ -110,6 +133,8 @@ class _Checker:
     def run(self, tree: ast.Module) -> None:
         for node in ast.walk(tree):
             self.prepare(node)
+        for cls in self.classes:
+            self.prepare_class(cls)
         stack: list[tuple[ast.AST, int, bool]] = [(tree, 0, False)]
         too_deep = False
         while stack:
@@ -136,6 +161,13 @@ class _Checker:
 
     def prepare(self, node: ast.AST) -> None:
         """First pass: module bindings, attribute receivers, bound names, allowed calls."""
+        kind = type(node)
+        if kind not in _PREPARE_KINDS:
+            return
+        if kind is ast.Name:
+            if type(node.ctx) is not ast.Load:  # type: ignore[attr-defined]
+                self.bound.add(node.id)  # type: ignore[attr-defined]
+            return
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
@@ -154,15 +186,21 @@ class _Checker:
                     self.modules[alias.asname or alias.name] = sub
                 elif real is not None:
                     self.modules[alias.asname or alias.name] = real
+                else:
+                    self.members[alias.asname or alias.name] = (base, alias.name)
         elif isinstance(node, ast.Attribute):
             self.receivers.add(id(node.value))
-        elif isinstance(node, ast.Call):
-            name = _callee_name(node.func)
-            wanted = CALL_ONLY_NAMES.get(name or "")
-            if wanted is not None and len(node.args) == wanted and not node.keywords and not any(
-                isinstance(a, ast.Starred) for a in node.args
-            ):
-                self.call_ok.add(id(node.func))
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            # call-only names (wraps) only as a decorator of a def: @wraps(func)
+            for deco in node.decorator_list:
+                if not isinstance(deco, ast.Call):
+                    continue
+                wanted = CALL_ONLY_NAMES.get(_callee_name(deco.func) or "")
+                if wanted is not None and len(deco.args) == wanted and not deco.keywords and \
+                        not any(isinstance(a, ast.Starred) for a in deco.args):
+                    self.call_ok.add(id(deco.func))
+        elif isinstance(node, ast.ClassDef):
+            self.classes.append(node)
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             self.bound.add(node.id)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -178,6 +216,23 @@ class _Checker:
         elif isinstance(node, ast.Global | ast.Nonlocal):
             self.bound.update(node.names)
 
+    def prepare_class(self, node: ast.ClassDef) -> None:
+        """Class-decorator-only members (``@dataclass``) as the innermost decorator; then
+        field-only members (``field(...)``) as the value of the class's annotated fields."""
+        if not node.decorator_list:
+            return
+        inner = node.decorator_list[-1]
+        head = inner.func if isinstance(inner, ast.Call) else inner
+        if not isinstance(head, ast.Name | ast.Attribute):
+            return
+        member = self.member_of(head)
+        if member is None or member[1] not in CLASS_DECORATOR_ONLY_MEMBERS.get(member[0], ()):
+            return
+        self.decorator_ok.add(id(head))
+        for stmt in node.body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.value, ast.Call):
+                self.field_ok.add(id(stmt.value.func))
+
     def from_base(self, node: ast.ImportFrom) -> str | None:
         """The module a ``from`` import reads from ("" for ``from . import x`` at the top)."""
         if node.level == 0:
@@ -191,8 +246,12 @@ class _Checker:
         return ".".join(parts)
 
     def visit(self, node: ast.AST, in_class: bool) -> None:
+        if type(node) not in _VISIT_KINDS:
+            return
         if isinstance(node, ast.Name):
             self.check_name(node, in_class)
+            if in_class and not isinstance(node.ctx, ast.Load):
+                self.check_class_attribute(node.id, node)
         elif isinstance(node, ast.Attribute):
             self.check_attribute(node)
         elif isinstance(node, ast.Import | ast.ImportFrom):
@@ -221,18 +280,15 @@ class _Checker:
                     is_dunder(key.value) or is_dunder(nfkc(key.value))
                 ):
                     self.add("dunder-subscript", key, f"dunder string key {key.value!r}")
+                elif isinstance(key, ast.Constant) and key.value == "_root":
+                    self.add("forbidden-keyword", key, "the key '_root' (typing's sentinel "
+                             "for subclassing its aliases) is not allowed")
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             self.check_binding(node.name, node, allow_dunder=True)
+            if in_class:
+                self.check_class_attribute(node.name, node)
             if isinstance(node, ast.ClassDef):
-                for kw in node.keywords:
-                    if kw.arg is None or kw.arg == "metaclass":
-                        what = "metaclass=" if kw.arg else "**keywords"
-                        self.add("forbidden-keyword", kw, f"class keyword {what} is not allowed")
-                for base in node.bases:
-                    head = base.func if isinstance(base, ast.Call) else base
-                    if _callee_name(head) in _METACLASS_BASES:
-                        self.add("dynamic-class", base, "a class derived from a metaclass is "
-                                 "a metaclass (it builds classes from run-time strings)")
+                self.check_class(node)
             else:
                 self.check_annotation(node.returns)
         elif isinstance(node, ast.arg):
@@ -247,11 +303,15 @@ class _Checker:
                 self.check_binding(name, node, allow_dunder=False)
         elif isinstance(node, ast.MatchAs | ast.MatchStar) and node.name:
             self.check_binding(node.name, node, allow_dunder=False)
+            if in_class:
+                self.check_class_attribute(node.name, node)
         elif isinstance(node, ast.MatchMapping) and node.rest:
             self.check_binding(node.rest, node, allow_dunder=False)
+            if in_class:
+                self.check_class_attribute(node.rest, node)
         elif isinstance(node, ast.MatchClass):
             for attr in node.kwd_attrs:
-                self.check_attr_name(attr, node, receiver=None)
+                self.check_pattern_keyword(attr, node)
             cls = node.cls
             if node.patterns and not (
                 isinstance(cls, ast.Name)
@@ -299,15 +359,118 @@ class _Checker:
                 "forbidden-attribute",
                 node,
                 name,
-                f"{name!r} is allowed only as a call with {CALL_ONLY_NAMES[name]} positional "
-                f"argument(s), e.g. @{name}(func)",
+                f"{name!r} is allowed only as a decorator of a def with "
+                f"{CALL_ONLY_NAMES[name]} positional argument(s), e.g. @{name}(func)",
             )
+        member = self.member_of(node)
+        if member is None:
+            return
+        module, attr = member
+        if attr in MODULE_MEMBERS_FORBIDDEN.get(module, ()):
+            self.add_at_attr(
+                "forbidden-attribute",
+                node,
+                name,
+                f"{module}.{attr} is not allowed (it reads or writes attributes by a run-time "
+                "string; docs/validator.md, \"The allowlist audit\")",
+            )
+        elif attr in FIELD_ONLY_MEMBERS.get(module, ()) and id(node) not in self.field_ok:
+            self.add_at_attr(
+                "forbidden-attribute",
+                node,
+                name,
+                f"{module}.{attr}(...) is allowed only as a field's value in a dataclass "
+                f"body (`x: list = {attr}(default_factory=list)`)",
+            )
+        elif attr in CLASS_DECORATOR_ONLY_MEMBERS.get(module, ()) and \
+                id(node) not in self.decorator_ok:
+            self.add_at_attr(
+                "forbidden-attribute",
+                node,
+                name,
+                f"{module}.{attr} is allowed only as the innermost decorator of a class "
+                f"statement (@{attr} or @{attr}(...)): its fields are then names in the body",
+            )
+
+    def member_of(self, node: ast.Name | ast.Attribute) -> tuple[str, str] | None:
+        """(module, member) when ``node`` names a member of an imported module."""
+        if isinstance(node, ast.Name):
+            return self.members.get(node.id)
+        module = self.module_of(node.value)
+        return None if module is None else (module, node.attr)
 
     def check_binding(self, name: str, node: ast.AST, *, allow_dunder: bool) -> None:
         if name in FORBIDDEN_NAMES:
             self.add("forbidden-name", node, f"binding the name {name!r} is not allowed")
         elif is_dunder(name) and (not allow_dunder or name not in SPECIAL_METHODS):
             self.add("dunder-name", node, f"binding the dunder name {name!r} is not allowed")
+
+    def check_class_attribute(self, name: str, node: ast.AST) -> None:
+        """A name bound in a class body is an attribute name: dataclass and NamedTuple fields
+        (read back by name), methods, class attributes."""
+        for spelling in {name, nfkc(name)}:
+            if attribute_forbidden(spelling):
+                self.add("forbidden-attribute", node, f"class attribute {spelling!r} is not "
+                         "allowed (a class-body name becomes an attribute name)")
+                return
+
+    def check_class(self, node: ast.ClassDef) -> None:
+        for kw in node.keywords:
+            if kw.arg is None or kw.arg == "metaclass":
+                what = "metaclass=" if kw.arg else "**keywords"
+                self.add("forbidden-keyword", kw, f"class keyword {what} is not allowed")
+            elif kw.arg.startswith("_"):
+                self.add("forbidden-keyword", kw, f"private class keyword {kw.arg}= is not "
+                         "allowed (_root=True subclasses typing's attribute-relaying aliases)")
+        for base in node.bases:
+            head = base.func if isinstance(base, ast.Call) else base
+            if _callee_name(head) in _METACLASS_BASES:
+                self.add("dynamic-class", base, "a class derived from a metaclass is "
+                         "a metaclass (it builds classes from run-time strings)")
+            elif isinstance(base, ast.Call) and _callee_name(base.func) == "type":
+                self.add("dynamic-class", base, "a base computed by type(...) (the class of "
+                         "a value, e.g. an alias type that relays attribute reads)")
+        for stmt in node.body:
+            targets: list[ast.expr] = []
+            if isinstance(stmt, ast.Assign):
+                targets, value = stmt.targets, stmt.value
+            elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+                targets, value = [stmt.target], stmt.value
+            if not any(isinstance(t, ast.Name) and t.id in _NAME_LISTS for t in targets):
+                continue
+            for sub in ast.walk(value):
+                if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+                    self.check_string_name(sub.value, sub)
+
+    def check_string_name(self, text: str, node: ast.AST) -> None:
+        """A string that becomes an attribute name (``__slots__``, namedtuple fields)."""
+        for part in text.replace(",", " ").split():
+            for spelling in {part, nfkc(part)}:
+                if is_dunder(spelling) or attribute_forbidden(spelling):
+                    self.add("forbidden-attribute", node,
+                             f"{spelling!r} would become an attribute name")
+                    return
+
+    def check_pattern_keyword(self, attr: str, node: ast.MatchClass) -> None:
+        """``case C(name=p)`` reads ``subject.name`` from whatever the subject is: the rules
+        of ``expr.name`` whose receiver is unknown."""
+        before = len(self.found)
+        self.check_attr_name(attr, node, receiver=None)
+        if len(self.found) > before:
+            return
+        if attr in ("format", "format_map"):
+            self.add("dynamic-format", node, f"a keyword pattern may not bind .{attr} (a "
+                     "template built at run time can reach attributes)")
+        elif attr in CALL_ONLY_NAMES:
+            self.add("forbidden-attribute", node, f"a keyword pattern may not bind {attr!r}")
+        elif attr.startswith("_") and not is_dunder(attr):
+            self.add("private-module-attribute", node, f"a keyword pattern may not read the "
+                     f"private attribute {attr!r} (the subject may be a module)")
+        elif any(attr in names for names in MODULE_REEXPORTS.values()) or any(
+            attr in names for names in MODULE_MEMBERS_FORBIDDEN.values()
+        ):
+            self.add("module-value", node, f"a keyword pattern may not bind {attr!r} (a "
+                     "module, or a module member that is not allowed, on a module subject)")
 
     # -- attributes --------------------------------------------------------------
 
@@ -447,7 +610,7 @@ class _Checker:
                 self.add("dunder-attribute", node, f"importing {sub!r} is not allowed")
             elif name.startswith("_"):
                 self.add("private-module-attribute", node, f"private module attribute {sub!r}")
-            elif attribute_forbidden(name):
+            elif attribute_forbidden(name) or name in MODULE_MEMBERS_FORBIDDEN.get(module, ()):
                 self.add("forbidden-attribute", node, f"importing {sub!r} is not allowed")
         if star and not self.import_allowed(module):
             self.add("forbidden-import", node, f"import of {module!r} is not allowed")
@@ -489,9 +652,25 @@ class _Checker:
             and (len(node.args) != 1 or node.keywords or isinstance(node.args[0], ast.Starred))
         ):
             self.add("dynamic-class", node, "type() is allowed only with one argument, type(x)")
+        name = _callee_name(func)
+        if name in _METACLASS_BASES and name != "type" and (len(node.args) != 1 or node.keywords):
+            self.add("dynamic-class", node, f"{name}() builds a class from run-time strings")
         for kw in node.keywords:
-            if kw.arg is not None and (is_dunder(kw.arg) or is_dunder(nfkc(kw.arg))):
+            if kw.arg is None:
+                continue
+            if is_dunder(kw.arg) or is_dunder(nfkc(kw.arg)):
                 self.add("dunder-subscript", kw, f"dunder keyword argument {kw.arg!r}")
+            elif attribute_forbidden(kw.arg) or attribute_forbidden(nfkc(kw.arg)):
+                self.add("forbidden-attribute", kw, f"keyword argument {kw.arg!r} (keywords "
+                         "become attribute names: dataclass fields, records)")
+            elif kw.arg == "_root":
+                self.add("forbidden-keyword", kw, "_root= (typing's sentinel for subclassing "
+                         "its attribute-relaying aliases) is not allowed")
+        if name in NAME_FACTORIES:
+            for arg in [*node.args, *(kw.value for kw in node.keywords)]:
+                for sub in ast.walk(arg):
+                    if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+                        self.check_string_name(sub.value, sub)
         fname = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
         if fname == "basicConfig":
             for kw in node.keywords:

@@ -1,4 +1,4 @@
-# expect: dunder-subscript
+# expect: dunder-subscript, forbidden-attribute
 # A class namespace built from a dict display reaches the same dataclasses injection
 # without a class statement (type(type(1)) is `type`).
 import dataclasses

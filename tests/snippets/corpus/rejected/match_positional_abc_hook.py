@@ -1,4 +1,4 @@
-# expect: positional-pattern, module-value
+# expect: positional-pattern, module-value, forbidden-attribute
 # The reported bypass: abc.ABC gives a metaclass without metaclass=, __subclasshook__ makes
 # any object match, and the positional sub-pattern reads the attribute `__match_args__`
 # names (a string the validator never saw): logging.os.
