@@ -364,7 +364,8 @@ def _traceback_text(exc: BaseException, entries: list[tuple[str, int, str]]) -> 
     chained = exc.__cause__, exc.__context__, exc.__suppress_context__
     exc.__cause__ = exc.__context__ = None
     try:
-        only = traceback.format_exception_only(type(exc), exc)
+        only = [f"GuardViolation: {exc}\n"] if isinstance(exc, GuardViolation) else \
+            traceback.format_exception_only(type(exc), exc)  # (named as a builtin is)
     finally:
         exc.__cause__, exc.__context__ = chained[0], chained[1]
         exc.__suppress_context__ = chained[2]
@@ -470,8 +471,6 @@ class _FrameRefused(GuardViolation, ValueError):
 
 
 _FrameRefused.__name__ = _FrameRefused.__qualname__ = "GuardViolation"
-# a traceback names them as it names builtins (not by the worker's module)
-GuardViolation.__module__ = _FrameRefused.__module__ = "builtins"
 
 #: events every run raises and that give nothing: running code the run already holds
 #: (``exec``, ``compile``: the guard checks what code *does*, not where it came from;
