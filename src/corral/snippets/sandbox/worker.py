@@ -20,7 +20,10 @@ template at ``timeout + grace``. The payload is served from memory under
 the package ``__payload__`` (so relative imports work; ``import helpers``
 is an alias of ``__payload__.helpers``); payload code gets builtins without
 the forbidden names and an ``__import__`` that refuses modules outside the
-allowlist and the payload (defense in depth behind the validator).
+allowlist and the payload (defense in depth behind the validator). Before the
+snippet's first line, each run adds an audit hook to its own process (the run-time
+guard, :func:`_audit_hook`): files, directories, processes, sockets, first imports,
+frames and code from bytes are refused whatever code asks, validated or not.
 """
 
 from __future__ import annotations
@@ -556,7 +559,7 @@ def _audit_hook(allowed: frozenset[str], tops: frozenset[str],
     while it walks, see :func:`_tb_entries`) and ``refusals`` (what is reported)."""
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     network = bool(allowed & _NETWORK_MODULES)
-    ok_import, roots = _import_rule(allowed, tops), _read_roots()
+    ok_import, roots = _import_rule(allowed, tops), _ARM_STATE.get("roots") or _read_roots()
     trusted: set[Any] = set()
 
     def hook(event: str, args: tuple[Any, ...], _quiet: frozenset[str] = _GUARD_QUIET,
@@ -643,12 +646,18 @@ def _audit_hook(allowed: frozenset[str], tops: frozenset[str],
     return hook
 
 
+#: computed where runs are forked from (:func:`_harden`), so a run does not: the read roots,
+#: and the modules loaded there
+_ARM_STATE: dict[str, Any] = {}
+
+
 def _arm_guard(allowed: frozenset[str], tops: frozenset[str], refusals: list[str]) -> None:
     """Load the allowlist's modules that are not loaded yet (most are: they are preloaded
     where runs are forked from), so that what they import is loaded before the guard,
     then add the run's audit hook. From here on, for the rest of this process's life,
     every audit event goes through it; an audit hook cannot be removed from Python."""
-    for name in allowed:
+    loaded: frozenset[str] = _ARM_STATE.get("loaded") or frozenset()
+    for name in allowed - loaded:  # (a set difference: no per-name work for the preloads)
         if name not in sys.modules and not name.endswith("*"):
             try:
                 importlib.import_module(name)
@@ -1026,6 +1035,7 @@ def _harden() -> None:
         _guard_logging(modules["logging"])
         _capture_logging(modules["logging"])
     sys.meta_path.insert(0, _GUARD_FINDER)
+    _ARM_STATE.update(roots=_read_roots(), loaded=frozenset(modules))
 
 
 class _RunLog:
