@@ -651,14 +651,18 @@ def _audit_hook(allowed: frozenset[str], tops: frozenset[str],
 _ARM_STATE: dict[str, Any] = {}
 
 
-def _arm_guard(allowed: frozenset[str], tops: frozenset[str], refusals: list[str]) -> None:
-    """Load the allowlist's modules that are not loaded yet (most are: they are preloaded
-    where runs are forked from), so that what they import is loaded before the guard,
-    then add the run's audit hook. From here on, for the rest of this process's life,
-    every audit event goes through it; an audit hook cannot be removed from Python."""
+def _arm_guard(allowed: frozenset[str], tops: frozenset[str], refusals: list[str],
+               sources: Any = ()) -> None:
+    """Load the allowlist's modules that the payload names and that are not loaded yet
+    (usually none: they are preloaded where runs are forked from), so that what they
+    import is loaded before the guard; then add the run's audit hook. From here on, for
+    the rest of this process's life, every audit event goes through it; an audit hook
+    cannot be removed from Python. (An allowed module imported by a name built at run
+    time, and not preloaded, may have its own imports refused: the guard fails closed.)"""
     loaded: frozenset[str] = _ARM_STATE.get("loaded") or frozenset()
     for name in allowed - loaded:  # (a set difference: no per-name work for the preloads)
-        if name not in sys.modules and not name.endswith("*"):
+        if name not in sys.modules and not name.endswith("*") \
+                and any(name.partition(".")[0] in source for source in sources):
             try:
                 importlib.import_module(name)
             except Exception:  # a module this Python lacks: never loaded
@@ -728,7 +732,8 @@ def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict
 
     _signal.signal(_SIGALRM, on_alarm)  # _signal's: no enum conversions
     if options.get("allowed") is not None:  # None: no guards (unvalidated test runs)
-        _arm_guard(frozenset(options["allowed"]), frozenset(payload.tops), refusals)
+        _arm_guard(frozenset(options["allowed"]), frozenset(payload.tops), refusals,
+                   files.values())
     t0 = time.perf_counter()
     try:
         code, expr = _compile_main(files["main.py"], options.get("split"))
