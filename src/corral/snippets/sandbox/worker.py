@@ -145,9 +145,29 @@ def warm(rounds: int = 16) -> None:
                                    "duration_ms": 0.5, "timed_out": False,
                                    "truncated": ["facts"] if facts_cut else []}))
             os.read(r, 1 << 16)  # this round's records (well under a pipe's buffer)
+            _warm_guard()
     finally:
         os.close(r)
         os.close(w)
+
+
+def _warm_guard() -> None:
+    """The run-time guard's hook, built and called on the common events but never added
+    (this process is not a run): its code is specialised here, not in every run."""
+    hook = _audit_hook(frozenset({"math"}), frozenset({"helpers"}), [])
+    for event, args in (("exec", (None,)), ("compile", (b"", "main.py")),
+                        ("import", ("math", None, [], [], [])),
+                        ("import", ("__payload__.helpers", None, [], [], [])),
+                        ("object.__getattr__", (warm, "__code__")),
+                        ("open", (os.__file__, "r", 0)), ("os.system", ("",))):
+        try:
+            hook(event, args)
+        except GuardViolation:
+            pass
+    try:
+        1 / 0  # noqa: B018 (a traceback to walk)
+    except ZeroDivisionError as exc:
+        _tb_entries(exc.__traceback__)
 
 
 class _Timeout(BaseException):
