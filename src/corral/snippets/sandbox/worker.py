@@ -546,62 +546,61 @@ def _read_roots() -> tuple[str, ...]:
     return tuple(sorted({r.rstrip("/") + "/" for r in roots if r.startswith("/")}))
 
 
-def _import_rule(allowed: frozenset[str], tops: frozenset[str]) -> Callable[[str], bool]:
+def _import_ok(name: Any, allowed: frozenset[str], tops: frozenset[str],
+               lazy: frozenset[str], pkg: str, typ: type, string: type) -> bool:
     """Whether a module may be loaded during the run: the allowlist (``pkg.*``; a
-    submodule of an allowed module), the payload, the lazy standard-library helpers."""
-    def ok(name: str, _allowed: frozenset[str] = allowed, _tops: frozenset[str] = tops,
-           _lazy: frozenset[str] = _LAZY_STDLIB, _pkg: str = PKG,
-           _type: type = type, _str: type = str, _range: Any = range,
-           _ln: Any = len) -> bool:
-        if _type(name) is not _str:
-            return False
-        top = name.partition(".")[0]
-        if top == _pkg or top in _tops or name in _allowed or top in _lazy \
-                or name in _lazy:
+    submodule of an allowed module), the payload, the lazy standard-library helpers.
+    Reads nothing but its arguments (no global, no builtin: rebinding one changes
+    nothing here)."""
+    if typ(name) is not string:
+        return False
+    top = name.partition(".")[0]
+    if top == pkg or top in tops or name in allowed or top in lazy or name in lazy \
+            or top == "encodings" or name + ".*" in allowed:
+        return True
+    prefix = name
+    while "." in prefix:
+        prefix = prefix.rpartition(".")[0]
+        if prefix in allowed or prefix + ".*" in allowed:
             return True
-        parts = name.split(".")
-        for i in _range(1, _ln(parts)):
-            prefix = ".".join(parts[:i])
-            if prefix in _allowed or prefix + ".*" in _allowed:
-                return True
-        return top == "encodings" or name + ".*" in _allowed
+    return False
 
-    return ok
+
+def _guard_constants() -> tuple[Any, ...]:
+    """The hook's fixed rules, built once where runs are forked from (:data:`_ARM_STATE`):
+    a run's hook holds this one tuple, so making it touches one object, not thirty."""
+    return (_GUARD_QUIET, _GUARD_CHECKED, _import_ok, _read_roots(), _GUARD_FUNC_ATTRS,
+            _NETWORK_EVENTS, os.O_RDONLY, os.O_ACCMODE, os.O_CREAT | os.O_TRUNC | os.O_APPEND,
+            type, str, int, tuple, len, list, types.TracebackType, _CODE_ATTRS,
+            GuardViolation, _FrameRefused, _MAX_REFUSALS, _LAZY_STDLIB, PKG)
 
 
 def _audit_hook(allowed: frozenset[str], tops: frozenset[str],
                 refusals: list[str]) -> Callable[[str, tuple[Any, ...]], None]:
-    """The run's audit hook. Its rules live in its default values, immutable (frozensets,
-    tuples, builtins), and the function itself is held by no global: once added with
-    ``sys.addaudithook`` nothing in Python can reach it, change its rules or remove it
-    (writing ``__code__``/``__defaults__`` of any function is refused as well). The
-    two mutable values: the objects of the traceback walk it is doing (``_trusted``: only
-    while it walks, see :func:`_tb_entries`) and ``refusals`` (what is reported)."""
+    """The run's audit hook. Its rules live in its default values, immutable (tuples,
+    frozensets, builtins taken when it is made), and the function itself is held by no
+    global: once added with ``sys.addaudithook`` nothing in Python can reach it, change
+    its rules or remove it (writing ``__code__``/``__defaults__`` of any function is
+    refused as well). The two mutable values: the objects of the traceback walk it is
+    doing (only while it walks, see :func:`_tb_entries`) and ``refusals`` (what is
+    reported)."""
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-    network = bool(allowed & _NETWORK_MODULES)
-    ok_import, roots = _import_rule(allowed, tops), _ARM_STATE.get("roots") or _read_roots()
-    trusted: set[Any] = set()
+    run: tuple[Any, ...] = (allowed, tops, set(), refusals, bool(allowed & _NETWORK_MODULES),
+           (resource.RLIMIT_AS, (hard, hard)))
+    consts = _ARM_STATE.get("consts") or _guard_constants()
 
-    def hook(event: str, args: tuple[Any, ...], _quiet: frozenset[str] = _GUARD_QUIET,
-             _checked: frozenset[str] = _GUARD_CHECKED, _ok_import: Any = ok_import,
-             _roots: tuple[str, ...] = roots,
-             _trusted: set[Any] = trusted, _refusals: list[str] = refusals,
-             _func_attrs: frozenset[str] = _GUARD_FUNC_ATTRS, _network: bool = network,
-             _net_events: tuple[str, ...] = _NETWORK_EVENTS,
-             _as: tuple[int, tuple[int, int]] = (resource.RLIMIT_AS, (hard, hard)),
-             _rdonly: int = os.O_RDONLY, _accmode: int = os.O_ACCMODE,
-             _wflags: int = os.O_CREAT | os.O_TRUNC | os.O_APPEND,
-             _type: type = type, _str: type = str, _int: type = int, _tuple: type = tuple,
-             _len: Any = len, _list: type = list, _tbtype: type = types.TracebackType,
-             _code_attrs: frozenset[str] = _CODE_ATTRS, _gv: type = GuardViolation,
-             _fr: type = _FrameRefused,
-             _max: int = _MAX_REFUSALS) -> None:
-        if event in _quiet:
+    def hook(event: str, args: tuple[Any, ...], _c: tuple[Any, ...] = consts,
+             _run: tuple[Any, ...] = run) -> None:
+        if event in _c[0]:  # quiet: the common events, one set lookup
             return
+        (_, _checked, _ok_import, _roots, _func_attrs, _net_events, _rdonly, _accmode,
+         _wflags, _type, _str, _int, _tuple, _len, _list, _tbtype, _code_attrs, _gv, _fr,
+         _max, _lazy, _pkg) = _c
+        _allowed, _tops, _trusted, _refusals, _network, _as = _run
         what = ""
         if event in _checked:
             if event == "import":
-                if _ok_import(args[0]):
+                if _ok_import(args[0], _allowed, _tops, _lazy, _pkg, _type, _str):
                     return
                 what = f" of module {args[0]!r}" if _type(args[0]) is _str else ""
             elif event == "open" or event == "os.listdir" or event == "os.scandir":
@@ -691,16 +690,25 @@ def _arm_guard(allowed: frozenset[str], tops: frozenset[str], refusals: list[str
     # only, in the standard library), not read from a .pyc, which is marshal.loads: the
     # guard refuses that for everyone (bytes -> code objects, unchecked)
     sys.dont_write_bytecode = True
-    sys.pycache_prefix = os.path.join(os.path.dirname(os.__file__), "__corral_no_pycache__")
+    sys.pycache_prefix = _ARM_STATE.get("no_pycache") or _no_pycache()
+    if not _ARM_STATE:  # (else done where runs are forked from)
+        _without_frames()
+    sys.addaudithook(_audit_hook(allowed, tops, refusals))
+
+
+def _no_pycache() -> str:
+    return os.path.join(os.path.dirname(os.__file__), "__corral_no_pycache__")
+
+
+def _without_frames() -> None:
+    """What the standard library would ask a frame for, answered without one (the guard
+    refuses frames): 3.11's namedtuple names ``__main__`` as its class's module (logging:
+    :func:`_guard_logging`). Where runs are forked from (or in a run, if not there)."""
     collections = sys.modules.get("collections")
     kwdefaults = getattr(getattr(collections, "namedtuple", None), "__kwdefaults__", None)
-    if sys.version_info < (3, 12) and isinstance(kwdefaults, dict) and "module" in kwdefaults:
-        # 3.11's namedtuple names its class's module from the caller's frame (refused)
-        kwdefaults["module"] = kwdefaults["module"] or "__main__"
-    logging = sys.modules.get("logging")
-    if logging is not None:  # no caller lookup: it walks frames (sys._getframe, f_code)
-        logging.__dict__["_srcfile"] = None
-    sys.addaudithook(_audit_hook(allowed, tops, refusals))
+    if sys.version_info < (3, 12) and isinstance(kwdefaults, dict) \
+            and kwdefaults.get("module", "") is None:
+        kwdefaults["module"] = "__main__"
 
 
 def _report_refusals(errors: list[dict[str, Any]], refusals: list[str]) -> None:
@@ -965,6 +973,7 @@ def _guard_copy(cp: Any) -> None:
 
 def _guard_logging(logging: Any) -> None:
     """{-style formats walk attributes by a template built at run time."""
+    logging._srcfile = None  # no caller lookup: it walks frames (refused by the guard)
     formatter = getattr(logging, "Formatter", None)
     if isinstance(formatter, type):  # the stock one reads tb_frame (traceback module)
         formatter.formatException = _format_exception  # type: ignore[attr-defined]
@@ -1060,7 +1069,9 @@ def _harden() -> None:
         _guard_logging(modules["logging"])
         _capture_logging(modules["logging"])
     sys.meta_path.insert(0, _GUARD_FINDER)
-    _ARM_STATE.update(roots=_read_roots(), loaded=frozenset(modules))
+    _without_frames()
+    _ARM_STATE.update(consts=_guard_constants(), loaded=frozenset(modules),
+                      no_pycache=_no_pycache())
 
 
 class _RunLog:
