@@ -52,7 +52,6 @@ def test_quiet_events_pass_and_unknown_ones_are_refused() -> None:
 
 @pytest.mark.parametrize(("path", "mode", "flags", "ok"), [
     (f"{STDLIB}/json/__init__.py", "r", 0, True),
-    (f"{STDLIB}/json/__pycache__/x.pyc", "rb", 0, True),
     (f"{STDLIB}/json/__init__.py", None, os.O_RDONLY | os.O_CLOEXEC, True),
     ("/usr/share/zoneinfo/Europe/Paris", "rb", 0, True),
     (f"{STDLIB}/json/__init__.py", "w", 0, False),
@@ -76,6 +75,22 @@ def test_open_reads_only_in_the_standard_library_and_tz_data(
         assert h("open", (path, mode, flags)) is None
     else:
         assert refuses(h, "open", path, mode, flags).startswith("the run-time guard refused open")
+
+
+def test_pyc_files_and_pseudo_files_are_refused_unreported() -> None:
+    """The import system reads (and would write) .pyc files: unmarshalling them is code
+    from bytes, so they are refused and the module is compiled from its source; the parser
+    looks for a SyntaxError's line in "<string>". Neither is worth a report."""
+    h, refusals = hook()
+    for path, mode, flags in ((f"{STDLIB}/json/__pycache__/x.cpython-311.pyc", "rb", 0),
+                              (f"{STDLIB}/json/__pycache__/x.pyc.1234", None,
+                               os.O_WRONLY | os.O_CREAT | os.O_EXCL),
+                              ("<string>", "r", 0), ("<unknown>", "r", 0)):
+        refuses(h, "open", path, mode, flags)
+    refuses(h, "os.mkdir", f"{STDLIB}/json/__pycache__", 0o777, -1)
+    assert refusals == []
+    refuses(h, "os.mkdir", "/tmp/x", 0o777, -1)
+    assert refusals == ["the run-time guard refused os.mkdir"]
 
 
 def test_listing_directories() -> None:

@@ -501,12 +501,13 @@ _FrameRefused.__name__ = _FrameRefused.__qualname__ = "GuardViolation"
 _GUARD_QUIET = frozenset({
     "exec", "compile", "time.sleep", "sys._getframemodulename", "builtins.id",
     "array.__new__", "sys.excepthook", "sys.unraisablehook", "os.urandom",
+    "marshal.dumps",  # code -> bytes (the import system, before it writes a .pyc: refused)
 })
 #: the events with a rule (everything else is refused)
 _GUARD_CHECKED = frozenset({
     "import", "open", "os.listdir", "os.scandir", "object.__getattr__",
     "object.__setattr__", "object.__delattr__", "resource.setrlimit", "sys._getframe",
-    "corral.tb_entries",
+    "corral.tb_entries", "os.mkdir",
 })
 #: audited attribute reads that hand out code objects and defaults, not frames: reading is
 #: allowed (``inspect.signature`` reads ``__code__``; dataclasses calls it); what code
@@ -605,6 +606,13 @@ def _audit_hook(allowed: frozenset[str], tops: frozenset[str],
                 what = f" of module {args[0]!r}" if _type(args[0]) is _str else ""
             elif event == "open" or event == "os.listdir" or event == "os.scandir":
                 path: Any = args[0] if args else None
+                if _type(path) is _str and ((path[:1] == "<" and path[-1:] == ">")
+                                            or path.endswith(".pyc") or ".pyc." in path):
+                    # refused, not reported: the parser reads a SyntaxError's line from
+                    # its "file" (compile's "<string>"...) and shows none instead; the
+                    # import system reads and writes .pyc files (unmarshalled: bytes ->
+                    # code, refused) and compiles the module's source instead
+                    raise _gv(f"the run-time guard refused {event} of {path[:200]!r}")
                 # a directory and what is under it: "<root>/", "<root>/a/b/" (as given:
                 # ".", ".." and "//" refused, not resolved)
                 tail = path + "/" if _type(path) is _str else ""
@@ -618,10 +626,6 @@ def _audit_hook(allowed: frozenset[str], tops: frozenset[str],
                             mode is None and _type(flags) is _int
                             and flags & _accmode == _rdonly and not flags & _wflags):
                         return
-                if _type(path) is _str and path[:1] == "<" and path[-1:] == ">":
-                    # the parser reads a SyntaxError's line from its "file" (compile's
-                    # "<string>"...): refused, not reported (it shows no line instead)
-                    raise _gv(f"the run-time guard refused {event} of {path[:200]!r}")
                 what = f" of {path[:200]!r}" if _type(path) is _str else \
                     f" of a {_type(path).__name__}"
             elif event == "object.__getattr__":
@@ -652,6 +656,9 @@ def _audit_hook(allowed: frozenset[str], tops: frozenset[str],
                         _trusted.clear()
                     out.extend(entries)  # a list's own: no snippet code
                     return
+            elif event == "os.mkdir" and _type(args[0]) is _str \
+                    and args[0].endswith("/__pycache__"):  # the import system's, as above
+                raise _gv("the run-time guard refused os.mkdir of a __pycache__")
             elif event == "sys._getframe":
                 raise _fr("the run-time guard refused sys._getframe: a snippet gets no "
                           "frames")
@@ -686,18 +693,9 @@ def _arm_guard(allowed: frozenset[str], tops: frozenset[str], refusals: list[str
                 importlib.import_module(name)
             except Exception:  # a module this Python lacks: never loaded
                 pass
-    # a module first loaded during the run is compiled from its source (allowed: read
-    # only, in the standard library), not read from a .pyc, which is marshal.loads: the
-    # guard refuses that for everyone (bytes -> code objects, unchecked)
-    sys.dont_write_bytecode = True
-    sys.pycache_prefix = _ARM_STATE.get("no_pycache") or _no_pycache()
     if not _ARM_STATE:  # (else done where runs are forked from)
         _without_frames()
     sys.addaudithook(_audit_hook(allowed, tops, refusals))
-
-
-def _no_pycache() -> str:
-    return os.path.join(os.path.dirname(os.__file__), "__corral_no_pycache__")
 
 
 def _without_frames() -> None:
@@ -1070,8 +1068,7 @@ def _harden() -> None:
         _capture_logging(modules["logging"])
     sys.meta_path.insert(0, _GUARD_FINDER)
     _without_frames()
-    _ARM_STATE.update(consts=_guard_constants(), loaded=frozenset(modules),
-                      no_pycache=_no_pycache())
+    _ARM_STATE.update(consts=_guard_constants(), loaded=frozenset(modules))
 
 
 class _RunLog:
