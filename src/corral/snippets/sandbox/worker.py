@@ -716,8 +716,8 @@ def _report_refusals(errors: list[dict[str, Any]], refusals: list[str]) -> None:
     for message in refusals:
         if message not in said:
             errors.append({"type": "GuardViolation", "line": None, "path": None,
-                           "traceback": "", "message": message + " (the snippet caught "
-                           "the GuardViolation and went on)"})
+                           "traceback": "", "message": message + " (the GuardViolation was "
+                           "caught and the run went on)"})
 
 
 def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict[str, Any]:
