@@ -3,7 +3,9 @@
 Preloaded last into a strict snippet slot's fork server (``SnippetPool``), so every run
 forked from it starts with ``dataclasses``, ``copy`` and ``logging`` already guarded
 (see ``worker._harden`` and docs/validator.md, "Run-time guards"). Never import it
-anywhere else: it changes those standard-library modules for the whole process. It also
+anywhere else: it changes those standard-library modules for the whole process. The
+run-time guard's audit hook is not added here (agents fork and open files): each run adds
+its own, in its own process (``worker._arm_guard``, docs/snippets.md). It also
 builds the snippet builtins every run takes (``worker.prepare_builtins``) and warms the
 code of a run (``worker.warm``).
 """

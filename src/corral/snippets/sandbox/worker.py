@@ -20,7 +20,10 @@ template at ``timeout + grace``. The payload is served from memory under
 the package ``__payload__`` (so relative imports work; ``import helpers``
 is an alias of ``__payload__.helpers``); payload code gets builtins without
 the forbidden names and an ``__import__`` that refuses modules outside the
-allowlist and the payload (defense in depth behind the validator).
+allowlist and the payload (defense in depth behind the validator). Before the
+snippet's first line, each run adds an audit hook to its own process (the run-time
+guard, :func:`_audit_hook`): files, directories, processes, sockets, first imports,
+frames and code from bytes are refused whatever code asks, validated or not.
 """
 
 from __future__ import annotations
@@ -142,9 +145,29 @@ def warm(rounds: int = 16) -> None:
                                    "duration_ms": 0.5, "timed_out": False,
                                    "truncated": ["facts"] if facts_cut else []}))
             os.read(r, 1 << 16)  # this round's records (well under a pipe's buffer)
+            _warm_guard()
     finally:
         os.close(r)
         os.close(w)
+
+
+def _warm_guard() -> None:
+    """The run-time guard's hook, built and called on the common events but never added
+    (this process is not a run): its code is specialised here, not in every run."""
+    hook = _audit_hook(frozenset({"math"}), frozenset({"helpers"}), [])
+    for event, args in (("exec", (None,)), ("compile", (b"", "main.py")),
+                        ("import", ("math", None, [], [], [])),
+                        ("import", ("__payload__.helpers", None, [], [], [])),
+                        ("object.__getattr__", (warm, "__code__")),
+                        ("open", (os.__file__, "r", 0)), ("os.system", ("",))):
+        try:
+            hook(event, args)
+        except GuardViolation:
+            pass
+    try:
+        1 / 0  # noqa: B018 (a traceback to walk)
+    except ZeroDivisionError as exc:
+        _tb_entries(exc.__traceback__)
 
 
 class _Timeout(BaseException):
@@ -336,19 +359,67 @@ def _facts(g: dict[str, Any], caps: dict[str, int]) -> tuple[dict[str, Any], boo
     return out, cut
 
 
+def _tb_entries(tb: Any) -> list[tuple[str, int, str]]:
+    """``(file, line, function)`` of each entry of a traceback, read from the frames it
+    holds. Under the run-time guard ``tb_frame`` is refused to everyone: the walk is then
+    done by the guard itself (the ``corral.tb_entries`` event, :func:`_audit_hook`), which
+    hands back these tuples and no frame, to whoever asks."""
+    out: list[tuple[str, int, str]] = []
+    if tb is None:
+        return out
+    sys.audit("corral.tb_entries", tb, out)
+    if not out:  # no guard in this process: read them here
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            out.append((code.co_filename, tb.tb_lineno, code.co_name))
+            tb = tb.tb_next
+    return out
+
+
+def _traceback_text(exc: BaseException, entries: list[tuple[str, int, str]]) -> str:
+    """A traceback's text from its entries (:func:`_tb_entries`), without the worker's
+    frames; source lines from linecache (the payload is cached there; the standard
+    library's files are read, which the run-time guard allows)."""
+    frames = traceback.StackSummary.from_list(
+        [(f, n, name, None) for f, n, name in entries if f != _SELF])
+    # format_exception_only builds the chained exceptions too (their tracebacks read
+    # tb_frame): they are not shown, so they are set aside while it runs
+    chained = exc.__cause__, exc.__context__, exc.__suppress_context__
+    exc.__cause__ = exc.__context__ = None
+    try:
+        only = [f"GuardViolation: {exc}\n"] if isinstance(exc, GuardViolation) else \
+            traceback.format_exception_only(type(exc), exc)  # (named as a builtin is)
+    finally:
+        exc.__cause__, exc.__context__ = chained[0], chained[1]
+        exc.__suppress_context__ = chained[2]
+    return "".join(["Traceback (most recent call last):\n", *traceback.format_list(frames),
+                    *only]) if frames else "".join(only)
+
+
+def _format_exception(self: Any, ei: Any) -> str:
+    """``logging.Formatter.formatException`` without reading frames (``logging.exception``
+    under the run-time guard): the traceback's entries come from :func:`_tb_entries`.
+    Chained exceptions are not shown."""
+    exc = ei[1]
+    if not isinstance(exc, BaseException):
+        return "".join(traceback.format_exception_only(ei[0], exc)).rstrip("\n")
+    return _traceback_text(exc, _tb_entries(ei[2])).rstrip("\n")
+
+
 def _error(exc: BaseException, paths: set[str], caps: dict[str, int]) -> dict[str, Any]:
-    tb, line, where = exc.__traceback__, None, None
-    while tb is not None and tb.tb_frame.f_code.co_filename not in paths:
-        tb = tb.tb_next  # drop the worker's own frames
-    for frame, lineno in traceback.walk_tb(tb):
-        if frame.f_code.co_filename in paths:
-            line, where = lineno, frame.f_code.co_filename
+    entries = _tb_entries(exc.__traceback__)
+    first = next((i for i, e in enumerate(entries) if e[0] in paths), len(entries))
+    entries = entries[first:]  # drop the worker's own frames before the payload's
+    line, where = None, None
+    for filename, lineno, _ in entries:
+        if filename in paths:
+            line, where = lineno, filename
     if isinstance(exc, SyntaxError) and exc.filename in paths:
         line, where = exc.lineno, exc.filename
-    frames = [f for f in traceback.extract_tb(tb) if f.filename != _SELF]  # no worker frames
-    text = "".join(["Traceback (most recent call last):\n", *traceback.format_list(frames),
-                    *traceback.format_exception_only(type(exc), exc)]) if frames else \
-        "".join(traceback.format_exception_only(type(exc), exc))
+    try:
+        text = _traceback_text(exc, entries)
+    except Exception as failed:  # e.g. a refused read in a snippet's __str__: say so
+        text = f"(the traceback could not be formatted: {type(failed).__name__})"
     limit = caps["traceback_chars"]
     text = text if len(text) <= limit else MARK + text[-(limit - len(MARK)):]
     return {"type": type(exc).__name__, "message": _cut(str(exc), caps["message_chars"])[0],
@@ -402,6 +473,253 @@ def _compile_main(source: str, split: Any) -> tuple[types.CodeType, types.CodeTy
     return code, expr
 
 
+# -- the run-time guard: an audit hook (PEP 578) in every run's process --------------------
+# It does not depend on the validator having seen a trick: whatever Python code the run
+# manages to reach, CPython raises an audit event before it opens a file, starts a
+# process, opens a socket, loads a module, hands out a frame or builds code from bytes,
+# and the hook refuses the events snippets never need (docs/snippets.md, "The run-time
+# guard").
+
+
+class GuardViolation(PermissionError):
+    """Raised by the run-time guard for an event a snippet is not allowed: its message
+    names the event. A PermissionError, so code that handles a refused ``open`` (an
+    ``OSError``) goes on; every refusal is reported in the transcript anyway."""
+
+
+class _FrameRefused(GuardViolation, ValueError):
+    """``sys._getframe`` refused: also a ValueError (what ``sys._getframe`` raises when
+    there is no such frame), so the standard library's best-effort callers (namedtuple,
+    enum and typing on 3.11) go on without a caller's module name."""
+
+
+_FrameRefused.__name__ = _FrameRefused.__qualname__ = "GuardViolation"
+
+#: events every run raises and that give nothing: running code the run already holds
+#: (``exec``, ``compile``: the guard checks what code *does*, not where it came from;
+#: building code from bytes is refused below), sleeping, a module's name
+_GUARD_QUIET = frozenset({
+    "exec", "compile", "time.sleep", "sys._getframemodulename", "builtins.id",
+    "array.__new__", "sys.excepthook", "sys.unraisablehook", "os.urandom",
+    "marshal.dumps",  # code -> bytes (the import system, before it writes a .pyc: refused)
+})
+#: the events with a rule (everything else is refused)
+_GUARD_CHECKED = frozenset({
+    "import", "open", "os.listdir", "os.scandir", "object.__getattr__",
+    "object.__setattr__", "object.__delattr__", "resource.setrlimit", "sys._getframe",
+    "corral.tb_entries", "os.mkdir",
+})
+#: audited attribute reads that hand out code objects and defaults, not frames: reading is
+#: allowed (``inspect.signature`` reads ``__code__``; dataclasses calls it); what code
+#: could be turned into (``code.__new__``, ``replace``, ``function.__new__``,
+#: ``marshal.loads``, writing ``__code__``) is refused. ``tb_frame``, ``gi_frame``,
+#: ``cr_frame``, ``ag_frame`` (frames) are refused.
+_CODE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__", "f_code", "gi_code",
+                         "cr_code", "ag_code"})
+#: function attributes whose writes would swap what a function runs
+_GUARD_FUNC_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+#: the allowlist's entries that mean "this run talks to the network" (through the
+#: sandbox's egress proxy at strict): socket events are allowed for such a run only
+_NETWORK_MODULES = frozenset({"socket", "http.client", "urllib.request", "http.*",
+                              "urllib.*"})
+_NETWORK_EVENTS = ("socket.", "http.client.", "urllib.Request")
+#: standard-library modules that allowed functions import lazily, on first use
+#: (``datetime.strptime``, ``str.encode("idna")``, zoneinfo's data): loading them gives
+#: nothing an allowed module does not
+_LAZY_STDLIB = frozenset({
+    "_strptime", "locale", "calendar", "encodings", "stringprep", "_pydecimal",
+    "_pydatetime", "_pylong", "_uuid", "importlib.resources", "tzdata",
+})
+#: where a run may read files: data the allowed modules read (zoneinfo's default TZPATH)
+_TZ_ROOTS = ("/usr/share/zoneinfo", "/usr/lib/zoneinfo", "/usr/share/lib/zoneinfo",
+             "/etc/zoneinfo")
+#: at most this many refusals are reported (each a GuardViolation error)
+_MAX_REFUSALS = 8
+
+
+def _read_roots() -> tuple[str, ...]:
+    """The directories a run may read from: the standard library (its source, for lazy
+    imports and traceback lines) and the time-zone data, each as ``dir/``."""
+    roots = [os.path.dirname(os.__file__), *_TZ_ROOTS]
+    zoneinfo = sys.modules.get("zoneinfo")
+    tzpath = getattr(zoneinfo, "TZPATH", ()) if zoneinfo is not None else ()
+    roots += [p for p in tzpath if isinstance(p, str)]
+    return tuple(sorted({r.rstrip("/") + "/" for r in roots if r.startswith("/")}))
+
+
+def _import_ok(name: Any, allowed: frozenset[str], tops: frozenset[str],
+               lazy: frozenset[str], pkg: str, typ: type, string: type) -> bool:
+    """Whether a module may be loaded during the run: the allowlist (``pkg.*``; a
+    submodule of an allowed module), the payload, the lazy standard-library helpers.
+    Reads nothing but its arguments (no global, no builtin: rebinding one changes
+    nothing here)."""
+    if typ(name) is not string:
+        return False
+    top = name.partition(".")[0]
+    if top == pkg or top in tops or name in allowed or top in lazy or name in lazy \
+            or top == "encodings" or name + ".*" in allowed:
+        return True
+    prefix = name
+    while "." in prefix:
+        prefix = prefix.rpartition(".")[0]
+        if prefix in allowed or prefix + ".*" in allowed:
+            return True
+    return False
+
+
+def _guard_constants() -> tuple[Any, ...]:
+    """The hook's fixed rules, built once where runs are forked from (:data:`_ARM_STATE`):
+    a run's hook holds this one tuple, so making it touches one object, not thirty."""
+    return (_GUARD_QUIET, _GUARD_CHECKED, _import_ok, _read_roots(), _GUARD_FUNC_ATTRS,
+            _NETWORK_EVENTS, os.O_RDONLY, os.O_ACCMODE, os.O_CREAT | os.O_TRUNC | os.O_APPEND,
+            type, str, int, tuple, len, list, types.TracebackType, _CODE_ATTRS,
+            GuardViolation, _FrameRefused, _MAX_REFUSALS, _LAZY_STDLIB, PKG)
+
+
+def _audit_hook(allowed: frozenset[str], tops: frozenset[str],
+                refusals: list[str]) -> Callable[[str, tuple[Any, ...]], None]:
+    """The run's audit hook. Its rules live in its default values, immutable (tuples,
+    frozensets, builtins taken when it is made), and the function itself is held by no
+    global: once added with ``sys.addaudithook`` nothing in Python can reach it, change
+    its rules or remove it (writing ``__code__``/``__defaults__`` of any function is
+    refused as well). The two mutable values: the objects of the traceback walk it is
+    doing (only while it walks, see :func:`_tb_entries`) and ``refusals`` (what is
+    reported)."""
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    run: tuple[Any, ...] = (allowed, tops, set(), refusals, bool(allowed & _NETWORK_MODULES),
+           (resource.RLIMIT_AS, (hard, hard)))
+    consts = _ARM_STATE.get("consts") or _guard_constants()
+
+    def hook(event: str, args: tuple[Any, ...], _c: tuple[Any, ...] = consts,
+             _run: tuple[Any, ...] = run) -> None:
+        if event in _c[0]:  # quiet: the common events, one set lookup
+            return
+        (_, _checked, _ok_import, _roots, _func_attrs, _net_events, _rdonly, _accmode,
+         _wflags, _type, _str, _int, _tuple, _len, _list, _tbtype, _code_attrs, _gv, _fr,
+         _max, _lazy, _pkg) = _c
+        _allowed, _tops, _trusted, _refusals, _network, _as = _run
+        what = ""
+        if event in _checked:
+            if event == "import":
+                if _ok_import(args[0], _allowed, _tops, _lazy, _pkg, _type, _str):
+                    return
+                what = f" of module {args[0]!r}" if _type(args[0]) is _str else ""
+            elif event == "open" or event == "os.listdir" or event == "os.scandir":
+                path: Any = args[0] if args else None
+                if _type(path) is _str and ((path[:1] == "<" and path[-1:] == ">")
+                                            or path.endswith(".pyc") or ".pyc." in path):
+                    # refused, not reported: the parser reads a SyntaxError's line from
+                    # its "file" (compile's "<string>"...) and shows none instead; the
+                    # import system reads and writes .pyc files (unmarshalled: bytes ->
+                    # code, refused) and compiles the module's source instead
+                    raise _gv(f"the run-time guard refused {event} of {path[:200]!r}")
+                # a directory and what is under it: "<root>/", "<root>/a/b/" (as given:
+                # ".", ".." and "//" refused, not resolved)
+                tail = path + "/" if _type(path) is _str else ""
+                if tail.startswith(_roots) and "/../" not in tail and "/./" not in tail \
+                        and "//" not in tail:
+                    if event != "open":
+                        return
+                    mode, flags = args[1], args[2]
+                    if (_type(mode) is _str and "w" not in mode and "a" not in mode
+                            and "x" not in mode and "+" not in mode) or (
+                            mode is None and _type(flags) is _int
+                            and flags & _accmode == _rdonly and not flags & _wflags):
+                        return
+                what = f" of {path[:200]!r}" if _type(path) is _str else \
+                    f" of a {_type(path).__name__}"
+            elif event == "object.__getattr__":
+                if args[1] in _code_attrs or args[0] in _trusted:
+                    return
+                what = f": reading {args[1]!r} of a {_type(args[0]).__name__}"
+            elif event == "object.__setattr__" or event == "object.__delattr__":
+                if args[1] not in _func_attrs:
+                    return
+                what = f": writing {args[1]!r} of a {_type(args[0]).__name__}"
+            elif event == "resource.setrlimit":
+                if _type(args) is _tuple and args == _as:  # the MemoryError reserve
+                    return
+            elif event == "corral.tb_entries":  # the worker's traceback walk
+                tb, out = args
+                tbs = []
+                while _type(tb) is _tbtype:
+                    tbs.append(tb)
+                    tb = tb.tb_next
+                if tb is None and _type(out) is _list:
+                    entries = []
+                    _trusted.update(tbs)  # tb_frame of these, for this walk only
+                    try:
+                        for t in tbs:
+                            code = t.tb_frame.f_code
+                            entries.append((code.co_filename, t.tb_lineno, code.co_name))
+                    finally:
+                        _trusted.clear()
+                    out.extend(entries)  # a list's own: no snippet code
+                    return
+            elif event == "os.mkdir" and _type(args[0]) is _str \
+                    and args[0].endswith("/__pycache__"):  # the import system's, as above
+                raise _gv("the run-time guard refused os.mkdir of a __pycache__")
+            elif event == "sys._getframe":
+                raise _fr("the run-time guard refused sys._getframe: a snippet gets no "
+                          "frames")
+        elif _network and event.startswith(_net_events):
+            return
+        message = f"the run-time guard refused {event}{what}"
+        if _len(_refusals) < _max:
+            _refusals.append(message)
+        raise _gv(message)
+
+    return hook
+
+
+#: computed where runs are forked from (:func:`_harden`), so a run does not: the read roots,
+#: and the modules loaded there
+_ARM_STATE: dict[str, Any] = {}
+
+
+def _arm_guard(allowed: frozenset[str], tops: frozenset[str], refusals: list[str],
+               sources: Any = ()) -> None:
+    """Load the allowlist's modules that the payload names and that are not loaded yet
+    (usually none: they are preloaded where runs are forked from), so that what they
+    import is loaded before the guard; then add the run's audit hook. From here on, for
+    the rest of this process's life, every audit event goes through it; an audit hook
+    cannot be removed from Python. (An allowed module imported by a name built at run
+    time, and not preloaded, may have its own imports refused: the guard fails closed.)"""
+    loaded: frozenset[str] = _ARM_STATE.get("loaded") or frozenset()
+    for name in allowed - loaded:  # (a set difference: no per-name work for the preloads)
+        if name not in sys.modules and not name.endswith("*") \
+                and any(name.partition(".")[0] in source for source in sources):
+            try:
+                importlib.import_module(name)
+            except Exception:  # a module this Python lacks: never loaded
+                pass
+    if not _ARM_STATE:  # (else done where runs are forked from)
+        _without_frames()
+    sys.addaudithook(_audit_hook(allowed, tops, refusals))
+
+
+def _without_frames() -> None:
+    """What the standard library would ask a frame for, answered without one (the guard
+    refuses frames): 3.11's namedtuple names ``__main__`` as its class's module (logging:
+    :func:`_guard_logging`). Where runs are forked from (or in a run, if not there)."""
+    collections = sys.modules.get("collections")
+    kwdefaults = getattr(getattr(collections, "namedtuple", None), "__kwdefaults__", None)
+    if sys.version_info < (3, 12) and isinstance(kwdefaults, dict) \
+            and kwdefaults.get("module", "") is None:
+        kwdefaults["module"] = "__main__"
+
+
+def _report_refusals(errors: list[dict[str, Any]], refusals: list[str]) -> None:
+    """Every refusal is in the transcript, also when the snippet caught the exception
+    and went on: one GuardViolation error each, unless an error already says so."""
+    said = {e["message"] for e in errors}
+    for message in refusals:
+        if message not in said:
+            errors.append({"type": "GuardViolation", "line": None, "path": None,
+                           "traceback": "", "message": message + " (the GuardViolation was "
+                           "caught and the run went on)"})
+
+
 def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict[str, Any]:
     """Run the payload in this (fresh, forked) process; return the end record.
 
@@ -432,12 +750,16 @@ def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict
     result: str | None = None
     timed_out = cut = False
     armed = [False]
+    refusals: list[str] = []  # what the run-time guard refused
 
     def on_alarm(signum: int, frame: Any) -> None:
         if armed[0]:
             raise _Timeout
 
     _signal.signal(_SIGALRM, on_alarm)  # _signal's: no enum conversions
+    if options.get("allowed") is not None:  # None: no guards (unvalidated test runs)
+        _arm_guard(frozenset(options["allowed"]), frozenset(payload.tops), refusals,
+                   files.values())
     t0 = time.perf_counter()
     try:
         code, expr = _compile_main(files["main.py"], options.get("split"))
@@ -469,6 +791,7 @@ def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         facts, facts_cut = _facts(g, caps)
+    _report_refusals(errors, refusals)
     errors_cut = any(e["message"].endswith(MARK) or e["traceback"].startswith(MARK)
                      for e in errors)
     truncated = [n for n, c in (("result", cut), ("facts", facts_cut), ("logs", out.dropped),
@@ -494,6 +817,31 @@ _CODEGEN_BANNED = (ast.Lambda, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, a
                    ast.NamedExpr, ast.comprehension)
 
 
+def _fn_shape_ok(fn: ast.AST, known: set[str] | frozenset[str]) -> bool:
+    """Whether one generated method reads only its parameters, the generator's locals and
+    a few builtins, defines nothing and touches only the dunders generated code uses."""
+    if not isinstance(fn, ast.FunctionDef):
+        return False
+    params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+    names = params | set(known) | _CODEGEN_NAMES
+    for node in ast.walk(fn):
+        if node is fn:
+            continue
+        if isinstance(node, (ast.FunctionDef, *_CODEGEN_BANNED)):
+            return False
+        if isinstance(node, ast.Name) and node.id not in names:
+            return False
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("__")
+                and node.attr.endswith("__") and node.attr not in _CODEGEN_DUNDERS):
+            return False
+    return True
+
+
+def _refuse_generated(name: str, text: str) -> TypeError:
+    return TypeError("dataclass field names must be identifiers; refused to generate "
+                     f"{name} from {text[:200]!r}")
+
+
 def _check_generated(text: str, name: str, local_names: list[str]) -> None:
     """Refuse source generated by dataclasses unless it has the shape the generators give it:
     a field name that is not an identifier (``"a,print(os)"``) would otherwise run as code."""
@@ -507,21 +855,47 @@ def _check_generated(text: str, name: str, local_names: list[str]) -> None:
                        or outer.args.vararg or outer.args.kwarg or outer.decorator_list)
               and isinstance(fn, ast.FunctionDef) and fn.name == name and not fn.decorator_list
               and isinstance(ret, ast.Return) and isinstance(ret.value, ast.Name)
-              and ret.value.id == name)
-        params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
-        known = params | set(local_names) | _CODEGEN_NAMES
-        for node in ast.walk(fn):
-            banned = node is not fn and isinstance(node, (ast.FunctionDef, *_CODEGEN_BANNED))
-            unknown_name = isinstance(node, ast.Name) and node.id not in known
-            dunder = (isinstance(node, ast.Attribute) and node.attr.startswith("__")
-                      and node.attr.endswith("__") and node.attr not in _CODEGEN_DUNDERS)
-            if banned or unknown_name or dunder:
-                ok = False
+              and ret.value.id == name and _fn_shape_ok(fn, set(local_names)))
     except (SyntaxError, ValueError, TypeError, AttributeError):
         ok = False
     if not ok:
-        raise TypeError("dataclass field names must be identifiers; refused to generate "
-                        f"{name} from {text[:200]!r}")
+        raise _refuse_generated(name, text)
+
+
+def _checked_add_fns_to_class(self: Any, cls: Any) -> Any:
+    """``dataclasses._FuncBuilder.add_fns_to_class`` (3.13+), with the text it is about to
+    exec checked first: built here as the builder builds it (its names, sources and
+    locals), every method checked as :func:`_check_generated` checks one."""
+    names, local_names = list(self.names), list(self.locals)
+    text = (f"def __create_fn__({','.join(local_names)}):\n" + "\n".join(self.src)
+            + f"\n return {'(' + ','.join(names) + ',)' if names else '()'}")
+    try:
+        tree = ast.parse(text)
+        (outer,) = tree.body
+        *fns, ret = outer.body  # type: ignore[attr-defined]
+        ok = (isinstance(outer, ast.FunctionDef) and outer.name == "__create_fn__"
+              and [a.arg for a in outer.args.args] == local_names
+              and not (outer.args.defaults or outer.args.kwonlyargs or outer.args.posonlyargs
+                       or outer.args.vararg or outer.args.kwarg or outer.decorator_list)
+              and [getattr(f, "name", None) for f in fns] == names
+              and isinstance(ret, ast.Return) and isinstance(ret.value, ast.Tuple)
+              and [getattr(e, "id", None) for e in ret.value.elts] == names)
+        for fn in fns:
+            decorators = getattr(fn, "decorator_list", [])
+            ok = ok and _fn_shape_ok(fn, set(local_names)) and all(
+                isinstance(d, ast.Call) and isinstance(d.func, ast.Name)
+                and d.func.id in local_names and d.func.id.startswith("__dataclass")
+                and not d.args and not d.keywords for d in decorators)
+    except (SyntaxError, ValueError, TypeError, AttributeError):
+        ok = False
+    if not ok:
+        raise _refuse_generated(",".join(names), text)
+    return sys.modules["dataclasses"]._FuncBuilder._unguarded_add_fns_to_class(self, cls)
+
+
+def _refuse_dataclasses(*args: Any, **kwargs: Any) -> NoReturn:
+    raise TypeError("dataclasses is not available in a snippet on this Python: its code "
+                    "generation could not be guarded (the guard fails closed)")
 
 
 def _checked_create_fn(name: str, args: list[str], body: list[str], *,
@@ -543,10 +917,20 @@ def _checked_create_fn(name: str, args: list[str], body: list[str], *,
 
 
 def _guard_dataclasses(dc: Any) -> None:
-    """dataclasses writes field names into source it execs: check every generated text."""
-    if callable(getattr(dc, "_create_fn", None)):  # 3.13+ builds methods differently
+    """dataclasses writes field names into source it execs: check every generated text.
+    3.11/3.12 build each method with ``_create_fn``, 3.13 all of a class's at once with
+    ``_FuncBuilder.add_fns_to_class``; a dataclasses with neither is refused whole (the
+    guard fails closed: a new code generator is not run unchecked)."""
+    builder = getattr(dc, "_FuncBuilder", None)
+    if callable(getattr(dc, "_create_fn", None)):  # 3.11, 3.12
         dc._unguarded_create_fn = dc._create_fn  # kept: freeing it would touch many pages
         dc._create_fn = _checked_create_fn
+    elif isinstance(builder, type) and callable(getattr(builder, "add_fns_to_class", None)):
+        builder._unguarded_add_fns_to_class = builder.add_fns_to_class  # type: ignore[attr-defined]
+        builder.add_fns_to_class = _checked_add_fns_to_class  # type: ignore[attr-defined]
+    else:
+        dc._process_class = _refuse_dataclasses
+        dc.dataclass = dc.make_dataclass = _refuse_dataclasses
 
 
 _PLAIN = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
@@ -587,12 +971,44 @@ def _guard_copy(cp: Any) -> None:
 
 def _guard_logging(logging: Any) -> None:
     """{-style formats walk attributes by a template built at run time."""
+    logging._srcfile = None  # no caller lookup: it walks frames (refused by the guard)
+    formatter = getattr(logging, "Formatter", None)
+    if isinstance(formatter, type):  # the stock one reads tb_frame (traceback module)
+        formatter.formatException = _format_exception  # type: ignore[attr-defined]
     styles = getattr(logging, "_STYLES", None)
     if isinstance(styles, dict) and "{" in styles:
         logging._unguarded_brace_style = styles.pop("{")  # kept, not freed
 
 
-_GUARDS = {"dataclasses": _guard_dataclasses, "copy": _guard_copy, "logging": _guard_logging}
+class _NoFrame:
+    """What 3.11's enum gets for its caller's frame (:func:`_guard_enum`)."""
+
+    f_globals = types.MappingProxyType({"__name__": "__main__"})
+
+
+class _SysWithoutFrames:
+    """``sys`` as 3.11's enum sees it: ``_getframe`` answers a frame-like object that names
+    ``__main__``, without asking for a frame (the run-time guard refuses that)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def _getframe(self, depth: int = 0) -> Any:
+        return _NoFrame
+
+
+def _guard_enum(enum: Any) -> None:
+    """3.11's functional API (``Enum("E", "a b")``) names the class's module from its
+    caller's frame; the guard refuses frames, so it would name it ``enum``."""
+    if sys.version_info < (3, 12) and getattr(enum, "sys", None) is sys:
+        enum.sys = _SysWithoutFrames(sys)
+
+
+_GUARDS = {"dataclasses": _guard_dataclasses, "copy": _guard_copy, "logging": _guard_logging,
+           "enum": _guard_enum}
 
 
 class _GuardingLoader:  # a loader (duck-typed, see _Payload)
@@ -645,10 +1061,14 @@ def _harden() -> None:
         _guard_dataclasses(modules["dataclasses"])
     if "copy" in modules:
         _guard_copy(modules["copy"])
+    if "enum" in modules:
+        _guard_enum(modules["enum"])
     if "logging" in modules:
         _guard_logging(modules["logging"])
         _capture_logging(modules["logging"])
     sys.meta_path.insert(0, _GUARD_FINDER)
+    _without_frames()
+    _ARM_STATE.update(consts=_guard_constants(), loaded=frozenset(modules))
 
 
 class _RunLog:
