@@ -42,7 +42,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from corral.core.errors import ConfigInvalidError, CorralError
+from corral.core.errors import ConfigInvalidError, CorralError, ProviderError
 from corral.core.result import Outcome
 from corral.core.spec import Level
 from corral.providers.remote import wire
@@ -166,7 +166,6 @@ class _NDJSONResponse(Response):
             except OSError:
                 raise
             except Exception as e:  # a bug: logged by the caller's log, answered in the stream
-                from corral.core.errors import ProviderError
                 await send({"type": "http.response.body", "more_body": True, "body": _line(
                     _error_event(ProviderError(f"internal error: {type(e).__name__}")))})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -361,7 +360,6 @@ class _Api:
             except Exception as e:  # a bug: logged, answered as provider-error
                 self.s.log.event("internal-error", sev="error", path=path,
                                  error=f"{type(e).__name__}: {e}")
-                from corral.core.errors import ProviderError
                 resp = _error(ProviderError(f"internal error: {type(e).__name__}"))
             status = resp.status_code
             if isinstance(resp, _NDJSONResponse):  # logged when the stream ends
@@ -454,14 +452,14 @@ class _Api:
         timeout = body.timeout_ms or DEFAULT_TIMEOUT_MS
         level, files = _level(body.level), body.files_arg()
         if not _stream_wanted(request, body.stream):
-            return _json(await self.s.snippet(tenant, source=body.source, files=files,
+            return _json(await self.s.snippet(tenant, source=body.source_arg(), files=files,
                                               timeout_ms=timeout, level=level))
         # live: each log line as the snippet writes it, then the transcript. The run
         # starts now; a refusal that comes before any line (a bad argument, a full cap)
         # is still answered with its status, not as a 200 stream
         lines: asyncio.Queue[Any] = asyncio.Queue()
         task = asyncio.ensure_future(self.s.snippet(
-            tenant, source=body.source, files=files, timeout_ms=timeout,
+            tenant, source=body.source_arg(), files=files, timeout_ms=timeout,
             level=level, on_log=lines.put_nowait))
         task.add_done_callback(lambda _: lines.put_nowait(None))
         first = asyncio.ensure_future(lines.get())
@@ -529,6 +527,10 @@ class _Api:
                         ) -> Response:
         if body.spec is not None:
             raise ConfigInvalidError("spec", "an invoke in a live sandbox takes no spec")
+        sb = self.s.entry(tenant, request.path_params["sid"]).sandbox
+        if sb.spec.image is None and body.handler.entrypoint_path is None:
+            raise ConfigInvalidError("handler.entrypoint_path", "this sandbox was made "
+                                     "without an image: name the handler's entrypoint file")
         return _json(await self._invoke(tenant, request.path_params["sid"], None, body))
 
     async def _invoke(self, tenant: TenantState, sid: str | None, spec: Any,
@@ -545,7 +547,7 @@ class _Api:
 
     @operation("create a sandbox from a spec (no body, or {}: a strict sandbox with the "
                "defaults)", body=m.CreateSandboxRequest, body_optional=True, ok=m.Sandbox,
-               status=201, errors=(422, 499, 501))
+               status=201, errors=(422, 499, 501), creates="sid")
     async def create_sandbox(self, request: Request, tenant: TenantState,
                              body: m.CreateSandboxRequest) -> Response:
         spec = (body.spec or _DEFAULT_SPEC).to_core(tenant.name)
@@ -600,7 +602,7 @@ class _Api:
         return Response(data, media_type="application/octet-stream")
 
     @operation("start a process: its id", body=m.ProcessRequest, ok=m.Started, status=201,
-               errors=(422,))
+               errors=(422,), creates="pid")
     async def start_process(self, request: Request, tenant: TenantState,
                             body: m.ProcessRequest) -> Response:
         opts = (body.opts or _DEFAULT_POPTS).to_core()
@@ -641,7 +643,12 @@ class _Api:
     @operation("write the raw body to the process's stdin", body=RAW, status=204)
     async def process_stdin(self, request: Request, tenant: TenantState, body: bytes
                             ) -> Response:
-        await self._proc(request, tenant).handle.stdin.write(body)
+        stdin = self._proc(request, tenant).handle.stdin
+        try:
+            await stdin.write(body)
+        except ProviderError as e:  # the contract's "closed": by the client, or never opened
+            raise ConfigInvalidError("stdin", "this process's stdin is closed (or was not "
+                                     f"asked for: opts.stdin): {_for_http(str(e))}") from None
         return Response(status_code=204)
 
     @operation("close the process's stdin", status=204)

@@ -42,15 +42,25 @@ __all__ = [
     "SnippetRequest", "Spec", "Started", "Transcript", "decode", "files_to_core", "operation",
 ]
 
-#: the largest integer taken anywhere (a JSON number that is still exact as a double)
-MAX_INT: Final = 2**53 - 1
-PosInt: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=MAX_INT)]
-NonNegInt: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
+#: the bounds of what a request may ask for at all (the operator's caps are narrower):
+#: what the kernel takes (pids.max is at most 4194304) and what a timer takes (2**31 - 1
+#: ms, about 24.8 days), so a huge figure is a 400 naming its field, never a failure deep
+#: in a provider
+MAX_MS: Final = 2**31 - 1
+MAX_PROCESSES: Final = 4194304
+MAX_MIB: Final = 2**40
+MAX_BYTES: Final = 2**50
+Ms: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=MAX_MS)]
+MiB: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=MAX_MIB)]
+Bytes: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=MAX_BYTES)]
+Count: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=MAX_PROCESSES)]
 Argv: TypeAlias = Annotated[list[str], msgspec.Meta(
     min_length=1, description="the command and its arguments (argv[0] a path or a name)")]
 LevelName: TypeAlias = Literal["strict", "context-isolated", "none"]
-ModeName: TypeAlias = Literal["in-context", "json-stdio", "handler-image"]
+#: ``in-context`` (the handler in the server's own process) is never taken over HTTP
+ModeName: TypeAlias = Literal["json-stdio", "handler-image"]
 Env: TypeAlias = dict[str, str]
+Name: TypeAlias = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 class _In(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -66,10 +76,10 @@ class _Out(msgspec.Struct, omit_defaults=True):
 class Limits(_In):
     """Resource limits of a sandbox; a limit left out is the provider's default."""
 
-    mem_mb: PosInt | None = None
-    cpu_ms: PosInt | None = None
-    disk_mb: PosInt | None = None
-    max_processes: PosInt | None = None
+    mem_mb: MiB | None = None
+    cpu_ms: Ms | None = None
+    disk_mb: MiB | None = None
+    max_processes: Count | None = None
 
     def to_core(self) -> cs.SandboxLimits:
         return cs.SandboxLimits(mem_mb=self.mem_mb, cpu_ms=self.cpu_ms, disk_mb=self.disk_mb,
@@ -88,7 +98,7 @@ class Network(_In):
 
 
 class Resume(_In):
-    token_id: str
+    token_id: Name
     value: Any = None
 
 
@@ -145,12 +155,12 @@ class ExecOpts(_In):
     work dir), ``env`` (the whole environment), ``stdin_b64`` (bytes written to stdin,
     then closed), output caps in bytes."""
 
-    timeout_ms: PosInt | None = None
+    timeout_ms: Ms | None = None
     cwd: str | None = None
     env: Env | None = None
     stdin_b64: bytes | None = None
-    max_stdout_bytes: PosInt | None = None
-    max_stderr_bytes: PosInt | None = None
+    max_stdout_bytes: Bytes | None = None
+    max_stderr_bytes: Bytes | None = None
 
     def to_core(self) -> cs.ExecOpts:
         return cs.ExecOpts(timeout_ms=self.timeout_ms, cwd=self.cwd, env=self.env,
@@ -163,7 +173,7 @@ class ProcessOpts(_In):
 
     stdin: bool = True
     cwd: str | None = None
-    timeout_ms: PosInt | None = None
+    timeout_ms: Ms | None = None
     env: Env | None = None
 
     def to_core(self) -> cs.ProcessOpts:
@@ -189,8 +199,8 @@ def files_to_core(files: Files | None) -> dict[str, bytes]:
 class Handler(_In):
     """Which handler to invoke: an artifact and version, and where in it."""
 
-    artifact_id: str
-    version: str
+    artifact_id: Name
+    version: Name
     module_path: str | None = None
     attribute: str = "handler"
     entrypoint_path: str | None = None
@@ -205,7 +215,7 @@ class Handle(_In):
     """An opaque snapshot handle, as ``POST .../snapshot`` gave it."""
 
     doc: dict[str, Any]
-    adapter_id: str = msgspec.field(name="adapterId")
+    adapter_id: Name = msgspec.field(name="adapterId")
     v: Literal[1] = 1
 
     def to_core(self) -> cs.SnapshotHandle:
@@ -227,9 +237,9 @@ class SnippetRequest(_In):
     """A Python snippet: ``source`` (run as main.py) or ``files`` (exactly one of the
     two), validated, then run in the service's pool."""
 
-    source: str | None = None
-    files: list[SnippetFile] | dict[str, str] | None = None
-    timeout_ms: PosInt | None = None
+    source: str | msgspec.UnsetType = msgspec.UNSET
+    files: list[SnippetFile] | dict[str, str] | msgspec.UnsetType = msgspec.UNSET
+    timeout_ms: Ms | None = None
     level: Literal["strict", "context-isolated"] | None = None
     stream: Stream = False
 
@@ -237,13 +247,16 @@ class SnippetRequest(_In):
     __extra_schema__ = {"oneOf": [{"required": ["source"]}, {"required": ["files"]}]}
 
     def check(self) -> None:
-        if (self.source is None) == (self.files is None):
+        if (self.source is msgspec.UNSET) == (self.files is msgspec.UNSET):
             raise ConfigInvalidError("source", "give exactly one of source or files")
+
+    def source_arg(self) -> str | None:
+        return None if isinstance(self.source, msgspec.UnsetType) else self.source
 
     def files_arg(self) -> Any:
         if isinstance(self.files, list):
             return [{"path": f.path, "source": f.source} for f in self.files]
-        return self.files
+        return None if isinstance(self.files, msgspec.UnsetType) else self.files
 
 
 class RunRequest(_In):
@@ -283,7 +296,7 @@ class InvokeRequest(_In):
     mode: ModeName | None = None
     resumed: dict[str, Any] | None = None
     files: Files | None = None
-    timeout_ms: PosInt | None = None
+    timeout_ms: Ms | None = None
 
 
 class CreateSandboxRequest(_In):
@@ -551,6 +564,9 @@ class Operation:
     errors: Sequence[int] = ()       #: statuses beyond those every operation of its kind has
     tag: str = "sandboxes"
     query: Sequence[tuple[str, str]] = ()  #: required query parameters (name, description)
+    #: the path parameter its answer's ``id`` fills (``sid``: a create; ``pid``: a start),
+    #: for the document's links from this operation to those that take it
+    creates: str | None = None
 
 
 _NO_BODY: Final = msgspec.json.Decoder(_NoBody)
@@ -559,12 +575,13 @@ _NO_BODY: Final = msgspec.json.Decoder(_NoBody)
 def operation(summary: str, *, body: type | str | None = None, body_optional: bool = False,
               ok: Any = None, status: int = 200, stream: bool = False,
               errors: Sequence[int] = (), tag: str = "sandboxes",
-              query: Sequence[tuple[str, str]] = ()) -> Callable[[Any], Any]:
+              query: Sequence[tuple[str, str]] = (), creates: str | None = None
+              ) -> Callable[[Any], Any]:
     """Declare a handler's body and answers. A tenant handler ``(self, request, tenant,
     body)`` with ``body=SomeStruct`` then gets the decoded Struct as ``body``; without
     one, a body other than nothing or ``{}`` is refused; ``RAW`` passes the bytes."""
     op = Operation(summary, body, body_optional, ok, status, stream, tuple(errors), tag,
-                   tuple(query))
+                   tuple(query), creates)
 
     def deco(fn: Any) -> Any:
         if len(inspect.signature(fn).parameters) != 4 or body == RAW:

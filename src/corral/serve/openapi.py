@@ -115,13 +115,32 @@ def _operation(method: str, path: str, name: str, needs: bool,
     if params:
         doc["parameters"] = params
     if op.body == m.RAW:
-        doc["requestBody"] = {"required": True, "content": _content("application/octet-stream")}
+        doc["requestBody"] = {"required": False,  # an empty file, no bytes: both fine
+                              "content": _content("application/octet-stream")}
     elif isinstance(op.body, type):
         doc["requestBody"] = {"required": not op.body_optional,
                               "content": _content(op.body)}
     if not needs:
         doc["security"] = []
     return doc
+
+
+def _links(ops: list[tuple[str, str, str, bool, m.Operation]], paths: dict[str, Any]) -> None:
+    """OpenAPI links from an operation whose answer's ``id`` names a new object (a
+    sandbox, a process) to every operation that takes it in its path."""
+    for method, path, _name, _needs, op in ops:
+        if op.creates is None:
+            continue
+        mine = set(_PARAM.findall(path))
+        links: dict[str, Any] = {}
+        for _m, other, oname, _n, _op in ops:
+            wants = _PARAM.findall(other)
+            if op.creates not in wants or not set(wants) <= mine | {op.creates}:
+                continue
+            links[oname] = {"operationId": oname, "parameters": {
+                p: "$response.body#/id" if p == op.creates else f"$request.path.{p}"
+                for p in wants}}
+        paths[path][method.lower()]["responses"][str(op.status)]["links"] = links
 
 
 def _shapes(ops: list[tuple[str, str, str, bool, m.Operation]]) -> list[Any]:
@@ -150,6 +169,7 @@ def document() -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for method, path, name, needs, op in ops:
         paths.setdefault(path, {})[method.lower()] = _operation(method, path, name, needs, op)
+    _links(ops, paths)
     return {
         "openapi": "3.1.0",
         "info": {"title": "corral serve", "version": __version__,
