@@ -114,6 +114,15 @@ def test_decode_errors_name_the_json_field_in_jsons_words(alice: httpx.Client) -
         assert "<class" not in text and "int`" not in text and "str`" not in text
 
 
+def test_a_deeply_nested_body_is_a_400_not_a_crash(alice: httpx.Client) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    for path, body in (("/v1/invoke", b'{"handler": {"artifact_id": "a", "version": "1"}, '
+                        b'"input": ' + deep + b"}"), ("/v1/runs", b'{"argv": ' + deep + b"}")):
+        r = alice.post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400, (path, r.status_code, r.text[:300])
+        assert r.json()["error"]["code"] == "config-invalid"
+
+
 def test_a_sandbox_create_without_a_body_is_a_default_spec_in_both(
         server: Server, alice: httpx.Client, doc: dict[str, Any]) -> None:
     """Decided: no body is ``{}`` (a strict sandbox with the defaults): the document

@@ -539,6 +539,8 @@ def decode(decoder: msgspec.json.Decoder[Any], body: bytes, *, optional: bool = 
         raise ConfigInvalidError(field, text) from None
     except msgspec.DecodeError as e:
         raise ConfigInvalidError("body", f"not JSON: {e}") from None
+    except RecursionError:  # arrays in arrays... in a field that takes any JSON value
+        raise ConfigInvalidError("body", "nested too deeply") from None
     check = getattr(value, "check", None)
     if check is not None:
         check()
