@@ -101,20 +101,24 @@ def test_sandbox_life_cycle(alice: httpx.Client) -> None:
     assert alice.get(f"/v1/sandboxes/{sid}").status_code == 404
 
 
-def test_exec_errors_carry_their_status_and_the_run(alice: httpx.Client) -> None:
+def test_exec_answers_how_the_command_ended_and_refusals_by_status(alice: httpx.Client
+                                                                   ) -> None:
+    """One rule: 200 with the result's outcome for a run that ran (exit, timeout, a limit),
+    an error status only for a request that was not served."""
     sid = _create(alice)
     r = alice.post(f"/v1/sandboxes/{sid}/exec", json={
         "argv": [PY, "-c", "import time; print('partial', flush=True); time.sleep(30)"],
         "opts": {"timeout_ms": 300}})
-    assert r.status_code == 504
-    err = r.json()["error"]
-    assert err["code"] == "timeout" and err["timeout_ms"] == 300
-    assert err["result"]["stdout"] == "partial\n"
+    assert r.status_code == 200, r.text
+    res = r.json()["result"]
+    assert res["outcome"] == "timeout" and res["limit_value"] == 300
+    assert res["stdout"] == "partial\n"
     r = alice.post(f"/v1/sandboxes/{sid}/exec", json={"argv": []})
     assert r.status_code == 400 and r.json()["error"]["code"] == "config-invalid"
+    assert r.json()["error"]["field"] == "argv"
     r = alice.post(f"/v1/sandboxes/{sid}/exec", json={
         "argv": [PY, "-c", "print('x' * 100)"], "opts": {"max_stdout_bytes": 10}})
-    assert r.status_code == 422 and r.json()["error"]["limit"] == "output"
+    assert r.status_code == 200 and r.json()["result"]["outcome"] == "overflow-stdout"
     r = alice.post("/v1/sandboxes", json={"spec": {"level": "strict"}})
     assert r.status_code == 501 and r.json()["error"]["code"] == "level-not-supported"
     r = alice.post("/v1/sandboxes", content=b"{not json")
@@ -135,8 +139,7 @@ def test_exec_streams_output_then_the_result(alice: httpx.Client) -> None:
                    json={"argv": [PY, "-c", "import time; time.sleep(5)"],
                          "opts": {"timeout_ms": 200}})
     last = _events(r)[-1]
-    assert last["event"] == "error" and last["status"] == 504
-    assert last["error"]["code"] == "timeout"
+    assert last["event"] == "result" and last["result"]["outcome"] == "timeout"
 
 
 def test_files_round_trip_and_refusals(alice: httpx.Client) -> None:
@@ -266,10 +269,17 @@ def test_another_tenants_sandbox_is_not_found_on_every_route(server: Server,
                 continue
             url = path.replace("{sid}", sid).replace("{pid}", pid)
             kw: dict[str, Any] = {"params": {"path": "secret.txt"}}
-            if method in ("POST", "PUT"):
-                kw["json"] = {"argv": ["/bin/true"], "handler": {"artifact_id": "a",
-                                                                  "version": "1"},
-                              "handle": {"v": 1, "adapterId": "x", "doc": {}}}
+            body = {"exec": {"argv": ["/bin/true"]},
+                    "start_process": {"argv": ["/bin/true"]},
+                    "expose": {"port": 8000}, "unexpose": {"port": 8000},
+                    "change_network": {"allow": []},
+                    "invoke_in": {"handler": {"artifact_id": "a", "version": "1"}},
+                    "restore": {"handle": {"v": 1, "adapterId": "x", "doc": {}}},
+                    "write_file": b"x", "process_stdin": b"x"}.get(_name)
+            if isinstance(body, bytes):
+                kw["content"] = body
+            elif body is not None:  # each route's own shape: a wrong one is 400 first
+                kw["json"] = body
             r = carol.request(method, url, **kw)
             assert r.status_code == 404, (method, path, r.status_code, r.text)
             assert r.json()["error"]["code"] == "not-found"

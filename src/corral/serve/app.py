@@ -3,15 +3,23 @@ by uvicorn (:mod:`corral.serve.server`).
 
 Why Starlette on uvicorn: Starlette is the small, well-kept ASGI toolkit under FastAPI
 (routing, requests, responses, lifespan) without a validation or DI layer we would not
-use: the JSON shapes are corral's own (:mod:`corral.providers.remote.wire`) and the
-OpenAPI document is written by hand (:mod:`corral.serve.openapi`). uvicorn is its
-reference server: HTTP/1.1 keep-alive, TLS, graceful shutdown with a deadline.
+use: request bodies are decoded by msgspec models (:mod:`corral.serve.models`), which also
+generate the OpenAPI document (:mod:`corral.serve.openapi`) with the route table below.
+uvicorn is its reference server: HTTP/1.1 keep-alive, TLS, graceful shutdown with a deadline.
 
 Every endpoint goes through :meth:`_Api.endpoint`: bearer auth (a tenant), the body read
 under its cap (413), the service's in-flight count (503 while draining), a watch on the
 client's connection (a client that goes away cancels its run at once, and the run frees
 its cap slot as it unwinds), error mapping (corral's error -> its HTTP status from the
 error table, body ``{"error": {code, message, ...facts}}``), a JSON log line and metrics.
+
+One rule for how a run ended, on every route: the HTTP status says whether the request
+was served; how a command ended is its result's ``outcome`` (an exec past its timeout is
+``200 {"result": {"outcome": "timeout", ...}}``, as ``/v1/runs``).
+
+Adding a route: a line in :data:`ROUTES` and a handler on :class:`_Api` decorated with
+:func:`~corral.serve.models.operation` (its body model, its answer, the statuses it adds);
+the document follows.
 """
 
 from __future__ import annotations
@@ -20,24 +28,29 @@ import asyncio
 import contextlib
 import hmac
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
+import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from corral.core.errors import ConfigInvalidError, CorralError
-from corral.core.spec import HandlerRef, Level, NetworkPolicy, SandboxLimits
+from corral.core.errors import ConfigInvalidError, CorralError, ProviderError
+from corral.core.result import Outcome
+from corral.core.spec import Level
 from corral.providers.remote import wire
+from corral.serve import models as m
 from corral.serve.config import ServeConfig, token_digest
 from corral.serve.logs import JsonLog
 from corral.serve.metrics import CONTENT_TYPE
+from corral.serve.models import RAW, operation
 from corral.serve.service import EARLY_RELEASE, ApiError, Event, RunStream, Service
 from corral.serve.state import TenantState
 
@@ -157,7 +170,6 @@ class _NDJSONResponse(Response):
             except OSError:
                 raise
             except Exception as e:  # a bug: logged by the caller's log, answered in the stream
-                from corral.core.errors import ProviderError
                 await send({"type": "http.response.body", "more_body": True, "body": _line(
                     _error_event(ProviderError(f"internal error: {type(e).__name__}")))})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -187,7 +199,7 @@ class _NDJSONResponse(Response):
 def _error_event(err: CorralError | ApiError) -> Event:
     if isinstance(err, ApiError):
         return {"event": "error", "status": err.status, "error": err.to_dict()}
-    return {"event": "error", "status": err.http_status, "error": wire.error_to_json(err)}
+    return {"event": "error", "status": err.http_status, "error": _error_json(err)}
 
 
 _STOPPED: Final = "the server stopped (SIGTERM) before the run ended; it was cancelled"
@@ -209,51 +221,105 @@ async def _nothing() -> dict[str, Any]:
     return {"type": "http.disconnect"}
 
 
-def _json(doc: Any, status: int = 200) -> JSONResponse:
-    return JSONResponse(doc, status_code=status)
+class _JSON(Response):
+    """A JSON answer, encoded by msgspec (faster than ``json.dumps``)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return msgspec.json.encode(content)
 
 
-def _error(err: CorralError | ApiError) -> JSONResponse:
-    if isinstance(err, ApiError):
-        headers = {"www-authenticate": "Bearer"} if err.status == 401 else None
-        return JSONResponse({"error": err.to_dict()}, status_code=err.status, headers=headers)
-    doc = wire.error_to_json(err)
-    cap = getattr(err, "cap", None)
+def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return _JSON(doc, status_code=status, headers=headers)
+
+
+#: Python spellings in library messages, and what an HTTP client sends instead
+_PY_SPELLINGS: Final = (
+    (re.compile(r"NetworkPolicy\.(\w+)\(\)"), r'network {"kind": "\1"}'),
+    (re.compile(r"\bSandboxLimits\b"), "limits"),
+    (re.compile(r"\bNetworkPolicy\b"), "network"),
+    (re.compile(r"\bSandboxSpec\b"), "spec"),
+    (re.compile(r"\b(source|files)="), r"\1"),
+)
+_CAP_UNITS: Final = {"sandboxes": "sandboxes", "runs": "runs in flight", "memory": "MiB",
+                     "processes": "processes"}
+
+
+def _for_http(text: str) -> str:
+    for pat, repl in _PY_SPELLINGS:
+        text = pat.sub(repl, text)
+    return text
+
+
+def _http_error_doc(doc: dict[str, Any], cap: str | None = None) -> dict[str, Any]:
+    """An error as HTTP clients get it: JSON spellings, a cap named as a cap."""
+    for k in ("message", "detail", "reason", "missing"):
+        v = doc.get(k)
+        if isinstance(v, str) and v:
+            doc[k] = _for_http(v)
     if cap is not None:
         doc["cap"] = cap
-    return JSONResponse({"error": doc}, status_code=err.http_status)
-
-
-def _obj(doc: Any, what: str) -> dict[str, Any]:
-    if not isinstance(doc, dict):
-        raise ConfigInvalidError(what, "must be a JSON object")
+        doc["message"] = (f"{cap} cap reached ({doc.get('limit_value')} "
+                          f"{_CAP_UNITS.get(cap, '')}; this request would make "
+                          f"{doc.get('observed')}): {doc.get('detail', '')}").rstrip(": ")
     return doc
 
 
-def _level(value: Any, default: Level | None = None) -> Level | None:
-    if value is None:
-        return default
-    try:
-        return Level(value)
-    except ValueError:
-        raise ConfigInvalidError("level", f"unknown level {value!r}") from None
+def _error_json(err: CorralError) -> dict[str, Any]:
+    return _http_error_doc(wire.error_to_json(err), getattr(err, "cap", None))
 
 
-def _files(doc: Any) -> dict[str, bytes]:
-    """``files``: ``{path: text}`` or ``{path: {"b64": ...}}``."""
-    out: dict[str, bytes] = {}
-    for path, v in _obj(doc or {}, "files").items():
-        if isinstance(v, str):
-            out[path] = v.encode("utf-8")
-        elif isinstance(v, dict) and "b64" in v:
-            out[path] = wire.unb64(v["b64"], f"files[{path}]")
-        else:
-            raise ConfigInvalidError(f"files[{path}]", "must be text or {\"b64\": ...}")
-    return out
+def _error(err: CorralError | ApiError, headers: dict[str, str] | None = None) -> Response:
+    if isinstance(err, ApiError):
+        if err.status == 401:
+            headers = {**(headers or {}), "www-authenticate": "Bearer"}
+        return _json({"error": err.to_dict()}, err.status, headers)
+    return _json({"error": _error_json(err)}, err.http_status, headers)
 
 
-def _stream_wanted(request: Request, doc: dict[str, Any]) -> bool:
-    return bool(doc.get("stream")) or wire.NDJSON in request.headers.get("accept", "")
+def _ran(err: CorralError) -> dict[str, Any] | None:
+    """The run an error ended (a timeout, a limit, a spawn error), as JSON: that is how
+    the command ended, answered as a result, not as a failed request."""
+    r = err.result
+    if r is None or r.outcome is Outcome.EXIT:
+        return None
+    return wire.result_to_json(r)
+
+
+async def _outcomes(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    """A run's events as HTTP clients get them: an ``error`` event that carries the run
+    it ended becomes its ``result``; error texts in JSON's spellings."""
+    async for ev in events:
+        if ev.get("event") == "error":
+            err = ev.get("error") or {}
+            res = err.get("result")
+            if isinstance(res, dict) and res.get("outcome", "exit") != "exit":
+                ev = {"event": "result", "result": res}
+            else:
+                ev = {**ev, "error": _http_error_doc(dict(err), err.get("cap"))}
+        yield ev
+
+
+def _stream_wanted(request: Request, stream: bool) -> bool:
+    return stream or wire.NDJSON in request.headers.get("accept", "")
+
+
+def _level(name: str | None) -> Level | None:
+    return None if name is None else Level(name)
+
+
+_NO_LIMITS: Final = m.Limits().to_core()
+_DEFAULT_SPEC: Final = m.Spec()
+_DEFAULT_POPTS: Final = m.ProcessOpts()
+_PATH_Q: Final = (("path", "a path relative to the sandbox's work dir"),)
+
+
+def _opts(opts: m.ExecOpts | None) -> Any:
+    return _NO_OPTS if opts is None else opts.to_core()
+
+
+_NO_OPTS: Final = m.ExecOpts().to_core()
 
 
 class _Api:
@@ -298,7 +364,6 @@ class _Api:
             except Exception as e:  # a bug: logged, answered as provider-error
                 self.s.log.event("internal-error", sev="error", path=path,
                                  error=f"{type(e).__name__}: {e}")
-                from corral.core.errors import ProviderError
                 resp = _error(ProviderError(f"internal error: {type(e).__name__}"))
             status = resp.status_code
             if isinstance(resp, _NDJSONResponse):  # logged when the stream ends
@@ -350,28 +415,23 @@ class _Api:
             raise _ClientGone from None
         return b"".join(chunks)
 
-    @staticmethod
-    def _doc(body: bytes) -> dict[str, Any]:
-        if not body.strip():
-            return {}
-        try:
-            doc = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ConfigInvalidError("body", f"not JSON: {e}") from None
-        return _obj(doc, "body")
-
     def _stream(self, stream: RunStream) -> _NDJSONResponse:
-        return _NDJSONResponse(stream, stream.events(), lambda: self.s.draining)
+        return _NDJSONResponse(stream, _outcomes(stream.events()), lambda: self.s.draining)
 
     # -- public ------------------------------------------------------------------------
+    @operation("liveness: ok, or draining (503) while the server stops", ok=m.Health,
+               errors=(503,), tag="service")
     async def health(self, request: Request) -> Response:
         return _json({"status": "draining" if self.s.draining else "ok"},
                      503 if self.s.draining else 200)
 
+    @operation("this document", ok={"type": "object"}, tag="service")
     async def openapi(self, request: Request) -> Response:
-        from corral.serve.openapi import document
-        return _json(document())
+        from corral.serve.openapi import document_bytes
+        return Response(document_bytes(), media_type="application/json")
 
+    @operation("Prometheus text format 0.0.4 (a bearer token only when the config sets "
+               "metrics_token)", ok="text/plain", errors=(401,), tag="service")
     async def metrics(self, request: Request) -> Response:
         want = self.s.config.metrics_token_sha256
         if want is not None:
@@ -382,24 +442,28 @@ class _Api:
         return Response(self.s.metrics.render(), media_type=CONTENT_TYPE)
 
     # -- tenant ------------------------------------------------------------------------
-    async def info(self, request: Request, tenant: TenantState, body: bytes) -> Response:
+    @operation("the levels, providers and capabilities offered; the caller's tenant, caps "
+               "and usage", ok=m.Info, tag="service")
+    async def info(self, request: Request, tenant: TenantState, body: Any) -> Response:
         return _json(self.s.info(tenant))
 
-    async def snippets(self, request: Request, tenant: TenantState, body: bytes) -> Response:
-        doc = self._doc(body)
+    @operation("validate and run a Python snippet: its transcript (stream: log events, then "
+               "the transcript)", body=m.SnippetRequest, ok=m.Transcript, stream=True,
+               errors=(422, 501), tag="snippets")
+    async def snippets(self, request: Request, tenant: TenantState, body: m.SnippetRequest
+                       ) -> Response:
         from corral.snippets.host.runner import DEFAULT_TIMEOUT_MS
-        timeout = doc.get("timeout_ms", DEFAULT_TIMEOUT_MS)
-        level = _level(doc.get("level"))
-        if not _stream_wanted(request, doc):
-            return _json(await self.s.snippet(tenant, source=doc.get("source"),
-                                              files=doc.get("files"), timeout_ms=timeout,
-                                              level=level))
+        timeout = body.timeout_ms or DEFAULT_TIMEOUT_MS
+        level, files = _level(body.level), body.files_arg()
+        if not _stream_wanted(request, body.stream):
+            return _json(await self.s.snippet(tenant, source=body.source_arg(), files=files,
+                                              timeout_ms=timeout, level=level))
         # live: each log line as the snippet writes it, then the transcript. The run
         # starts now; a refusal that comes before any line (a bad argument, a full cap)
         # is still answered with its status, not as a 200 stream
         lines: asyncio.Queue[Any] = asyncio.Queue()
         task = asyncio.ensure_future(self.s.snippet(
-            tenant, source=doc.get("source"), files=doc.get("files"), timeout_ms=timeout,
+            tenant, source=body.source_arg(), files=files, timeout_ms=timeout,
             level=level, on_log=lines.put_nowait))
         task.add_done_callback(lambda _: lines.put_nowait(None))
         first = asyncio.ensure_future(lines.get())
@@ -430,22 +494,21 @@ class _Api:
 
         return _NDJSONResponse(None, events(), lambda: self.s.draining)
 
-    async def runs(self, request: Request, tenant: TenantState, body: bytes) -> Response:
-        doc = self._doc(body)
-        argv = wire.argv_from_json(doc.get("argv"))
-        level = _level(doc.get("level"), Level.STRICT)
-        assert level is not None
-        limits = SandboxLimits(**_obj(doc.get("limits") or {}, "limits"))
-        net = doc.get("network")
-        network = None if net is None else NetworkPolicy(**_obj(net, "network"))
-        opts = wire.exec_opts_from_json(doc.get("opts"))
-        stream = self.s.run_stream(tenant, level, limits, network, argv, opts,
-                                   _files(doc.get("files")))
-        if _stream_wanted(request, doc):
+    @operation("one bounded command in a fresh sandbox at a level (destroyed after): the "
+               "RunResult whatever the outcome (stream: output events, then result)",
+               body=m.RunRequest, ok=m.ResultBody, stream=True, errors=(404, 422, 501),
+               tag="runs")
+    async def runs(self, request: Request, tenant: TenantState, body: m.RunRequest
+                   ) -> Response:
+        stream = self.s.run_stream(
+            tenant, Level(body.level), body.limits.to_core() if body.limits else
+            _NO_LIMITS, None if body.network is None else body.network.to_core(), body.argv,
+            _opts(body.opts), m.files_to_core(body.files))
+        if _stream_wanted(request, body.stream):
             return self._stream(stream)
         final: Event = {}
         try:
-            async for ev in stream.events():
+            async for ev in _outcomes(stream.events()):
                 final = ev
         finally:
             stream.release()
@@ -453,86 +516,112 @@ class _Api:
             return _json({"error": final["error"]}, final["status"])
         return _json({"result": final["result"]})
 
-    async def invoke(self, request: Request, tenant: TenantState, body: bytes) -> Response:
-        doc = self._doc(body)
-        spec = wire.spec_from_json(doc.get("spec") or {}, tenant_id=tenant.name)
-        return _json(await self._invoke(tenant, None, spec, doc))
+    @operation("handler dispatch in a fresh sandbox for spec: its output, or a suspension",
+               body=m.InvokeRequest, ok=m.Reply, errors=(404, 422, 501, 502, 504),
+               tag="handlers")
+    async def invoke(self, request: Request, tenant: TenantState, body: m.InvokeRequest
+                     ) -> Response:
+        spec = (body.spec or _DEFAULT_SPEC).to_core(tenant.name)
+        return _json(await self._invoke(tenant, None, spec, body))
 
-    async def invoke_in(self, request: Request, tenant: TenantState, body: bytes) -> Response:
-        doc = self._doc(body)
-        return _json(await self._invoke(tenant, request.path_params["sid"], None, doc))
+    @operation("handler dispatch in this sandbox (in-context is refused)",
+               body=m.InvokeRequest, ok=m.Reply, errors=(422, 501, 502, 504),
+               tag="handlers")
+    async def invoke_in(self, request: Request, tenant: TenantState, body: m.InvokeRequest
+                        ) -> Response:
+        if body.spec is not None:
+            raise ConfigInvalidError("spec", "an invoke in a live sandbox takes no spec")
+        sb = self.s.entry(tenant, request.path_params["sid"]).sandbox
+        if sb.spec.image is None and body.handler.entrypoint_path is None:
+            raise ConfigInvalidError("handler.entrypoint_path", "this sandbox was made "
+                                     "without an image: name the handler's entrypoint file")
+        return _json(await self._invoke(tenant, request.path_params["sid"], None, body))
 
     async def _invoke(self, tenant: TenantState, sid: str | None, spec: Any,
-                      doc: dict[str, Any]) -> dict[str, Any]:
-        h = _obj(doc.get("handler"), "handler")
-        ref = HandlerRef(**h)
-        resumed = doc.get("resumed")
+                      body: m.InvokeRequest) -> dict[str, Any]:
         return await self.s.invoke(
-            tenant, sid, spec, ref, doc.get("input"), mode=doc.get("mode"),
-            resumed=None if resumed is None else _obj(resumed, "resumed"),
-            files=_files(doc.get("files")) or None, timeout_ms=doc.get("timeout_ms"))
+            tenant, sid, spec, body.handler.to_core(), body.input, mode=body.mode,
+            resumed=body.resumed, files=m.files_to_core(body.files) or None,
+            timeout_ms=body.timeout_ms)
 
-    async def list_sandboxes(self, request: Request, tenant: TenantState, body: bytes
+    @operation("the caller's live sandboxes", ok=m.SandboxList)
+    async def list_sandboxes(self, request: Request, tenant: TenantState, body: Any
                              ) -> Response:
         return _json({"sandboxes": [e.info() for e in tenant.sandboxes.values()]})
 
-    async def create_sandbox(self, request: Request, tenant: TenantState, body: bytes
-                             ) -> Response:
-        doc = self._doc(body)
-        spec = wire.spec_from_json(doc.get("spec") or {}, tenant_id=tenant.name)
-        entry = await self.s.create(tenant, spec, doc.get("id"),  # lifetimes: tenancy.py
-                                    idle_timeout_s=doc.get("idle_timeout_s"),
-                                    max_lifetime_s=doc.get("max_lifetime_s"))
+    @operation("create a sandbox from a spec (no body, or {}: a strict sandbox with the "
+               "defaults)", body=m.CreateSandboxRequest, body_optional=True, ok=m.Sandbox,
+               status=201, errors=(422, 499, 501), creates="sid")
+    async def create_sandbox(self, request: Request, tenant: TenantState,
+                             body: m.CreateSandboxRequest) -> Response:
+        spec = (body.spec or _DEFAULT_SPEC).to_core(tenant.name)
+        entry = await self.s.create(tenant, spec, body.id,  # lifetimes: tenancy.py
+                                    idle_timeout_s=body.idle_timeout_s,
+                                    max_lifetime_s=body.max_lifetime_s)
         # the spec as admitted: the tenant's defaults applied (what the provider enforces)
         return _json({**entry.info(), "spec": wire.spec_to_json(entry.sandbox.spec)}, 201)
 
-    async def get_sandbox(self, request: Request, tenant: TenantState, body: bytes) -> Response:
+    @operation("one sandbox", ok=m.Sandbox)
+    async def get_sandbox(self, request: Request, tenant: TenantState, body: Any) -> Response:
         entry = self.s.entry(tenant, request.path_params["sid"])
         return _json({**entry.info(), "spec": wire.spec_to_json(entry.sandbox.spec)})
 
-    async def destroy_sandbox(self, request: Request, tenant: TenantState, body: bytes
+    @operation("destroy (an unknown id: 404, and remembered: a create of it still in "
+               "flight is rolled back)", status=204)
+    async def destroy_sandbox(self, request: Request, tenant: TenantState, body: Any
                               ) -> Response:
         if not await self.s.destroy(tenant, request.path_params["sid"]):
             raise ApiError("not-found", "no such sandbox", what="sandbox")
         return Response(status_code=204)
 
-    async def exec(self, request: Request, tenant: TenantState, body: bytes) -> Response:
-        doc = self._doc(body)
-        sid = request.path_params["sid"]
-        argv = wire.argv_from_json(doc.get("argv"))
-        opts = wire.exec_opts_from_json(doc.get("opts"))
-        if _stream_wanted(request, doc):
-            return self._stream(self.s.exec_stream(tenant, sid, argv, opts))
-        r = await self.s.exec(tenant, sid, argv, opts)
-        return _json({"result": wire.result_to_json(r)})
+    @operation("run a command to its end: the RunResult whatever the outcome (exit, "
+               "timeout, a limit: result.outcome says; stream: output events, then result)",
+               body=m.ExecRequest, ok=m.ResultBody, stream=True, errors=(422,))
+    async def exec(self, request: Request, tenant: TenantState, body: m.ExecRequest
+                   ) -> Response:
+        sid, opts = request.path_params["sid"], _opts(body.opts)
+        if _stream_wanted(request, body.stream):
+            return self._stream(self.s.exec_stream(tenant, sid, body.argv, opts))
+        try:
+            r = wire.result_to_json(await self.s.exec(tenant, sid, body.argv, opts))
+        except CorralError as e:  # a run that ended otherwise than by exiting: its result
+            ran = _ran(e)
+            if ran is None:
+                raise
+            r = ran
+        return _json({"result": r})
 
     @staticmethod
     def _path(request: Request) -> str:
         path = request.query_params.get("path")
-        if path is None:
+        if not path:
             raise ConfigInvalidError("path", "the query parameter path is needed")
         return path
 
+    @operation("write a file (the raw body)", body=RAW, status=204, query=_PATH_Q)
     async def write_file(self, request: Request, tenant: TenantState, body: bytes) -> Response:
         await self.s.write_file(tenant, request.path_params["sid"], self._path(request), body)
         return Response(status_code=204)
 
-    async def read_file(self, request: Request, tenant: TenantState, body: bytes) -> Response:
+    @operation("read a file (the raw body)", ok="application/octet-stream", query=_PATH_Q)
+    async def read_file(self, request: Request, tenant: TenantState, body: Any) -> Response:
         data = await self.s.read_file(tenant, request.path_params["sid"], self._path(request))
         return Response(data, media_type="application/octet-stream")
 
-    async def start_process(self, request: Request, tenant: TenantState, body: bytes
-                            ) -> Response:
-        doc = self._doc(body)
-        argv = wire.argv_from_json(doc.get("argv"))
-        opts = wire.process_opts_from_json(doc.get("opts"))
-        proc = await self.s.start_process(tenant, request.path_params["sid"], argv, opts)
+    @operation("start a process: its id", body=m.ProcessRequest, ok=m.Started, status=201,
+               errors=(422,), creates="pid")
+    async def start_process(self, request: Request, tenant: TenantState,
+                            body: m.ProcessRequest) -> Response:
+        opts = (body.opts or _DEFAULT_POPTS).to_core()
+        proc = await self.s.start_process(tenant, request.path_params["sid"], body.argv, opts)
         return _json({"id": proc.id}, 201)
 
     def _proc(self, request: Request, tenant: TenantState) -> Any:
         return self.s.process(tenant, request.path_params["sid"], request.path_params["pid"])
 
-    async def process_output(self, request: Request, tenant: TenantState, body: bytes
+    @operation("the process's output as NDJSON (output events with fd 1 or 2, then exit); "
+               "one reader at a time", ok=m.NDJSON)
+    async def process_output(self, request: Request, tenant: TenantState, body: Any
                              ) -> Response:
         proc = self._proc(request, tenant)
         if proc.reading:
@@ -549,7 +638,7 @@ class _Api:
                 try:
                     r = await proc.handle.wait()
                 except CorralError as e:  # its sandbox was destroyed under it
-                    yield {"event": "exit", "result": None, "error": wire.error_to_json(e)}
+                    yield {"event": "exit", "result": None, "error": _error_json(e)}
                 else:
                     yield {"event": "exit", "result": wire.result_to_json(r)}
                 proc.delivered = True
@@ -558,22 +647,31 @@ class _Api:
 
         return _NDJSONResponse(None, events(), lambda: self.s.draining)
 
+    @operation("write the raw body to the process's stdin", body=RAW, status=204)
     async def process_stdin(self, request: Request, tenant: TenantState, body: bytes
                             ) -> Response:
-        await self._proc(request, tenant).handle.stdin.write(body)
+        stdin = self._proc(request, tenant).handle.stdin
+        try:
+            await stdin.write(body)
+        except ProviderError as e:  # the contract's "closed": by the client, or never opened
+            raise ConfigInvalidError("stdin", "this process's stdin is closed (or was not "
+                                     f"asked for: opts.stdin): {_for_http(str(e))}") from None
         return Response(status_code=204)
 
-    async def process_stdin_close(self, request: Request, tenant: TenantState, body: bytes
+    @operation("close the process's stdin", status=204)
+    async def process_stdin_close(self, request: Request, tenant: TenantState, body: Any
                                   ) -> Response:
         await self._proc(request, tenant).handle.stdin.close()
         return Response(status_code=204)
 
-    async def process_kill(self, request: Request, tenant: TenantState, body: bytes
+    @operation("kill the process and what it started", status=204)
+    async def process_kill(self, request: Request, tenant: TenantState, body: Any
                            ) -> Response:
         await self._proc(request, tenant).handle.kill()
         return Response(status_code=204)
 
-    async def process_wait(self, request: Request, tenant: TenantState, body: bytes
+    @operation("wait for the process to end: how it ended", ok=m.ResultBody)
+    async def process_wait(self, request: Request, tenant: TenantState, body: Any
                            ) -> Response:
         proc = self._proc(request, tenant)
         r = await proc.handle.wait()
@@ -581,43 +679,56 @@ class _Api:
         return _json({"result": wire.result_to_json(r)})
 
     async def _life(self, request: Request, tenant: TenantState, op: str,
-                    body: bytes = b"") -> Response:
-        handle = None
-        if op == "restore":
-            handle = wire.handle_from_json(self._doc(body).get("handle"))
-        out = await self.s.lifecycle(tenant, request.path_params["sid"], op, handle)
+                    handle: m.Handle | None = None) -> Response:
+        out = await self.s.lifecycle(tenant, request.path_params["sid"], op,
+                                     None if handle is None else handle.to_core())
         if out is None:
             return Response(status_code=204)
         return _json({"handle": out})
 
-    async def pause(self, request: Request, tenant: TenantState, body: bytes) -> Response:
+    @operation("freeze every process of the sandbox", status=204, errors=(501,))
+    async def pause(self, request: Request, tenant: TenantState, body: Any) -> Response:
         return await self._life(request, tenant, "pause")
 
-    async def resume(self, request: Request, tenant: TenantState, body: bytes) -> Response:
+    @operation("thaw", status=204, errors=(501,))
+    async def resume(self, request: Request, tenant: TenantState, body: Any) -> Response:
         return await self._life(request, tenant, "resume")
 
-    async def snapshot(self, request: Request, tenant: TenantState, body: bytes) -> Response:
+    @operation("snapshot the work dir: an opaque handle only this tenant can restore",
+               ok=m.HandleBody, errors=(501,))
+    async def snapshot(self, request: Request, tenant: TenantState, body: Any) -> Response:
         return await self._life(request, tenant, "snapshot")
 
-    async def restore(self, request: Request, tenant: TenantState, body: bytes) -> Response:
-        return await self._life(request, tenant, "restore", body)
+    @operation("restore a handle this tenant's sandboxes made", body=m.RestoreRequest,
+               status=204, errors=(501,))
+    async def restore(self, request: Request, tenant: TenantState, body: m.RestoreRequest
+                      ) -> Response:
+        return await self._life(request, tenant, "restore", body.handle)
 
     # -- preview URLs, live network policy (serve/preview.py) ---------------------------
-    async def expose(self, request: Request, tenant: TenantState, body: bytes) -> Response:
+    @operation("offer a port of the sandbox's loopback as a preview URL with its own token",
+               body=m.ExposeRequest, ok=m.Preview, errors=(501,))
+    async def expose(self, request: Request, tenant: TenantState, body: m.ExposeRequest
+                     ) -> Response:
         from corral.serve import preview
         return _json(await preview.expose(self.s, tenant, request.path_params["sid"],
-                                          self._doc(body)))
+                                          {"port": body.port}))
 
-    async def unexpose(self, request: Request, tenant: TenantState, body: bytes) -> Response:
+    @operation("take a preview URL back", body=m.ExposeRequest, status=204, errors=(501,))
+    async def unexpose(self, request: Request, tenant: TenantState, body: m.ExposeRequest
+                       ) -> Response:
         from corral.serve import preview
-        await preview.unexpose(self.s, tenant, request.path_params["sid"], self._doc(body))
+        await preview.unexpose(self.s, tenant, request.path_params["sid"],
+                               {"port": body.port})
         return Response(status_code=204)
 
-    async def change_network(self, request: Request, tenant: TenantState, body: bytes
-                             ) -> Response:
+    @operation("add and take allowlist entries of a live sandbox's network policy",
+               body=m.NetworkChangeRequest, status=204, errors=(501,))
+    async def change_network(self, request: Request, tenant: TenantState,
+                             body: m.NetworkChangeRequest) -> Response:
         from corral.serve import preview
         await preview.change_network(self.s, tenant, request.path_params["sid"],
-                                     self._doc(body))
+                                     {"allow": body.allow, "revoke": body.revoke})
         return Response(status_code=204)
 
 
@@ -632,6 +743,17 @@ def _playground_routes() -> list[BaseRoute]:
         return []
     routes: list[BaseRoute] = make()
     return routes
+
+
+def _allowed(routes: list[BaseRoute], scope: Scope) -> list[str]:
+    """The methods of the routes whose path matches (HEAD goes with GET)."""
+    from starlette.routing import Match
+    methods: set[str] = set()
+    for r in routes:
+        if isinstance(r, Route) and r.methods and r.matches(
+                {**scope, "method": "GET"})[0] is not Match.NONE:
+            methods |= r.methods
+    return sorted(methods)
 
 
 def create_app(config: ServeConfig, *, service: Service | None = None,
@@ -657,11 +779,13 @@ def create_app(config: ServeConfig, *, service: Service | None = None,
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         code = {404: "not-found", 405: "method-not-allowed"}.get(status)
         if code is None:
-            return JSONResponse({"error": {"code": "provider-error", "message": str(exc)}},
-                                status_code=status)
+            return _json({"error": {"code": "provider-error", "message": str(exc)}}, status)
+        headers = None
+        if status == 405:  # every method the path has (the router names only one route's)
+            headers = {"allow": ", ".join(_allowed(routes, request.scope))}
         return _error(ApiError(code, f"{request.method} {request.url.path}: "
                                f"{'no such route' if status == 404 else 'method not allowed'}",
-                               what="route"))
+                               what="route"), headers)
 
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: http_error})

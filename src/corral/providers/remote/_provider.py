@@ -237,7 +237,7 @@ class RemoteSandbox(Sandbox):
     async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> RunResult:
         r = await self._p.call("POST", self._path("/exec"), json_body={
             "argv": list(argv), "opts": wire.exec_opts_to_json(opts)})
-        return wire.result_from_json(r.json()["result"])
+        return _exec_result(r.json()["result"])
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         if isinstance(data, str):
@@ -294,7 +294,7 @@ class _StreamingExec:
                     if ev["event"] == "output":
                         on_output(ev["fd"], _chunk(ev))
                     elif ev["event"] == "result":
-                        return wire.result_from_json(ev["result"])
+                        return _exec_result(ev["result"])
                     elif ev["event"] == "error":
                         raise _error_of(int(ev.get("status", 500)),
                                         json.dumps({"error": ev["error"]}).encode())
@@ -360,6 +360,14 @@ def _sandbox_class(caps: frozenset[str]) -> type[RemoteSandbox]:
         cls = type("RemoteSandbox", (*bases, RemoteSandbox), {"__module__": __name__})
         _CLASSES[key] = cls
     return cls
+
+
+def _exec_result(doc: Any) -> RunResult:
+    """What ``exec`` gives for the server's answer: the server answers 200 with the result
+    whatever the outcome (the HTTP status says the request was served); the contract's
+    ``exec`` returns it for ``exit`` and raises the outcome's error (timeout, a limit,
+    spawn-error...) with the result attached, as every provider's does."""
+    return wire.result_from_json(doc).check()
 
 
 def _chunk(ev: Mapping[str, Any]) -> bytes:
