@@ -120,3 +120,33 @@ def test_a_body_that_does_not_come_is_cut(server: Server) -> None:
         assert 8 <= took <= 30, took
     finally:
         s.close()
+
+
+def _kib(server: Server, field: str) -> int:
+    with open(f"/proc/{server.pid}/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{server.pid}/status")
+
+
+def test_a_head_past_max_head_bytes_is_refused(server: Server) -> None:
+    """A head of endless short header lines, no token: 431 and closed once it passes
+    max_head_bytes (64 KiB), the server's peak resident size grows by less than 16 MiB.
+    Before: httptools kept every line (64 MiB of them in 10 s took a server to 1.9 GiB)."""
+    before = _kib(server, "VmHWM")
+    s = _connect(server, 30)
+    sent = 0
+    try:
+        s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for _ in range(64):  # 64 x 1.5 MiB at most
+                s.sendall(b"a: b\r\n" * (1 << 18))
+                sent += 1
+        got = _answer(s, 20)
+        assert got.startswith(b"HTTP/1.1 431 "), got[:200]
+        assert sent < 16, f"the server took {sent * 1.5} MiB of head"
+        grown = (_kib(server, "VmHWM") - before) / 1024
+        assert grown < 16, f"the server's peak grew by {grown:.0f} MiB"
+    finally:
+        s.close()

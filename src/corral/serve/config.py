@@ -140,6 +140,8 @@ class ServeConfig:
     #: seconds a connection has to send a whole request head (from its opening, or from
     #: the end of the previous answer on it); then 408 and closed
     head_timeout_s: float = 10.0
+    #: the largest request head (request line and headers); past it 431 and closed
+    max_head_bytes: int = 65536
     #: seconds a request body may take before ``min_body_bytes_per_s`` applies to it
     body_timeout_s: float = 10.0
     #: the least pace of a body past its first ``body_timeout_s``: by t seconds at least
@@ -200,6 +202,7 @@ class ServeConfig:
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 3600:
                 raise ConfigInvalidError(name, "must be a number of seconds in (0, 3600]")
         _count("min_body_bytes_per_s", self.min_body_bytes_per_s)
+        _count("max_head_bytes", self.max_head_bytes, 1024)
         _count("max_unauthenticated_connections", self.max_unauthenticated_connections)
         _count("max_body_bytes_in_flight", self.max_body_bytes_in_flight, 0)
         _count("max_body_bytes_in_flight_total", self.max_body_bytes_in_flight_total, 0)
@@ -244,7 +247,7 @@ def _tenant(doc: Mapping[str, Any], i: int) -> TenantConfig:
 
 #: [server] keys of the edge block (connections and bodies)
 _EDGE_KEYS: Final = frozenset({
-    "head_timeout_s", "body_timeout_s", "min_body_bytes_per_s",
+    "head_timeout_s", "max_head_bytes", "body_timeout_s", "min_body_bytes_per_s",
     "max_unauthenticated_connections", "max_body_bytes_in_flight",
     "max_body_bytes_in_flight_total"})
 

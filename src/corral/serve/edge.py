@@ -41,6 +41,11 @@ _408_BODY: Final = (b'{"error":{"code":"request-timeout","message":"no complete 
 _408: Final = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
                b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
                % (len(_408_BODY), _408_BODY))
+_431_BODY: Final = (b'{"error":{"code":"head-too-large","message":"the request head is larger '
+                    b'than max_head_bytes"}}')
+_431: Final = (b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+               b"content-type: application/json\r\nconnection: close\r\n"
+               b"content-length: %d\r\n\r\n%s" % (len(_431_BODY), _431_BODY))
 
 
 class Edge:
@@ -48,8 +53,9 @@ class Edge:
     counters ``/metrics`` shows. One per server, used on its event loop only."""
 
     def __init__(self, *, head_timeout_s: float, max_unauthenticated: int,
-                 max_authenticated: int) -> None:
+                 max_authenticated: int, max_head_bytes: int = 65536) -> None:
         self.head_timeout_s = head_timeout_s
+        self.max_head_bytes = max_head_bytes
         self.max_unauthenticated = max_unauthenticated
         self.max_authenticated = max_authenticated
         #: unauthenticated connections, oldest first (dicts keep insertion order)
@@ -57,6 +63,7 @@ class Edge:
         self.authenticated: set[Any] = set()
         self.evicted = 0
         self.head_timeouts = 0
+        self.heads_too_large = 0
         self.refused = 0
 
     def admit(self, conn: Any) -> None:
@@ -91,7 +98,8 @@ class Edge:
     def figures(self) -> dict[str, int]:
         return {"unauthenticated": len(self.unauthenticated),
                 "authenticated": len(self.authenticated), "evicted": self.evicted,
-                "head_timeouts": self.head_timeouts, "refused": self.refused}
+                "head_timeouts": self.head_timeouts, "heads_too_large": self.heads_too_large,
+                "refused": self.refused}
 
 
 def mark_authenticated(scope: MutableMapping[str, Any]) -> bool:
@@ -123,6 +131,8 @@ def edge_protocol(edge: Edge, http: str = "auto") -> type[asyncio.Protocol]:
     class EdgeProtocol(base):  # type: ignore[misc]
         corral_timer: asyncio.TimerHandle | None = None
         corral_closed = False
+        #: bytes of the head being read so far (while a head is awaited), else -1
+        corral_head_bytes = -1
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -135,8 +145,22 @@ def edge_protocol(edge: Edge, http: str = "auto") -> type[asyncio.Protocol]:
             edge.forget(self)
             super().connection_lost(exc)
 
+        def data_received(self, data: bytes) -> None:
+            if self.corral_head_bytes < 0:  # a request is being answered: uvicorn's
+                super().data_received(data)
+                return
+            # a head is awaited: bounded in size (httptools keeps every header line it
+            # parses: 64 MiB of short lines in 10 s took a server to 1.9 GiB). One read
+            # is at most the transport's buffer (256 KiB), so the bound holds to that
+            self.corral_head_bytes += len(data)
+            super().data_received(data)
+            if self.corral_head_bytes > edge.max_head_bytes:
+                edge.heads_too_large += 1
+                self.corral_close(_431)
+
         # -- the head deadline ----------------------------------------------------------
         def corral_arm(self) -> None:
+            self.corral_head_bytes = 0
             if not self.corral_closed:
                 self.corral_timer = self.loop.call_later(edge.head_timeout_s,
                                                          self.corral_head_timeout)
@@ -148,14 +172,15 @@ def edge_protocol(edge: Edge, http: str = "auto") -> type[asyncio.Protocol]:
 
         def corral_head_timeout(self) -> None:
             self.corral_timer = None
-            if self.corral_idle():
+            if self.corral_idle():  # 408 to a head begun; a silent one is just closed
                 edge.head_timeouts += 1
-                self.corral_close(_408)
+                self.corral_close(_408 if self.corral_head_bytes > 0 else None)
 
         def corral_head_done(self) -> None:
             """A request head is complete: no head deadline while it is answered; the
             scope carries the connection (the app marks it authenticated)."""
             self.corral_disarm()
+            self.corral_head_bytes = -1
             cycle = self.cycle
             if cycle is not None:
                 cycle.scope[SCOPE_KEY] = self

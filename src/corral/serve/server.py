@@ -90,11 +90,11 @@ def serve(config: ServeConfig, *, log: JsonLog | None = None) -> int:
     # pool, which every connection filled before auth
     edge = Edge(head_timeout_s=config.head_timeout_s,
                 max_unauthenticated=config.max_unauthenticated_connections,
-                max_authenticated=config.max_connections)
+                max_authenticated=config.max_connections, max_head_bytes=config.max_head_bytes)
     _edge_metrics(service, edge)
     ucfg = uvicorn.Config(
         close_unread_bodies(app), log_config=None, access_log=False, lifespan="on",
-        loop="auto", http=edge_protocol(edge),
+        loop="auto", http=edge_protocol(edge), ws="none",  # no websocket routes
         # seconds; uvicorn types it int but waits with asyncio.wait_for (a float works)
         timeout_graceful_shutdown=max(config.grace_s, 0.001),  # type: ignore[arg-type]
         server_header=False,  # no "server: uvicorn" line: one header less to write, no banner
@@ -123,10 +123,10 @@ def _edge_metrics(service: Any, edge: Edge) -> None:
             "auth", lambda: [({"auth": k}, float(edge.figures()[k]))
                              for k in ("authenticated", "unauthenticated")])
     m.gauge("corral_edge_closed", "connections the edge closed so far, by why: evicted "
-            "(an unauthenticated one, to make room), head_timeout, refused (the "
+            "(an unauthenticated one, to make room), head_timeouts, heads_too_large, refused (the "
             "authenticated pool was full)", lambda: [
                 ({"reason": k}, float(edge.figures()[k]))
-                for k in ("evicted", "head_timeouts", "refused")])
+                for k in ("evicted", "head_timeouts", "heads_too_large", "refused")])
 
 
 def _engines() -> dict[str, str]:
