@@ -224,7 +224,8 @@ class Soak:
             assert conn.r is not None
             ok, why = status == 200, f"status {status}"
             if self.level == "strict":
-                line = await asyncio.wait_for(conn.r.readuntil(b"\n"), 30)
+                size = await asyncio.wait_for(conn.r.readuntil(b"\r\n"), 30)  # chunked
+                line = await conn.r.readexactly(int(size.split(b";")[0], 16))
                 ok, why = ok and b"start" in line, "no first line"
             else:
                 await asyncio.sleep(0.2)
@@ -519,6 +520,7 @@ def main() -> int:
             rss0, fds0 = _status_kib(pid, "VmRSS"), _fds(pid)
             procs0 = len(_descendants(pid))
             idle0 = _metrics(port).get('corral_snippet_pool{state="idle"}', 0)
+            cg0 = _cgroups_of(pid)
             soak = Soak(port, a.level, a.seed, a.count, a.seconds)
             took = asyncio.run(soak.run(a.clients))
             time.sleep(3.0)  # streams cut mid-run: their commands are being killed
@@ -569,7 +571,8 @@ def main() -> int:
     print(f"  server RSS: {rss1 / 1024:.1f} MiB (before the load: {rss0 / 1024:.1f} MiB, "
           f"{(rss1 - rss0) / rss0 * 100:+.1f} %; peak {hwm / 1024:.1f} MiB); goal within 10 %: "
           f"{'met' if abs(rss1 - rss0) <= rss0 * 0.1 else 'NOT met'}")
-    print(f"  cgroups of the server: {'n/a' if cg_live is None else len(cg_live)}")
+    print(f"  cgroups of the server: {'n/a' if cg_live is None else len(cg_live)} (before "
+          f"the load: {'n/a' if cg0 is None else len(cg0)})")
     closed = {k.split('"')[1]: v for k, v in m.items() if k.startswith("corral_edge_closed")}
     refused = {k.split('"')[1]: v for k, v in m.items() if k.startswith("corral_refused_total")}
     print(f"  edge: connections closed {closed}; cap refusals {refused}")
@@ -578,7 +581,8 @@ def main() -> int:
           f"temp dirs left {tmp_left}; snapshot bytes: not reported by the server (none taken)")
     in_flight = sum(v for k, v in m.items() if k.startswith(("corral_runs_in_flight",
                                                               "corral_sandboxes_alive")))
-    leaks = in_flight > 0 or fds1 > fds0 + 4 or bool(left) or bool(cg_left) \
+    grown = cg_live is not None and cg0 is not None and len(cg_live) > len(cg0)
+    leaks = in_flight > 0 or fds1 > fds0 + 4 or grown or bool(left) or bool(cg_left) \
         or bool(mounts_left) or bool(tmp_left) or code != 0
     print(f"leaks: {'NONE' if not leaks else 'FOUND'}")
     return 0 if not leaks and not errors else 1
