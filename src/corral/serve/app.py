@@ -303,6 +303,7 @@ class _Api:
                 resp = Response(status_code=499)
             except asyncio.CancelledError:  # the server stops: past its grace, draining
                 if not self.s.draining:
+                    self._give(holding)
                     raise
                 resp = _error(ApiError("unavailable", _STOPPED))
             except (CorralError, ApiError) as e:
