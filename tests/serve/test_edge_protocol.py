@@ -82,3 +82,34 @@ def test_both_protocols_bound_heads_and_unauthenticated_connections(kind: str) -
     if kind == "httptools":
         pytest.importorskip("httptools")
     asyncio.run(_scenario(kind))
+
+
+class _FakeConn:
+    def __init__(self, idle: bool = True) -> None:
+        self.idle, self.closed = idle, False
+
+    def corral_idle(self) -> bool:
+        return self.idle
+
+    def corral_close(self, answer: bytes | None) -> None:
+        self.closed = True
+
+
+def test_the_pools_evict_idle_unauthenticated_first_and_cap_authenticated() -> None:
+    edge = Edge(head_timeout_s=1, max_unauthenticated=2, max_authenticated=1)
+    busy, idle, new = _FakeConn(idle=False), _FakeConn(), _FakeConn()
+    edge.admit(busy)
+    edge.admit(idle)
+    edge.admit(new)  # at the budget: the oldest idle one goes, not the busy older one
+    assert (busy.closed, idle.closed, new.closed) == (False, True, False)
+    assert edge.authenticate(new)
+    assert edge.authenticate(new)  # again on the same connection: still one
+    assert not edge.authenticate(busy)  # the authenticated pool (1) is full
+    assert edge.figures()["refused"] == 1
+    edge.forget(new)
+    assert edge.authenticate(busy)
+    last = _FakeConn()
+    edge.admit(_FakeConn(idle=False))
+    edge.admit(_FakeConn(idle=False))
+    edge.admit(last)  # every one busy: the oldest of all goes
+    assert edge.figures()["unauthenticated"] == 2 and edge.figures()["evicted"] == 2
