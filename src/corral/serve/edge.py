@@ -60,6 +60,11 @@ class Edge:
         self.max_authenticated = max_authenticated
         #: unauthenticated connections, oldest first (dicts keep insertion order)
         self.unauthenticated: dict[Any, None] = {}
+        #: connections a head is awaited on -> the loop time it must be whole by. One
+        #: timer sweeps them (a tick of at most a second), not a timer per request
+        self.waiting: dict[Any, float] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._tick = min(1.0, head_timeout_s / 4)
         self.authenticated: set[Any] = set()
         self.evicted = 0
         self.head_timeouts = 0
@@ -94,6 +99,22 @@ class Edge:
     def forget(self, conn: Any) -> None:
         self.unauthenticated.pop(conn, None)
         self.authenticated.discard(conn)
+        self.waiting.pop(conn, None)
+
+    def await_head(self, conn: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """A head is awaited on ``conn`` from now: it has ``head_timeout_s``."""
+        self.waiting[conn] = loop.time() + self.head_timeout_s
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(self._tick, self._sweep, loop)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        late = [c for c, deadline in self.waiting.items() if deadline <= now]
+        for conn in late:
+            del self.waiting[conn]
+            conn.corral_head_timeout()
+        self._sweeper = loop.call_later(self._tick, self._sweep, loop) if self.waiting \
+            else None
 
     def figures(self) -> dict[str, int]:
         return {"unauthenticated": len(self.unauthenticated),
@@ -129,7 +150,6 @@ def edge_protocol(edge: Edge, http: str = "auto") -> type[asyncio.Protocol]:
         base = H11Protocol
 
     class EdgeProtocol(base):  # type: ignore[misc]
-        corral_timer: asyncio.TimerHandle | None = None
         corral_closed = False
         #: bytes of the head being read so far (while a head is awaited), else -1
         corral_head_bytes = -1
@@ -140,7 +160,6 @@ def edge_protocol(edge: Edge, http: str = "auto") -> type[asyncio.Protocol]:
             self.corral_arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self.corral_disarm()
             self.corral_closed = True
             edge.forget(self)
             super().connection_lost(exc)
@@ -162,16 +181,12 @@ def edge_protocol(edge: Edge, http: str = "auto") -> type[asyncio.Protocol]:
         def corral_arm(self) -> None:
             self.corral_head_bytes = 0
             if not self.corral_closed:
-                self.corral_timer = self.loop.call_later(edge.head_timeout_s,
-                                                         self.corral_head_timeout)
+                edge.await_head(self, self.loop)
 
         def corral_disarm(self) -> None:
-            if self.corral_timer is not None:
-                self.corral_timer.cancel()
-                self.corral_timer = None
+            edge.waiting.pop(self, None)
 
         def corral_head_timeout(self) -> None:
-            self.corral_timer = None
             if self.corral_idle():  # 408 to a head begun; a silent one is just closed
                 edge.head_timeouts += 1
                 self.corral_close(_408 if self.corral_head_bytes > 0 else None)
@@ -188,7 +203,6 @@ def edge_protocol(edge: Edge, http: str = "auto") -> type[asyncio.Protocol]:
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if self.corral_idle() and not self.transport.is_closing():
-                self.corral_disarm()
                 self.corral_arm()  # the next head has its own deadline
 
         # -- the pools ------------------------------------------------------------------
