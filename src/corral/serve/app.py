@@ -29,6 +29,7 @@ import contextlib
 import hmac
 import json
 import re
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -48,6 +49,7 @@ from corral.core.spec import Level
 from corral.providers.remote import wire
 from corral.serve import models as m
 from corral.serve.config import ServeConfig, token_digest
+from corral.serve.edge import BodyBudget, mark_authenticated
 from corral.serve.logs import JsonLog
 from corral.serve.metrics import CONTENT_TYPE
 from corral.serve.models import RAW, operation
@@ -92,6 +94,14 @@ ROUTES: Final[tuple[tuple[str, str, str, bool], ...]] = (
     ("PUT", f"{P}/sandboxes/{{sid}}/network", "change_network", True),
     ("GET", "/metrics", "metrics", False),
 )
+
+
+#: the checks a route's operation makes that can be tried before its body is read
+_PRECHECK: Final[dict[str, tuple[str, ...]]] = {
+    "snippets": ("run",), "exec": ("run",), "invoke_in": ("run",),
+    "runs": ("run", "sandbox"), "invoke": ("run", "sandbox"), "create_sandbox": ("sandbox",),
+}
+_MIB: Final = 1 << 20
 
 
 class _ClientGone(Exception):
@@ -325,6 +335,12 @@ _NO_OPTS: Final = m.ExecOpts().to_core()
 class _Api:
     def __init__(self, service: Service) -> None:
         self.s = service
+        c = service.config
+        #: request-body bytes held now, per tenant and in all (serve/edge.py)
+        self.bodies = BodyBudget(c.max_body_bytes_in_flight, c.max_body_bytes_in_flight_total)
+        service.metrics.gauge("corral_body_bytes_in_flight", "request-body bytes held now "
+                              "(reserved before they are read)", lambda: [
+                                  ({}, float(self.bodies.held_total))])
 
     # -- the wrapper -----------------------------------------------------------------
     def endpoint(self, name: str, path: str, needs_tenant: bool
@@ -334,11 +350,14 @@ class _Api:
         async def call(request: Request) -> Response:
             t0 = time.monotonic()
             tenant: TenantState | None = None
+            holding: tuple[str, int] | None = None  # body bytes reserved (edge.BodyBudget)
             resp: Response
             try:
                 if needs_tenant:
                     tenant = self._tenant(request)
-                    body = await self._body(request)
+                    self._precheck(name, request, tenant)  # refusals before the body
+                    body, held = await self._body(request, tenant, spool=name == "write_file")
+                    holding = (tenant.name, held)
                     early: list[Callable[[], None]] = []
                     token = EARLY_RELEASE.set(early)  # copied into the work's task
                     try:
@@ -354,6 +373,7 @@ class _Api:
                 resp = Response(status_code=499)
             except asyncio.CancelledError:  # the server stops: past its grace, draining
                 if not self.s.draining:
+                    self._give(holding)
                     raise
                 resp = _error(ApiError("unavailable", _STOPPED))
             except (CorralError, ApiError) as e:
@@ -366,10 +386,15 @@ class _Api:
                                  error=f"{type(e).__name__}: {e}")
                 resp = _error(ProviderError(f"internal error: {type(e).__name__}"))
             status = resp.status_code
+            if status in (401, 408, 413) or (status == 503 and not self.s.draining):
+                resp.headers["connection"] = "close"  # nothing more is read from it
             if isinstance(resp, _NDJSONResponse):  # logged when the stream ends
-                resp._on_done = lambda gone: self._done(request, path, tenant, 499 if gone
-                                                        else 200, t0)
+                def on_done(gone: bool) -> None:
+                    self._give(holding)
+                    self._done(request, path, tenant, 499 if gone else 200, t0)
+                resp._on_done = on_done
             else:
+                self._give(holding)
                 self._done(request, path, tenant, status, t0)
             return resp
 
@@ -394,26 +419,120 @@ class _Api:
         tenant = self.s.authenticate(token.strip()) if scheme.lower() == "bearer" else None
         if tenant is None:
             raise ApiError("unauthorized", "a valid bearer token is needed")
+        if not mark_authenticated(request.scope):  # the authenticated pool is full
+            raise ApiError("unavailable", "the server has max_connections authenticated "
+                           "connections open; retry later")
         return tenant
 
-    async def _body(self, request: Request) -> bytes:
-        cap = self.s.config.max_body_bytes
+    def _precheck(self, name: str, request: Request, tenant: TenantState) -> None:
+        """What can be refused before the body is read, is: an unknown sandbox (404) and a
+        full cap (422), so a tenant at its cap does not make the server hold its bodies.
+        The slots are only tried here; the operation takes them for real."""
+        sid = request.path_params.get("sid")
+        entry = self.s.entry(tenant, sid) if sid is not None else None
+        kinds = _PRECHECK.get(name, ())
+        if "run" in kinds:
+            with self.s.run_slot(tenant):
+                pass
+        if "sandbox" in kinds:
+            with self.s.sandbox_slot(tenant, 0):
+                pass
+        if name == "start_process" and entry is not None:
+            entry.prune()
+            tenant.check_processes(entry)
+
+    def _give(self, holding: tuple[str, int] | None) -> None:
+        if holding is not None:
+            self.bodies.give(*holding)
+
+    def _take(self, tenant: TenantState, n: int) -> None:
+        full = self.bodies.take(tenant.name, n)
+        if full is None:
+            return
+        c = self.s.config
+        if full == "total":
+            raise ApiError("unavailable", "the server holds max_body_bytes_in_flight_total "
+                           f"({c.max_body_bytes_in_flight_total}) bytes of request bodies; "
+                           "retry later", max_body_bytes_in_flight_total=c.
+                           max_body_bytes_in_flight_total)
+        from corral.core.errors import LimitsExceededError
+        held = self.bodies.held.get(tenant.name, 0)
+        err = LimitsExceededError(
+            "memory", -(-c.max_body_bytes_in_flight // _MIB), -(-(held + n) // _MIB),
+            detail=f"tenant {tenant.name!r}: cap max_body_bytes_in_flight "
+            f"({c.max_body_bytes_in_flight} bytes of request bodies at once) reached")
+        err.cap = "body_bytes"  # type: ignore[attr-defined]
+        self.s.metrics.inc("corral_refused_total", cap="body_bytes")
+        raise err
+
+    async def _body(self, request: Request, tenant: TenantState, *, spool: bool = False
+                    ) -> tuple[bytes, int]:
+        """The body, read under its bounds: ``max_body_bytes`` (413), the tenant's and the
+        server's body bytes in flight (reserved before they are read: the declared
+        length at once, a chunked body as it comes), and its pace (``body_timeout_s``,
+        then ``min_body_bytes_per_s``: 408). With ``spool`` the bytes wait in a temp
+        file (past 1 MiB on disk, not in memory) until the body is whole. Returns the
+        body and the bytes reserved (given back when the request ends)."""
+        c = self.s.config
+        cap = c.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > cap:
+        length = int(declared) if declared is not None and declared.isdigit() else None
+        if length is not None and length > cap:
             raise ApiError("body-too-large", f"the body is larger than {cap} bytes",
                            max_body_bytes=cap)
-        from starlette.requests import ClientDisconnect
-        chunks, size = [], 0
+        if length == 0 or (length is None and "transfer-encoding" not in request.headers):
+            return b"", 0
+        held = [0]  # bytes reserved so far
+        if length is not None:
+            self._take(tenant, length)
+            held[0] = length
         try:
-            async for chunk in request.stream():
+            return await self._read(request, tenant, cap, held, spool), held[0]
+        except BaseException:
+            self.bodies.give(tenant.name, held[0])
+            raise
+
+    async def _read(self, request: Request, tenant: TenantState, cap: int, held: list[int],
+                    spool: bool) -> bytes:
+        c = self.s.config
+        loop = asyncio.get_running_loop()
+        start = loop.time() + c.body_timeout_s
+        rate = float(c.min_body_bytes_per_s)
+        chunks: list[bytes] = []
+        sink = tempfile.SpooledTemporaryFile(max_size=_MIB) if spool else None  # noqa: SIM115
+        size = 0
+        try:
+            while True:
+                try:  # the pace: by t, (t - body_timeout_s) * rate bytes at least
+                    async with asyncio.timeout_at(start + size / rate):
+                        msg = await request.receive()
+                except TimeoutError:
+                    raise ApiError("request-timeout", "the body did not arrive in time "
+                                   f"(body_timeout_s {c.body_timeout_s}, then at least "
+                                   f"{c.min_body_bytes_per_s} bytes/s)") from None
+                if msg["type"] == "http.disconnect":
+                    raise _ClientGone
+                chunk: bytes = msg.get("body", b"")
                 size += len(chunk)
                 if size > cap:
                     raise ApiError("body-too-large", f"the body is larger than {cap} bytes",
                                    max_body_bytes=cap)
-                chunks.append(chunk)
-        except ClientDisconnect:
-            raise _ClientGone from None
-        return b"".join(chunks)
+                if size > held[0]:  # a chunked body: reserved as it comes
+                    self._take(tenant, size - held[0])
+                    held[0] = size
+                if sink is not None:
+                    sink.write(chunk)
+                elif chunk:
+                    chunks.append(chunk)
+                if not msg.get("more_body", False):
+                    break
+            if sink is not None:
+                sink.seek(0)
+                return sink.read()
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        finally:
+            if sink is not None:
+                sink.close()
 
     def _stream(self, stream: RunStream) -> _NDJSONResponse:
         return _NDJSONResponse(stream, _outcomes(stream.events()), lambda: self.s.draining)

@@ -145,7 +145,8 @@ class ServeConfig:
     tls_keyfile: str | None = None
     #: JSON-lines logs of every request (on stderr)
     access_log: bool = True
-    #: connections and requests at once; beyond it uvicorn answers 503 at once
+    #: authenticated connections at once (those a request passed auth on; see
+    #: ``max_unauthenticated_connections`` for the others); past it 503 and closed
     max_connections: int = 1000
     #: SHA-256 of the bearer token ``/metrics`` asks for; None: ``/metrics`` is open
     #: (it names tenants and counts their work, nothing of their sandboxes' content)
@@ -155,7 +156,27 @@ class ServeConfig:
     #: server's host, so without this a tenant could copy any host directory in.
     image_roots: tuple[str, ...] = ()
 
+    # -- the edge: connections and request bodies (issue 23.4; serve/edge.py) --------------
+    #: seconds a connection has to send a whole request head (from its opening, or from
+    #: the end of the previous answer on it); then 408 and closed
+    head_timeout_s: float = 10.0
+    #: the largest request head (request line and headers); past it 431 and closed
+    max_head_bytes: int = 65536
+    #: seconds a request body may take before ``min_body_bytes_per_s`` applies to it
+    body_timeout_s: float = 10.0
+    #: the least pace of a body past its first ``body_timeout_s``: by t seconds at least
+    #: (t - body_timeout_s) * this many bytes must have come, else 408 and closed
+    min_body_bytes_per_s: int = 65536
+    #: connections no request has yet passed auth on: their own budget, apart from
+    #: ``max_connections`` (at it, a new one evicts the oldest such connection)
+    max_unauthenticated_connections: int = 64
+    #: request-body bytes held at once per tenant (0: 4 x max_body_bytes)
+    max_body_bytes_in_flight: int = 0
+    #: request-body bytes held at once, all tenants together (0: 16 x max_body_bytes)
+    max_body_bytes_in_flight_total: int = 0
+
     def __post_init__(self) -> None:
+        self._check_edge()
         if not self.tenants:
             raise ConfigInvalidError("tenants", "at least one tenant is needed")
         names = [t.name for t in self.tenants]
@@ -198,6 +219,28 @@ class ServeConfig:
         if (self.tls_certfile is None) != (self.tls_keyfile is None):
             raise ConfigInvalidError("tls_certfile", "TLS needs both tls_certfile and "
                                      "tls_keyfile")
+
+    def _check_edge(self) -> None:
+        _count("max_body_bytes", self.max_body_bytes, 1024)
+        for name in ("head_timeout_s", "body_timeout_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 3600:
+                raise ConfigInvalidError(name, "must be a number of seconds in (0, 3600]")
+        _count("min_body_bytes_per_s", self.min_body_bytes_per_s)
+        _count("max_head_bytes", self.max_head_bytes, 1024)
+        _count("max_unauthenticated_connections", self.max_unauthenticated_connections)
+        _count("max_body_bytes_in_flight", self.max_body_bytes_in_flight, 0)
+        _count("max_body_bytes_in_flight_total", self.max_body_bytes_in_flight_total, 0)
+        if not self.max_body_bytes_in_flight:
+            object.__setattr__(self, "max_body_bytes_in_flight", 4 * self.max_body_bytes)
+        if not self.max_body_bytes_in_flight_total:
+            object.__setattr__(self, "max_body_bytes_in_flight_total",
+                               max(16 * self.max_body_bytes, self.max_body_bytes_in_flight))
+        if self.max_body_bytes_in_flight < self.max_body_bytes:
+            raise ConfigInvalidError("max_body_bytes_in_flight", "must be >= max_body_bytes")
+        if self.max_body_bytes_in_flight_total < self.max_body_bytes_in_flight:
+            raise ConfigInvalidError("max_body_bytes_in_flight_total",
+                                     "must be >= max_body_bytes_in_flight")
 
     @property
     def tls(self) -> bool:
@@ -242,6 +285,13 @@ def _levels(doc: Mapping[str, Any]) -> dict[str, str]:
     return levels
 
 
+#: [server] keys of the edge block (connections and bodies)
+_EDGE_KEYS: Final = frozenset({
+    "head_timeout_s", "max_head_bytes", "body_timeout_s", "min_body_bytes_per_s",
+    "max_unauthenticated_connections", "max_body_bytes_in_flight",
+    "max_body_bytes_in_flight_total"})
+
+
 def config_from_dict(doc: Mapping[str, Any]) -> ServeConfig:
     """A config from the parsed TOML document."""
     extra = sorted(set(doc) - {"server", "levels", "provider_options", "tenants"})
@@ -251,6 +301,7 @@ def config_from_dict(doc: Mapping[str, Any]) -> ServeConfig:
     known = {"host", "port", "max_body_bytes", "grace_s", "snippet_workers",
              "default_sandbox_mem_mb", "tls_certfile", "tls_keyfile", "access_log",
              "image_roots", "max_connections", "metrics_token", "metrics_token_sha256"}
+    known |= _EDGE_KEYS
     bad = sorted(set(server) - known)
     if bad:
         raise ConfigInvalidError(f"server.{bad[0]}", "unknown key")

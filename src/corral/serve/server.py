@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any
 
 from corral.serve.config import ServeConfig
+from corral.serve.edge import Edge, close_unread_bodies, edge_protocol
 from corral.serve.logs import JsonLog
 
 __all__ = ["serve"]
@@ -84,11 +85,18 @@ def serve(config: ServeConfig, *, log: JsonLog | None = None) -> int:
     # "auto": uvloop and httptools when installed (uvicorn[standard]), else asyncio and h11.
     # Under load they cut the server's CPU per request (measured: ~0.35 ms of ~1.7 per
     # snippet run, benchmarks/bench_serve.py); nothing else changes
+    # the edge (serve/edge.py): uvicorn's own protocol class with a head deadline and two
+    # connection pools (unauthenticated ones apart), in place of its one limit_concurrency
+    # pool, which every connection filled before auth
+    edge = Edge(head_timeout_s=config.head_timeout_s,
+                max_unauthenticated=config.max_unauthenticated_connections,
+                max_authenticated=config.max_connections, max_head_bytes=config.max_head_bytes)
+    _edge_metrics(service, edge)
     ucfg = uvicorn.Config(
-        app, log_config=None, access_log=False, lifespan="on", loop="auto", http="auto",
+        close_unread_bodies(app), log_config=None, access_log=False, lifespan="on",
+        loop="auto", http=edge_protocol(edge), ws="none",  # no websocket routes
         # seconds; uvicorn types it int but waits with asyncio.wait_for (a float works)
         timeout_graceful_shutdown=max(config.grace_s, 0.001),  # type: ignore[arg-type]
-        limit_concurrency=config.max_connections,
         server_header=False,  # no "server: uvicorn" line: one header less to write, no banner
         ssl_certfile=config.tls_certfile, ssl_keyfile=config.tls_keyfile)
     server = _Server(ucfg, service)
@@ -114,6 +122,19 @@ def serve(config: ServeConfig, *, log: JsonLog | None = None) -> int:
         return 70
     log.event("stopped")
     return 0
+
+
+def _edge_metrics(service: Any, edge: Edge) -> None:
+    """The edge's figures on ``/metrics``."""
+    m = service.metrics
+    m.gauge("corral_connections", "open connections, by whether a request on them passed "
+            "auth", lambda: [({"auth": k}, float(edge.figures()[k]))
+                             for k in ("authenticated", "unauthenticated")])
+    m.gauge("corral_edge_closed", "connections the edge closed so far, by why: evicted "
+            "(an unauthenticated one, to make room), head_timeouts, heads_too_large, refused (the "
+            "authenticated pool was full)", lambda: [
+                ({"reason": k}, float(edge.figures()[k]))
+                for k in ("evicted", "head_timeouts", "heads_too_large", "refused")])
 
 
 def _engines() -> dict[str, str]:

@@ -57,7 +57,8 @@ NDJSON: Final = "application/x-ndjson"
 #: routing, body size, draining); everything else carries a code of corral's closed set
 HTTP_CODES: Final[Mapping[str, int]] = {
     "unauthorized": 401, "not-found": 404, "method-not-allowed": 405,
-    "body-too-large": 413, "unavailable": 503,
+    "request-timeout": 408,  # a head or body that did not arrive in time (serve/edge.py)
+    "body-too-large": 413, "head-too-large": 431, "unavailable": 503,
 }
 
 
