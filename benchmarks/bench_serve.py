@@ -51,6 +51,7 @@ token = "{TOKEN}"
 max_runs = {clients + 4}
 max_sandboxes = 8
 max_memory_mb = 65536
+levels = ["{level}"]
 """
 
 

@@ -31,8 +31,10 @@ def config_text(levels: dict[str, str], *, max_body_bytes: int = 12 << 20,
                 image_roots: tuple[str, ...] = ()) -> str:
     """A config: tenants alice (default caps), bob (2 sandboxes, 1 run, 512 MiB, 2
     processes per sandbox) and
-    carol (caps given by ``carol``, TOML lines)."""
+    carol (caps given by ``carol``, TOML lines). Each tenant is given every level in
+    ``levels`` by name (a level that is not a boundary is offered only so)."""
     lv = "\n".join(f'{k} = "{v}"' for k, v in levels.items())
+    given = f"levels = {json.dumps(list(levels))}"
     return f"""
 [server]
 max_body_bytes = {max_body_bytes}
@@ -49,10 +51,12 @@ spares = 0
 [[tenants]]
 name = "alice"
 token = "{ALICE}"
+{given}
 
 [[tenants]]
 name = "bob"
 token = "{BOB}"
+{given}
 max_sandboxes = 2
 max_runs = 1
 max_memory_mb = 512
@@ -61,6 +65,7 @@ max_processes = 2
 [[tenants]]
 name = "carol"
 token = "{CAROL}"
+{given}
 {carol}
 """
 

@@ -476,8 +476,11 @@ class _Api:
                              ) -> Response:
         doc = self._doc(body)
         spec = wire.spec_from_json(doc.get("spec") or {}, tenant_id=tenant.name)
-        entry = await self.s.create(tenant, spec, doc.get("id"))
-        return _json({**entry.info(), "spec": wire.spec_to_json(spec)}, 201)
+        entry = await self.s.create(tenant, spec, doc.get("id"),  # lifetimes: tenancy.py
+                                    idle_timeout_s=doc.get("idle_timeout_s"),
+                                    max_lifetime_s=doc.get("max_lifetime_s"))
+        # the spec as admitted: the tenant's defaults applied (what the provider enforces)
+        return _json({**entry.info(), "spec": wire.spec_to_json(entry.sandbox.spec)}, 201)
 
     async def get_sandbox(self, request: Request, tenant: TenantState, body: bytes) -> Response:
         entry = self.s.entry(tenant, request.path_params["sid"])

@@ -8,15 +8,15 @@
     max_body_bytes = 16777216   # larger request bodies get 413
     grace_s = 10.0              # SIGTERM: how long in-flight requests may finish
     snippet_workers = 3         # snippet runs at once (the pool's bound; default: cores + 1)
-    default_sandbox_mem_mb = 256  # what a sandbox without limits.mem_mb counts against a cap
+    default_sandbox_mem_mb = 256  # tenants' default limits.mem_mb (unless theirs says)
     tls_certfile = ""           # both set: HTTPS
     tls_keyfile = ""
     image_roots = []            # dirs whose images tenants may name (spec.image)
     metrics_token = ""          # set (or metrics_token_sha256): /metrics asks for it
 
     [levels]                    # level -> provider name; a level left out is not offered
-    strict = "linux"
-    context-isolated = "subproc"
+    strict = "linux"            # the default: strict only
+    context-isolated = "subproc"  # not a boundary: offered only to tenants naming it
 
     [provider_options.linux]    # keyword arguments of a provider's class
     spares = 1
@@ -28,6 +28,8 @@
     max_runs = 4                # runs, execs, snippets and invokes in flight at once
     max_memory_mb = 4096        # the sum of the memory of the tenant's live sandboxes
     max_processes = 64          # started processes not yet ended, per sandbox
+    levels = ["strict"]         # and the tenant's ceiling: levels, [tenants.network],
+                                # [tenants.limits], [tenants.lifetime] (see .tenancy)
 
 Only the standard library here, so the CLI can read a config without starlette.
 """
@@ -39,19 +41,22 @@ import hmac
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from corral.core.errors import ConfigInvalidError
 from corral.core.spec import Level
+from corral.serve.tenancy import POLICY_KEYS, TenantPolicy, parse_policy
 
 __all__ = ["DEFAULT_LEVELS", "DEFAULT_PORT", "ServeConfig", "TenantConfig", "load_config",
            "token_digest"]
 
 DEFAULT_PORT: Final = 8580
-#: the levels offered unless the config says otherwise; ``none`` (the inprocess provider,
-#: no boundary at all) is never offered unless named
-DEFAULT_LEVELS: Final[Mapping[str, str]] = {"strict": "linux", "context-isolated": "subproc"}
+#: the levels offered unless the config says otherwise: strict only. A level that is not
+#: a security boundary (context-isolated, none) is offered only when the config names it,
+#: and then only to the tenants whose ``levels`` name it (see :mod:`.tenancy`)
+DEFAULT_LEVELS: Final[Mapping[str, str]] = {"strict": "linux"}
+_DEFAULT_SANDBOX_MEM_MB: Final = 256
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -78,7 +83,10 @@ class TenantConfig:
         max_memory_mb: the sum of ``limits.mem_mb`` of its live sandboxes (a sandbox
             without one counts ``ServeConfig.default_sandbox_mem_mb``).
         max_processes: processes started (``start_process``) and not yet ended, per
-            sandbox (each holds a stream and its buffer on the server).
+            sandbox (each holds a stream and its buffer on the server). Not the
+            sandbox's own ``limits.max_processes``: that one is bounded by ``policy``.
+        policy: the tenant's ceiling (levels, network, limits, lifetimes): see
+            :mod:`corral.serve.tenancy`. Default: strict only, the built-in bounds.
     """
 
     name: str
@@ -87,6 +95,7 @@ class TenantConfig:
     max_runs: int = 4
     max_memory_mb: int = 4096
     max_processes: int = 64
+    policy: TenantPolicy = field(default_factory=lambda: TenantPolicy(name="-"))
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -98,6 +107,15 @@ class TenantConfig:
         _count("tenants.max_runs", self.max_runs)
         _count("tenants.max_memory_mb", self.max_memory_mb)
         _count("tenants.max_processes", self.max_processes)
+        if not isinstance(self.policy, TenantPolicy):
+            raise ConfigInvalidError("tenants.policy", "must be a TenantPolicy")
+        if self.policy.name != self.name:
+            object.__setattr__(self, "policy", replace(self.policy, name=self.name))
+        mem = self.policy.limits["mem_mb"].default
+        if mem is not None and mem > self.max_memory_mb:
+            raise ConfigInvalidError("tenants.limits.mem_mb", f"tenant {self.name!r}: its "
+                                     f"default ({mem} MiB) is above its max_memory_mb "
+                                     f"({self.max_memory_mb}): no sandbox would fit")
 
     def matches(self, token: str) -> bool:
         """Whether ``token`` is this tenant's (constant-time comparison of digests)."""
@@ -118,6 +136,8 @@ class ServeConfig:
     #: cores fills those gaps (``bench_serve.py`` on 2 cores, 8 clients: 3 beat 2 in 7 of
     #: 7 interleaved pairs, by 1.04-1.35x, p99 still under 45 ms)
     snippet_workers: int = field(default_factory=lambda: (os.cpu_count() or 1) + 1)
+    #: the default of each tenant's ``limits.mem_mb`` (its ``[tenants.limits]`` may set
+    #: another); what a sandbox at a level enforcing no memory limit counts against a cap
     default_sandbox_mem_mb: int = 256
     levels: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_LEVELS))
     provider_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -163,6 +183,11 @@ class ServeConfig:
                 raise ConfigInvalidError(f"levels.{lv}", "must name a provider")
         if not self.levels:
             raise ConfigInvalidError("levels", "at least one level must be offered")
+        for t in self.tenants:
+            extra = sorted(lv.value for lv in t.policy.levels if lv.value not in self.levels)
+            if extra:
+                raise ConfigInvalidError("tenants.levels", f"tenant {t.name!r} is given "
+                                         f"{extra[0]!r}, which [levels] does not offer")
         roots = tuple(self.image_roots)
         object.__setattr__(self, "image_roots", roots)
         for r in roots:
@@ -179,9 +204,10 @@ class ServeConfig:
         return self.tls_certfile is not None
 
 
-def _tenant(doc: Mapping[str, Any], i: int) -> TenantConfig:
+def _tenant(doc: Mapping[str, Any], i: int, levels: Mapping[str, str],
+            default_mem_mb: int) -> TenantConfig:
     known = {"name", "token", "token_sha256", "max_sandboxes", "max_runs", "max_memory_mb",
-             "max_processes"}
+             "max_processes"} | POLICY_KEYS
     extra = sorted(set(doc) - known)
     if extra:
         raise ConfigInvalidError(f"tenants[{i}].{extra[0]}", "unknown key")
@@ -199,7 +225,21 @@ def _tenant(doc: Mapping[str, Any], i: int) -> TenantConfig:
             raise ConfigInvalidError(f"tenants[{i}].token_sha256", "not hex") from None
     caps = {k: doc[k] for k in ("max_sandboxes", "max_runs", "max_memory_mb",
                                 "max_processes") if k in doc}
-    return TenantConfig(name=doc.get("name", ""), token_sha256=digest, **caps)
+    policy = parse_policy({k: doc[k] for k in POLICY_KEYS if k in doc},
+                          name=str(doc.get("name", "")), server_levels=levels,
+                          default_mem_mb=default_mem_mb, where=f"tenants[{i}]")
+    return TenantConfig(name=doc.get("name", ""), token_sha256=digest, policy=policy, **caps)
+
+
+def _levels(doc: Mapping[str, Any]) -> dict[str, str]:
+    """The ``[levels]`` table (checked first: the tenants' levels are checked against it)."""
+    levels = dict(doc["levels"]) if "levels" in doc else dict(DEFAULT_LEVELS)
+    for lv in levels:
+        try:
+            Level(lv)
+        except ValueError:
+            raise ConfigInvalidError(f"levels.{lv}", "not a level") from None
+    return levels
 
 
 def config_from_dict(doc: Mapping[str, Any]) -> ServeConfig:
@@ -230,10 +270,12 @@ def config_from_dict(doc: Mapping[str, Any]) -> ServeConfig:
             server["metrics_token_sha256"] = bytes.fromhex(str(mh))
         except ValueError:
             raise ConfigInvalidError("server.metrics_token_sha256", "not hex") from None
-    tenants = tuple(_tenant(t, i) for i, t in enumerate(doc.get("tenants", ())))
+    levels = _levels(doc)
+    mem = server.get("default_sandbox_mem_mb", _DEFAULT_SANDBOX_MEM_MB)
+    mem = _count("default_sandbox_mem_mb", mem)
+    tenants = tuple(_tenant(t, i, levels, mem) for i, t in enumerate(doc.get("tenants", ())))
     kw: dict[str, Any] = dict(server)
-    if "levels" in doc:
-        kw["levels"] = dict(doc["levels"])
+    kw["levels"] = levels
     if "provider_options" in doc:
         kw["provider_options"] = {k: dict(v) for k, v in doc["provider_options"].items()}
     return ServeConfig(tenants=tenants, **kw)

@@ -92,8 +92,16 @@ def serve(config: ServeConfig, *, log: JsonLog | None = None) -> int:
         server_header=False,  # no "server: uvicorn" line: one header less to write, no banner
         ssl_certfile=config.tls_certfile, ssl_keyfile=config.tls_keyfile)
     server = _Server(ucfg, service)
+    weak = {t.name: list(t.policy.not_boundaries) for t in config.tenants
+            if t.policy.not_boundaries}
+    if weak:
+        log.event("not-a-boundary", sev="warning", tenants=weak,
+                  message="these tenants are offered levels that are not a security "
+                  "boundary: their commands run as this server's user, on its network")
     log.event("listening", host=host, port=port, url=f"{scheme}://{host}:{port}",
               tenants=[t.name for t in config.tenants],
+              # levels offered that are no security boundary, and to whom (tenancy.py)
+              not_boundaries=weak,
               snippet_workers=config.snippet_workers, **_engines())
     try:
         server.run(sockets=[sock])

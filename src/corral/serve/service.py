@@ -50,6 +50,7 @@ from corral.core.spec import (
     SnapshotHandle,
 )
 from corral.providers.remote import wire
+from corral.serve import tenancy
 from corral.serve.config import ServeConfig
 from corral.serve.logs import JsonLog
 from corral.serve.metrics import Metrics
@@ -66,6 +67,8 @@ _CLIENT_ID: Final = re.compile(r"[A-Za-z0-9_-]{16,80}")
 _SNIPPET_LEVELS: Final = (Level.STRICT, Level.CONTEXT_ISOLATED)
 #: how long close() waits for cancelled requests to finish unwinding before it destroys
 _UNWIND_S: Final = 10.0
+#: how often sandboxes past their lifetime are looked for (and destroyed)
+_EXPIRE_EVERY_S: Final = 0.5
 #: the releases of the cap slots a request holds, set by the app per request: called as
 #: soon as the client goes away (see :meth:`Service._slot`)
 EARLY_RELEASE: contextvars.ContextVar[list[Callable[[], None]] | None] = \
@@ -126,6 +129,7 @@ class Service:
             Level(k): v for k, v in (providers or {}).items()}
         self._owned: list[SandboxProvider] = []
         self._pool: Any = None  # SnippetPool, made on the first snippet
+        self._expirer: asyncio.Task[None] | None = None
         self.draining = False
         self._active = 0
         self._idle = asyncio.Event()
@@ -140,6 +144,8 @@ class Service:
                     "until it ends)")
         m.counter("corral_refused_total", "requests refused by a tenant cap, by cap")
         m.counter("corral_sandboxes_created_total", "sandboxes created, by level")
+        m.counter("corral_sandboxes_expired_total", "sandboxes the server destroyed at the "
+                  "end of their lifetime, by why (idle, lifetime)")
         m.gauge("corral_sandboxes_alive", "live sandboxes, by tenant", lambda: [
             ({"tenant": t.name}, float(len(t.sandboxes))) for t in self.tenants.values()])
         m.gauge("corral_runs_in_flight", "runs in flight, by tenant", lambda: [
@@ -181,11 +187,16 @@ class Service:
         reaped = {p.name: list(getattr(p, "reaped_orphans", ())) for p in self._owned}
         self.log.event("providers", levels={lv.value: p.name for lv, p in self.providers.items()},
                        reaped_orphans=reaped)
+        self._expirer = asyncio.ensure_future(self._expire_loop())
 
     async def close(self) -> None:
         """Drain: refuse new work, wait (bounded) for in-flight work to unwind, destroy
         every sandbox, close the snippet pool and the providers this service made."""
         self.draining = True
+        if self._expirer is not None:
+            self._expirer.cancel()
+            with contextlib.suppress(BaseException):
+                await self._expirer
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_UNWIND_S):
                 await self._idle.wait()
@@ -244,10 +255,16 @@ class Service:
         c = tenant.config
         return {
             "version": __version__, "api": wire.API_PREFIX, "tenant": tenant.name,
-            "levels": sorted(lv.value for lv in self.providers),
+            "levels": sorted(lv.value for lv in self.providers
+                             if lv in tenant.config.policy.levels),
             "providers": {lv.value: {"name": p.name,
                                      "capabilities": sorted(p.capabilities)}
-                          for lv, p in self.providers.items()},
+                          for lv, p in self.providers.items()
+                          if lv in tenant.config.policy.levels},
+            # the levels offered to this tenant that are not a security boundary: their
+            # commands run as the server's user, on its network (docs/service.md)
+            "not_boundaries": tenant.ceiling["not_boundaries"],
+            "ceiling": tenant.ceiling,
             "caps": {"max_sandboxes": c.max_sandboxes, "max_runs": c.max_runs,
                      "max_memory_mb": c.max_memory_mb, "max_processes": c.max_processes},
             "usage": {"sandboxes": tenant.sandbox_count, "runs": tenant.runs,
@@ -256,14 +273,19 @@ class Service:
             "default_sandbox_mem_mb": self.config.default_sandbox_mem_mb,
         }
 
-    def entry(self, tenant: TenantState, sandbox_id: str) -> SandboxEntry:
+    def entry(self, tenant: TenantState, sandbox_id: str, *, touch: bool = False
+              ) -> SandboxEntry:
+        """The tenant's sandbox (404 otherwise). ``touch``: this request uses it (its
+        idle time starts again); looking at it (GET, a list) does not."""
         e = tenant.sandboxes.get(sandbox_id)
         if e is None:
             raise ApiError("not-found", "no such sandbox", what="sandbox")
+        if touch:
+            e.touch()
         return e
 
     def process(self, tenant: TenantState, sandbox_id: str, pid: str) -> ProcessEntry:
-        p = self.entry(tenant, sandbox_id).processes.get(pid)
+        p = self.entry(tenant, sandbox_id, touch=True).processes.get(pid)
         if p is None:
             raise ApiError("not-found", "no such process", what="process")
         return p
@@ -283,10 +305,54 @@ class Service:
                                  "this server takes no images (image_roots is empty)")
 
     def _mem(self, spec: SandboxSpec) -> int:
+        """What a sandbox counts against ``max_memory_mb``: its memory limit as applied
+        (after the tenant's default, :meth:`admit`), or at a level enforcing none the
+        server's ``default_sandbox_mem_mb``."""
         return spec.limits.mem_mb or self.config.default_sandbox_mem_mb
 
-    def _refused(self, err: CorralError) -> None:
-        cap = getattr(err, "cap", None)
+    # -- the tenant's ceiling (corral.serve.tenancy) -------------------------------------
+    def admit(self, tenant: TenantState, spec: SandboxSpec) -> SandboxSpec:
+        """``spec`` within the tenant's ceiling (level, network, limits), its unset limits
+        given the tenant's defaults: what the provider is asked to enforce and the caps
+        count. Refused before anything runs (a typed error, counted by
+        ``corral_refused_total{cap=...}``)."""
+        try:
+            return tenancy.admit_spec(tenant.config.policy, spec,
+                                      host_address=_is_host_address)
+        except CorralError as e:
+            self._refused(e, "ceiling")
+            raise
+
+    def _admitted(self, tenant: TenantState, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(tenant.config.policy, *args)
+        except CorralError as e:
+            self._refused(e, "ceiling")
+            raise
+
+    async def _expire_loop(self) -> None:
+        """Destroy the sandboxes past their lifetime (idle or too old): they stop
+        counting against the tenant's caps the moment they are taken out."""
+        while True:
+            await asyncio.sleep(_EXPIRE_EVERY_S)
+            now = time.time()
+            gone: list[Any] = []
+            for t in self.tenants.values():
+                for sid, e in list(t.sandboxes.items()):
+                    if e.expired(now):
+                        assert e.lifetime is not None
+                        why = ("lifetime" if now >= e.created + e.lifetime.max_lifetime_s
+                               else "idle")
+                        self.metrics.inc("corral_sandboxes_expired_total", why=why)
+                        self.log.event("sandbox-expired", tenant=t.name, id=sid, why=why)
+                        gone.append(self.destroy(t, sid))  # out of its caps at once
+            if gone:
+                for r in await asyncio.gather(*gone, return_exceptions=True):
+                    if isinstance(r, Exception):
+                        self.log.event("destroy-failed", sev="error", error=repr(r))
+
+    def _refused(self, err: CorralError, default: str | None = None) -> None:
+        cap = getattr(err, "cap", default)
         if cap is not None:
             self.metrics.inc("corral_refused_total", cap=cap)
 
@@ -326,12 +392,15 @@ class Service:
 
     # -- sandboxes -----------------------------------------------------------------------
     async def create(self, tenant: TenantState, spec: SandboxSpec,
-                     client_id: str | None = None) -> SandboxEntry:
+                     client_id: str | None = None, *, idle_timeout_s: object = None,
+                     max_lifetime_s: object = None) -> SandboxEntry:
         """Create a sandbox for ``tenant`` (its ``tenant_id`` is the tenant's name).
 
         ``client_id``: an id the client chose, so it can destroy the sandbox even when
         the answer to this request never reaches it (a cancelled create). A create
-        whose id was destroyed meanwhile is rolled back (CreateCancelledError)."""
+        whose id was destroyed meanwhile is rolled back (CreateCancelledError).
+        ``idle_timeout_s`` / ``max_lifetime_s``: within the tenant's maxima (its defaults
+        when None); the server destroys the sandbox when either passes."""
         if client_id is not None:
             if not _CLIENT_ID.fullmatch(client_id):
                 raise ConfigInvalidError("id", "must be 16-80 of [A-Za-z0-9_-]")
@@ -339,6 +408,8 @@ class Service:
                 raise ConfigInvalidError("id", "a sandbox with this id exists")
             if client_id in tenant.tombstones:
                 raise CreateCancelledError("the sandbox was destroyed before it was created")
+        spec = self.admit(tenant, spec)
+        life = self._admitted(tenant, tenancy.admit_lifetime, idle_timeout_s, max_lifetime_s)
         provider = self.provider_for(spec.level)
         self.check_image(spec)
         mem = self._mem(spec)
@@ -349,7 +420,7 @@ class Service:
                 await asyncio.shield(self._destroy_sandbox(sb))
                 raise CreateCancelledError("the sandbox was destroyed while being created")
             entry = SandboxEntry(id=sid, sandbox=sb, level=spec.level.value,
-                                 provider=provider.name, mem_mb=mem)
+                                 provider=provider.name, mem_mb=mem, lifetime=life)
             tenant.sandboxes[sid] = entry
         self.metrics.inc("corral_sandboxes_created_total", level=spec.level.value)
         self.log.event("sandbox-created", tenant=tenant.name, id=sid, level=spec.level.value)
@@ -391,7 +462,8 @@ class Service:
     async def exec(self, tenant: TenantState, sandbox_id: str, argv: Sequence[str],
                    opts: ExecOpts) -> RunResult:
         entry = self.entry(tenant, sandbox_id)
-        with self.run_slot(tenant):
+        opts = self._admitted(tenant, tenancy.admit_exec, opts)
+        with self.run_slot(tenant), entry.in_use():
             try:
                 r = await entry.sandbox.exec(argv, opts)
             except BaseException as e:
@@ -405,9 +477,14 @@ class Service:
         """Take the run slot now (a refusal is an HTTP status), and return the events of
         the run: ``output`` events as the output arrives, then ``result`` or ``error``."""
         entry = self.entry(tenant, sandbox_id)
+        opts = self._admitted(tenant, tenancy.admit_exec, opts)
         sb = entry.sandbox
-        return self._streamed(tenant, "exec", lambda on_output: _exec_with(sb, argv, opts,
-                                                                           on_output))
+
+        async def run(on_output: Callable[[int, bytes], None]) -> RunResult:
+            with entry.in_use():
+                return await _exec_with(sb, argv, opts, on_output)
+
+        return self._streamed(tenant, "exec", run)
 
     def _streamed(self, tenant: TenantState, kind: str,
                   run: Callable[[Callable[[int, bytes], None]], Any],
@@ -457,14 +534,19 @@ class Service:
 
     async def write_file(self, tenant: TenantState, sandbox_id: str, path: str,
                          data: bytes) -> None:
-        await self.entry(tenant, sandbox_id).sandbox.write_file(path, data)
+        entry = self.entry(tenant, sandbox_id)
+        with entry.in_use():
+            await entry.sandbox.write_file(path, data)
 
     async def read_file(self, tenant: TenantState, sandbox_id: str, path: str) -> bytes:
-        return await self.entry(tenant, sandbox_id).sandbox.read_file(path)
+        entry = self.entry(tenant, sandbox_id)
+        with entry.in_use():
+            return await entry.sandbox.read_file(path)
 
     async def start_process(self, tenant: TenantState, sandbox_id: str, argv: Sequence[str],
                             opts: ProcessOpts) -> ProcessEntry:
-        entry = self.entry(tenant, sandbox_id)
+        entry = self.entry(tenant, sandbox_id, touch=True)
+        opts = self._admitted(tenant, tenancy.admit_process, opts)
         entry.prune()
         try:
             tenant.check_processes(entry)
@@ -482,7 +564,7 @@ class Service:
         """pause / resume / snapshot / restore, through the contract's functions (which
         raise the matching not-supported error where the provider has none). A handle is
         restored only into a sandbox of the tenant whose sandbox made it."""
-        sb = self.entry(tenant, sandbox_id).sandbox
+        sb = self.entry(tenant, sandbox_id, touch=True).sandbox
         if op == "pause":
             await pause(sb)
         elif op == "resume":
@@ -514,7 +596,8 @@ class Service:
         """One bounded command in a fresh sandbox at ``level``, destroyed after it: the
         events of the run (``output``..., then ``result``, whatever the outcome, or
         ``error`` when it could not run). Caps are taken now."""
-        spec = self._run_spec(tenant, level, limits, network)
+        spec = self.admit(tenant, self._run_spec(tenant, level, limits, network))
+        opts = self._admitted(tenant, tenancy.admit_exec, opts)
         provider = self.provider_for(level)
         mem = self._mem(spec)
         box = self.sandbox_slot(tenant, mem)
@@ -537,7 +620,12 @@ class Service:
         """Validate and run a snippet in the service's pool; its transcript as JSON.
         ``on_log`` gets each log line as the snippet writes it (on this loop)."""
         from corral.snippets import run_snippet
-        lv = level or next((x for x in _SNIPPET_LEVELS if x in self.providers), None)
+        offered = tenant.config.policy.levels
+        if level is not None:
+            self._admitted(tenant, tenancy.check_level, level)
+        self._admitted(tenant, tenancy.admit_timeout, timeout_ms)  # within its maximum
+        lv = level or next((x for x in _SNIPPET_LEVELS if x in self.providers
+                            and x in offered), None)
         if lv is None or lv not in self.providers:
             raise LevelNotSupportedError((level or Level.STRICT).value,
                                          tuple(sorted(x.value for x in self.providers)),
@@ -567,15 +655,22 @@ class Service:
         if the_mode is not None and InvocationMode(the_mode) == InvocationMode.IN_CONTEXT:
             raise ConfigInvalidError("mode", "in-context runs the handler in the server's "
                                      "process; the service refuses it")
-        kw: dict[str, Any] = dict(resumed=resumed, files=files,
-                                  timeout_ms=timeout_ms or DEFAULT_INVOKE_TIMEOUT_MS)
+        if spec is not None:
+            spec = self.admit(tenant, spec)
+        if timeout_ms is None:  # dispatch's own default, within the tenant's maximum
+            most = tenant.config.policy.limits["timeout_ms"].maximum
+            timeout_ms = min(DEFAULT_INVOKE_TIMEOUT_MS, most or DEFAULT_INVOKE_TIMEOUT_MS)
+        timeout_ms = self._admitted(tenant, tenancy.admit_timeout, timeout_ms)
+        kw: dict[str, Any] = dict(resumed=resumed, files=files, timeout_ms=timeout_ms)
         with self.run_slot(tenant):
             try:
                 if sandbox_id is not None:
                     entry = self.entry(tenant, sandbox_id)
                     if the_mode is None and entry.sandbox.spec.mode == InvocationMode.IN_CONTEXT:
                         raise ConfigInvalidError("mode", "in-context is refused by the service")
-                    reply = await invoke_in(entry.sandbox, ref, payload, mode=the_mode, **kw)
+                    with entry.in_use():
+                        reply = await invoke_in(entry.sandbox, ref, payload, mode=the_mode,
+                                                **kw)
                 else:
                     assert spec is not None
                     self.check_image(spec)
@@ -589,6 +684,19 @@ class Service:
         if reply.kind == "output":
             return {"kind": "output", "value": reply.value}
         return {"kind": "suspended", "token_id": reply.token_id}
+
+
+def _is_host_address(ip: str) -> bool:
+    """Whether ``ip`` is an address of this host's own interfaces: a UDP socket
+    "connected" to it (which sends nothing) gets it as its own source address."""
+    import socket
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect((ip, 9))
+            return bool(s.getsockname()[0] == ip)
+    except OSError:
+        return False
 
 
 def _exit(cm: Any) -> None:

@@ -18,12 +18,14 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from corral.core.contract import ProcessHandle, Sandbox
 from corral.core.errors import LimitsExceededError
 from corral.core.result import RunResult
 from corral.serve.config import TenantConfig
+from corral.serve.tenancy import Lifetime
 
 __all__ = ["CapName", "ProcessEntry", "SandboxEntry", "TenantState", "new_id"]
 
@@ -99,6 +101,42 @@ class SandboxEntry:
     mem_mb: int
     created: float = field(default_factory=time.time)
     processes: dict[str, ProcessEntry] = field(default_factory=dict)
+    #: how long it may live (None: until destroyed; a service always sets one)
+    lifetime: Lifetime | None = None
+    #: when a request last touched it (epoch s), and requests on it being answered
+    last_used: float = field(default_factory=time.time)
+    busy: int = 0
+
+    def touch(self) -> None:
+        self.last_used = time.time()
+
+    @contextlib.contextmanager
+    def in_use(self) -> Any:
+        """A request working on this sandbox: it does not go idle meanwhile."""
+        self.busy += 1
+        self.touch()
+        try:
+            yield
+        finally:
+            self.busy -= 1
+            self.touch()
+
+    def ends_at(self) -> float | None:
+        """When it ends (epoch s) if nothing touches it again; None: no lifetime."""
+        if self.lifetime is None:
+            return None
+        return self.lifetime.ends_at(self.created, self.last_used)
+
+    def expired(self, now: float) -> bool:
+        """Past its maximum lifetime, or idle (no request on it, no output being read)
+        for its idle timeout."""
+        life = self.lifetime
+        if life is None:
+            return False
+        if now >= self.created + life.max_lifetime_s:
+            return True
+        working = self.busy > 0 or any(p.reading for p in self.processes.values())
+        return not working and now >= self.last_used + life.idle_timeout_s
 
     def prune(self) -> None:
         """Forget processes whose end the client has seen (their pumps are done), so a
@@ -108,9 +146,21 @@ class SandboxEntry:
                 del self.processes[pid]
 
     def info(self) -> dict[str, Any]:
-        return {"id": self.id, "level": self.level, "provider": self.provider,
-                "mem_mb": self.mem_mb, "created": self.created,
-                "processes": sorted(self.processes)}
+        doc = {"id": self.id, "level": self.level, "provider": self.provider,
+               "mem_mb": self.mem_mb, "created": self.created,
+               "processes": sorted(self.processes)}
+        end = self.ends_at()
+        if self.lifetime is not None and end is not None:
+            doc.update(ends_at=_rfc3339(end), ends_at_s=round(end, 3),
+                       idle_timeout_s=self.lifetime.idle_timeout_s,
+                       max_lifetime_s=self.lifetime.max_lifetime_s)
+        return doc
+
+
+def _rfc3339(t: float) -> str:
+    """An epoch second as RFC 3339 in UTC, to the millisecond."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds") \
+        .replace("+00:00", "Z")
 
 
 class TenantState:
@@ -119,6 +169,8 @@ class TenantState:
     def __init__(self, config: TenantConfig) -> None:
         self.config = config
         self.name = config.name
+        #: the tenant's ceiling as /v1/info shows it (the policy is frozen: made once)
+        self.ceiling: dict[str, Any] = config.policy.describe()
         self.sandboxes: dict[str, SandboxEntry] = {}
         #: sandboxes being created or held by a /v1/runs run (not in ``sandboxes``)
         self.pending_sandboxes = 0
