@@ -97,10 +97,12 @@ def _tenants(args: argparse.Namespace, config: Any) -> Any:
         print("corral mcp: no --config and no CORRAL_MCP_TOKEN: generated a bearer token "
               f"for tenant 'default' (send Authorization: Bearer <token>): {token}",
               file=sys.stderr, flush=True)
+    from corral.serve.tenancy import TenantPolicy
     tenant = McpTenant(name="default", token_sha256=token_digest(token),
                        max_sandboxes=args.max_sandboxes, max_runs=16, max_memory_mb=None,
                        max_sessions=args.max_sessions_per_tenant,
-                       levels=offered_levels(config.level))
+                       policy=TenantPolicy(name="default",
+                                           levels=offered_levels(config.level)))
     return TenantTable([tenant]), config
 
 

@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from corral.core.errors import ConfigInvalidError
-from corral.core.spec import Level, SandboxLimits
+from corral.core.spec import Level
 
-__all__ = ["DEFAULT_LIMITS", "LEVEL_ORDER", "MAX_LIMITS", "McpConfig", "bounded_limits",
-           "level_at_least", "offered_levels"]
+__all__ = ["LEVEL_ORDER", "McpConfig", "level_at_least", "offered_levels"]
 
 #: weakest first; a call may ask for the server's level or a stronger one, never weaker
 LEVEL_ORDER: Final = (Level.NONE, Level.CONTEXT_ISOLATED, Level.STRICT)
@@ -38,26 +37,6 @@ def level_at_least(asked: str | None, floor: Level) -> Level:
     return lv
 
 
-#: what a strict sandbox gets for a limit the call leaves out (the linux provider's own
-#: defaults, now set explicitly so what is counted is what is enforced)
-DEFAULT_LIMITS: Final = SandboxLimits(mem_mb=512, max_processes=256, disk_mb=256)
-#: the most a call may ask for, per sandbox (cpu_ms: no bound; the wall clock bounds it)
-MAX_LIMITS: Final = SandboxLimits(mem_mb=2048, max_processes=256, disk_mb=2048)
-
-
-def bounded_limits(asked: SandboxLimits, defaults: SandboxLimits,
-                   maxima: SandboxLimits) -> SandboxLimits:
-    """``asked`` with every unset limit taken from ``defaults``; ConfigInvalidError
-    (``field="limits.<name>"``) for one past ``maxima``."""
-    merged = asked.merged(defaults)
-    for name, most in maxima.asked().items():
-        value = getattr(merged, name)
-        if value is not None and value > most:
-            raise ConfigInvalidError(f"limits.{name}", f"at most {most} on this server, "
-                                     f"asked for {value}")
-    return merged
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class McpConfig:
     """What ``corral mcp`` serves and its bounds.
@@ -83,8 +62,6 @@ class McpConfig:
             server, over all tenants (each tenant has its own ``max_sessions`` too).
         session_start_timeout_s: a session that did nothing after its handshake is
             closed after this long (``idle_timeout_s`` once it did something).
-        default_limits / max_limits: a strict sandbox's limits when a call leaves one
-            out, and the most a call may ask for (per sandbox).
         shutdown_grace_s: on SIGTERM, how long requests in flight may finish before they
             are cancelled (every sandbox is then destroyed).
         providers / provider_options: the provider for each level (level -> registry
@@ -103,8 +80,6 @@ class McpConfig:
     playground_url: str | None = None
     max_sessions: int = 64
     session_start_timeout_s: float = 30.0
-    default_limits: SandboxLimits = DEFAULT_LIMITS
-    max_limits: SandboxLimits = MAX_LIMITS
     shutdown_grace_s: float = 1.0
     providers: Mapping[str, str] = field(default_factory=dict)
     provider_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

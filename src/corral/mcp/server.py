@@ -51,16 +51,11 @@ from corral.core.spec import (
     SandboxLimits,
     SandboxSpec,
 )
-from corral.mcp.config import (
-    LEVEL_ORDER,
-    McpConfig,
-    bounded_limits,
-    level_at_least,
-    offered_levels,
-)
+from corral.mcp.config import LEVEL_ORDER, McpConfig, level_at_least, offered_levels
 from corral.mcp.gate import HttpGate, tenant_of_scope
 from corral.mcp.registry import SandboxRegistry, Scope
 from corral.mcp.tenants import LOCAL, McpTenant, TenantTable
+from corral.serve.tenancy import TenantPolicy, admit_spec, admit_timeout, check_level
 
 if TYPE_CHECKING:
     from corral.snippets.host.pool import SnippetPool
@@ -101,7 +96,7 @@ def local_tenant(config: McpConfig) -> McpTenant:
     user), the server's caps and levels."""
     return McpTenant(name=LOCAL, token_sha256=None, max_sandboxes=config.max_sandboxes,
                      max_runs=LOCAL_MAX_RUNS, max_memory_mb=None, max_sessions=1,
-                     levels=offered_levels(config.level))
+                     policy=TenantPolicy(name=LOCAL, levels=offered_levels(config.level)))
 
 
 class Backend:
@@ -156,11 +151,7 @@ class Backend:
                        and LEVEL_ORDER.index(x) >= LEVEL_ORDER.index(floor)), floor)
         else:
             lv = level_at_least(asked, floor)
-        if lv not in tenant.levels:
-            offered = ", ".join(sorted(x.value for x in tenant.levels))
-            raise ConfigInvalidError("level", f"{lv.value!r} is not offered to tenant "
-                                     f"{tenant.name!r} (offered: {offered})")
-        return lv
+        return check_level(tenant.policy, lv)
 
     @contextlib.contextmanager
     def run_slot(self, tenant: McpTenant) -> Iterator[None]:
@@ -253,15 +244,26 @@ def _run_doc(result: RunResult) -> CallToolResult:
     return _result(doc, is_error=True)
 
 
-def _timeout(config: McpConfig, timeout_ms: int | None) -> int:
+def _timeout(config: McpConfig, tenant: McpTenant, timeout_ms: int | None) -> int:
+    """A command's wall clock: the one asked, within the server's and the tenant's
+    maxima, or the default (10 s, or the lower of those maxima)."""
+    most = tenant.policy.limits["timeout_ms"].maximum
     if timeout_ms is None:
-        return min(DEFAULT_COMMAND_TIMEOUT_MS, config.max_command_timeout_ms)
+        return min(DEFAULT_COMMAND_TIMEOUT_MS, config.max_command_timeout_ms,
+                   most if most is not None else DEFAULT_COMMAND_TIMEOUT_MS)
     if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms <= 0:
         raise ConfigInvalidError("timeout_ms", "must be a positive integer (milliseconds)")
     if timeout_ms > config.max_command_timeout_ms:
         raise ConfigInvalidError("timeout_ms", f"at most {config.max_command_timeout_ms} ms "
                                  "on this server")
-    return timeout_ms
+    return admit_timeout(tenant.policy, timeout_ms)
+
+
+def _output_cap(config: McpConfig, tenant: McpTenant) -> int:
+    """The stdout and stderr caps of a command: the server's, or the tenant's default
+    when lower."""
+    own = tenant.policy.limits["output_bytes"].default
+    return min(config.max_output_bytes, own) if own is not None else config.max_output_bytes
 
 
 def _argv(argv: list[str]) -> list[str]:
@@ -432,8 +434,8 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
         async def call() -> CallToolResult:
             tenant, _ = backend.caller(ctx)
             lv = backend.level_for(tenant, level)
-            args, timeout = _argv(argv), _timeout(cfg, timeout_ms)
-            cap = cfg.max_output_bytes
+            args, timeout = _argv(argv), _timeout(cfg, tenant, timeout_ms)
+            cap = _output_cap(cfg, tenant)
             with backend.run_slot(tenant):
                 return await run(tenant, lv, args, timeout, cap)
 
@@ -452,7 +454,8 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
                         args[0], args[1:], timeout_ms=timeout, env=env, stdin=stdin,
                         max_stdout_bytes=cap, max_stderr_bytes=cap, on_stdout=out,
                         on_stderr=err, provider=await backend.provider(lv),
-                        tenant_id=tenant.name, limits=cfg.default_limits)
+                        tenant_id=tenant.name,
+                        limits=admit_spec(tenant.policy, SandboxSpec(level=lv)).limits)
                 else:
                     from corral.run.bounded import run_bounded_async
                     result = await run_bounded_async(
@@ -480,13 +483,14 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
             lv = backend.level_for(tenant, level)
             limits = SandboxLimits(mem_mb=mem_mb, max_processes=max_processes,
                                    disk_mb=disk_mb, cpu_ms=cpu_ms)
-            if lv == Level.STRICT:  # defaults filled in: what is counted is what is enforced
-                limits = bounded_limits(limits, cfg.default_limits, cfg.max_limits)
             # context-isolated is no network boundary: say so instead of asking for none
             network = (NetworkPolicy.unrestricted() if lv == Level.CONTEXT_ISOLATED
                        else NetworkPolicy())
-            spec = SandboxSpec(tenant_id=tenant.name, run_id=uuid.uuid4().hex, level=lv,
-                               limits=limits, network=network)
+            # the tenant's ceiling: maxima refused, defaults filled in at a boundary level
+            # (what is counted is what is enforced)
+            spec = admit_spec(tenant.policy, SandboxSpec(
+                tenant_id=tenant.name, run_id=uuid.uuid4().hex, level=lv, limits=limits,
+                network=network))
             provider = await backend.provider(lv)
             entry = await backend.registry.create(
                 scope, name, spec, provider.create, tenant_max=tenant.max_sandboxes,
@@ -511,12 +515,12 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
         """Run a command to completion in a named sandbox; its files persist between calls.
         With a progress token, its output also arrives as progress notifications."""
         async def call() -> CallToolResult:
-            args, timeout = _argv(argv), _timeout(cfg, timeout_ms)
+            tenant, scope = backend.caller(ctx)
+            args, timeout = _argv(argv), _timeout(cfg, tenant, timeout_ms)
+            cap = _output_cap(cfg, tenant)
             opts = ExecOpts(timeout_ms=timeout, env=env, cwd=cwd,
                             stdin=None if stdin is None else stdin.encode(),
-                            max_stdout_bytes=cfg.max_output_bytes,
-                            max_stderr_bytes=cfg.max_output_bytes)
-            tenant, scope = backend.caller(ctx)
+                            max_stdout_bytes=cap, max_stderr_bytes=cap)
             with backend.run_slot(tenant):
                 return await run(scope, args, opts)
 

@@ -3,8 +3,10 @@
 Over streamable HTTP every request names its tenant by ``Authorization: Bearer
 <token>``; the tenants are ``corral serve``'s (the ``[[tenants]]`` tables of its TOML
 config, read by :func:`corral.serve.config.load_config`: ``token`` or
-``token_sha256``, ``max_sandboxes``, ``max_runs``, ``max_memory_mb``), or, without a
-config, one tenant ``default`` whose token is ``$CORRAL_MCP_TOKEN`` or generated. Over
+``token_sha256``, ``max_sandboxes``, ``max_runs``, ``max_memory_mb``, and the ceiling
+of :mod:`corral.serve.tenancy`: ``levels``, ``[tenants.limits]`` ...), or, without a
+config, one tenant ``default`` whose token is ``$CORRAL_MCP_TOKEN`` or generated, with
+the built-in ceiling. Over
 stdio there is one tenant, :data:`LOCAL`, with no token (the client started the server
 as its own user) and the server's caps.
 
@@ -19,11 +21,12 @@ from __future__ import annotations
 import hmac
 import secrets
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from corral.core.errors import ConfigInvalidError
 from corral.core.spec import Level
+from corral.serve.tenancy import TenantPolicy
 
 __all__ = ["LOCAL", "McpTenant", "TenantTable", "generated_token"]
 
@@ -45,7 +48,9 @@ class McpTenant:
             the server fills in its default), or None for no tenant-wide bound.
         max_sessions: MCP sessions (the handshake protocol's ``mcp-session-id``) open at
             once; one more is answered 429 before the SDK makes anything.
-        levels: the levels it may run at (``strict`` unless the operator names more).
+        policy: its ceiling (:class:`corral.serve.tenancy.TenantPolicy`, as ``corral
+            serve``'s): the levels it may run at (``strict`` unless the operator names
+            more), limit defaults and maxima, timeouts, output.
     """
 
     name: str
@@ -54,15 +59,20 @@ class McpTenant:
     max_runs: int = 4
     max_memory_mb: int | None = 4096
     max_sessions: int = 8
-    levels: frozenset[Level] = frozenset({Level.STRICT})
+    policy: TenantPolicy = field(default_factory=lambda: TenantPolicy(name="-"))
 
     def __post_init__(self) -> None:
         if self.token_sha256 is not None and len(self.token_sha256) != 32:
             raise ConfigInvalidError("tenants.token_sha256", "must be a SHA-256 digest")
-        if Level.NONE in self.levels:
+        if Level.NONE in self.policy.levels:
             raise ConfigInvalidError("levels", "corral mcp never runs at 'none'")
-        if not self.levels:
-            raise ConfigInvalidError("levels", "a tenant needs at least one level")
+        if self.policy.name != self.name:
+            object.__setattr__(self, "policy", replace(self.policy, name=self.name))
+
+    @property
+    def levels(self) -> frozenset[Level]:
+        """The levels this tenant may run at."""
+        return self.policy.levels
         for k in ("max_sandboxes", "max_runs", "max_sessions"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -137,10 +147,11 @@ def load_tenants(path: str, floor: Level, *, max_sessions: int) -> LoadedConfig:
     rules: ``token`` or ``token_sha256``, unique names and tokens, known keys) for
     ``corral mcp``.
 
-    Levels: ``strict`` only, unless the file's ``[levels]`` table names
-    ``context-isolated`` (and ``floor``, the server's ``--level``, allows it); the
-    providers it names (with ``[provider_options]``) serve those levels. ``[server]``
-    is not read (host, port and TLS are ``corral mcp``'s own options).
+    Each tenant's ceiling is its ``policy`` (:mod:`corral.serve.tenancy`): ``strict``
+    only unless its ``levels`` name ``context-isolated`` (which ``[levels]`` must offer;
+    and ``floor``, the server's ``--level``, must allow it); the providers ``[levels]``
+    names (with ``[provider_options]``) serve those levels. ``[server]`` is not read
+    (host, port and TLS are ``corral mcp``'s own options).
     """
     import tomllib
 
@@ -154,21 +165,23 @@ def load_tenants(path: str, floor: Level, *, max_sessions: int) -> LoadedConfig:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigInvalidError("config", f"{path}: {e}") from None
     serve = config_from_dict(doc)
-    named = set(doc["levels"]) if "levels" in doc else {Level.STRICT.value}
-    served = {Level.STRICT.value, Level.CONTEXT_ISOLATED.value}
-    levels = frozenset(Level(x) for x in named & served) & offered_levels(floor)
-    if not levels:
-        raise ConfigInvalidError("levels", f"{path}: [levels] names no level corral mcp "
-                                 f"serves at --level {floor.value} (strict, "
-                                 "context-isolated)")
-    tenants = TenantTable(McpTenant(
-        name=t.name, token_sha256=t.token_sha256, max_sandboxes=t.max_sandboxes,
-        max_runs=t.max_runs, max_memory_mb=t.max_memory_mb, max_sessions=max_sessions,
-        levels=levels) for t in serve.tenants)
-    providers = {k: v for k, v in serve.levels.items() if Level(k) in levels} \
-        if "levels" in doc else {}
+    served = offered_levels(floor)
+    tenants = []
+    for t in serve.tenants:
+        levels = t.policy.levels & served
+        if not levels:
+            raise ConfigInvalidError(
+                "tenants.levels", f"{path}: tenant {t.name!r} is offered no level corral "
+                f"mcp serves at --level {floor.value} (its levels: "
+                f"{', '.join(sorted(lv.value for lv in t.policy.levels))})")
+        tenants.append(McpTenant(
+            name=t.name, token_sha256=t.token_sha256, max_sandboxes=t.max_sandboxes,
+            max_runs=t.max_runs, max_memory_mb=t.max_memory_mb, max_sessions=max_sessions,
+            policy=replace(t.policy, levels=levels)))
+    providers = {k: v for k, v in serve.levels.items() if Level(k) in served}
     options = {k: dict(v) for k, v in serve.provider_options.items()}
-    return LoadedConfig(tenants=tenants, providers=providers, provider_options=options)
+    return LoadedConfig(tenants=TenantTable(tenants), providers=providers,
+                        provider_options=options)
 
 
 __all__ += ["LoadedConfig", "is_loopback", "load_tenants"]
