@@ -312,6 +312,7 @@ def test_sigterm_is_prompt_with_sandboxes_alive_and_leaves_nothing() -> None:
 
         run(main())
         assert proc.returncode == 0
+    print(f"SIGTERM to exit: {took[0]:.2f} s")
     assert took[0] < 5.0, f"SIGTERM took {took[0]:.1f} s"
     assert all(cgroup_gone(i) for i in ids)
     assert _with_marker(marker) == []
