@@ -9,8 +9,7 @@ import asyncio
 import signal
 from typing import Any
 
-from mcp import Client
-from mcp_support import STRICT, cgroup_gone, cgroup_of, cgroups_of_pid, doc, http_server
+from mcp_support import STRICT, cgroup_gone, cgroup_of, cgroups_of_pid, client, doc, http_server
 
 
 def run(coro: Any) -> Any:
@@ -23,7 +22,7 @@ def test_tools_over_http_and_sigterm_destroys_every_sandbox() -> None:
         assert url.startswith("http://127.0.0.1:") and url.endswith("/mcp")
 
         async def main() -> str:
-            async with Client(url) as c:
+            async with client(url) as c:
                 t = doc(await c.call_tool("run_in_sandbox", {"source": "x = [1, 2]\nlen(x)"}))
                 assert (t["result"], t["facts"]) == ("2", {"x": [1, 2]})
                 t = doc(await c.call_tool("run_in_sandbox", {"source": "import socket"}))
@@ -33,7 +32,7 @@ def test_tools_over_http_and_sigterm_destroys_every_sandbox() -> None:
                 made = doc(await c.call_tool("sandbox_create", {"name": "s"}))
                 await c.call_tool("sandbox_write_file", {"name": "s", "path": "a", "content": "1"})
             # the sessionless protocol: the sandbox outlives one client's connection
-            async with Client(url) as c:
+            async with client(url) as c:
                 r = await c.call_tool("sandbox_exec", {"name": "s", "argv": ["/bin/cat", "a"]})
                 assert doc(r)["stdout"] == "1"
             return str(made["id"])
@@ -50,7 +49,7 @@ def test_tools_over_http_and_sigterm_destroys_every_sandbox() -> None:
 def test_sessions_keep_their_names_apart_and_a_closed_session_ends_its_sandboxes() -> None:
     with http_server() as (url, proc):
         async def main() -> None:
-            async with Client(url, mode="legacy") as a, Client(url, mode="legacy") as b:
+            async with client(url, mode="legacy") as a, client(url, mode="legacy") as b:
                 sa = doc(await a.call_tool("sandbox_create", {"name": "mine"}))
                 assert doc(await b.call_tool("sandbox_list", {}))["sandboxes"] == []
                 r = await b.call_tool("sandbox_exec", {"name": "mine", "argv": ["/bin/true"]})

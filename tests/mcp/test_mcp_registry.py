@@ -12,7 +12,7 @@ import pytest
 from corral.core.errors import ConfigInvalidError, LevelNotSupportedError
 from corral.core.spec import SandboxSpec
 from corral.mcp.config import McpConfig, level_at_least
-from corral.mcp.registry import SandboxRegistry
+from corral.mcp.registry import SandboxRegistry, Scope
 from corral.testing import FakeProvider
 
 
@@ -38,17 +38,17 @@ def alive(p: FakeProvider) -> int:
 def test_names_are_per_scope_and_checked() -> None:
     async def main() -> None:
         reg, p, _ = make()
-        await reg.create("s1", "a", SandboxSpec(), p.create)
-        await reg.create("s2", "a", SandboxSpec(), p.create)
-        assert reg.names("s1") == ["a"] and reg.names("s2") == ["a"]
+        await reg.create(Scope("t", "s1"), "a", SandboxSpec(), p.create)
+        await reg.create(Scope("t", "s2"), "a", SandboxSpec(), p.create)
+        assert reg.names(Scope("t", "s1")) == ["a"] and reg.names(Scope("t", "s2")) == ["a"]
         with pytest.raises(ConfigInvalidError, match="already exists") as e:
-            await reg.create("s1", "a", SandboxSpec(), p.create)
+            await reg.create(Scope("t", "s1"), "a", SandboxSpec(), p.create)
         assert e.value.field == "name"
         for bad in ("", "../x", "a b", "-x", "x" * 65, 3):
             with pytest.raises(ConfigInvalidError):
-                await reg.create("s1", bad, SandboxSpec(), p.create)  # type: ignore[arg-type]
+                await reg.create(Scope("t", "s1"), bad, SandboxSpec(), p.create)  # type: ignore[arg-type]
         with pytest.raises(ConfigInvalidError, match="no sandbox named 'a'"):
-            async with reg.use("s3", "a"):
+            async with reg.use(Scope("t", "s3"), "a"):
                 pass
         assert alive(p) == 2
         await reg.aclose()
@@ -59,17 +59,18 @@ def test_names_are_per_scope_and_checked() -> None:
 def test_caps_per_scope_and_in_all_refuse_before_anything_is_made() -> None:
     async def main() -> None:
         reg, p, _ = make()
-        await reg.create("s1", "a", SandboxSpec(), p.create)
-        await reg.create("s1", "b", SandboxSpec(), p.create)
+        await reg.create(Scope("t", "s1"), "a", SandboxSpec(), p.create)
+        await reg.create(Scope("t", "s1"), "b", SandboxSpec(), p.create)
         with pytest.raises(ConfigInvalidError, match="this session has 2") as e:
-            await reg.create("s1", "c", SandboxSpec(), p.create)
+            await reg.create(Scope("t", "s1"), "c", SandboxSpec(), p.create)
         assert e.value.field == "max_sandboxes"
-        await reg.create("s2", "a", SandboxSpec(), p.create)
+        await reg.create(Scope("t", "s2"), "a", SandboxSpec(), p.create)
         with pytest.raises(ConfigInvalidError, match="the server has 3"):
-            await reg.create("s3", "a", SandboxSpec(), p.create)
+            await reg.create(Scope("t", "s3"), "a", SandboxSpec(), p.create)
         assert len(p.sandboxes) == 3
-        assert await reg.destroy("s1", "a") and not await reg.destroy("s1", "a")
-        await reg.create("s3", "a", SandboxSpec(), p.create)
+        s1 = Scope("t", "s1")
+        assert await reg.destroy(s1, "a") and not await reg.destroy(s1, "a")
+        await reg.create(Scope("t", "s3"), "a", SandboxSpec(), p.create)
         await reg.aclose()
     asyncio.run(main())
 
@@ -79,21 +80,21 @@ def test_a_refused_create_registers_nothing() -> None:
         reg, _, _ = make()
         p = FakeProvider(levels=("none",))
         with pytest.raises(LevelNotSupportedError):
-            await reg.create("s", "a", SandboxSpec(), p.create)
-        assert reg.count() == 0 and reg.names("s") == []
+            await reg.create(Scope("t", "s"), "a", SandboxSpec(), p.create)
+        assert reg.count() == 0 and reg.names(Scope("t", "s")) == []
     asyncio.run(main())
 
 
 def test_the_reaper_ends_idle_sandboxes_but_not_busy_ones() -> None:
     async def main() -> None:
         reg, p, clock = make()
-        await reg.create("s", "idle", SandboxSpec(), p.create)
-        await reg.create("s", "busy", SandboxSpec(), p.create)
+        await reg.create(Scope("t", "s"), "idle", SandboxSpec(), p.create)
+        await reg.create(Scope("t", "s"), "busy", SandboxSpec(), p.create)
         clock.now = 5.0
-        async with reg.use("s", "busy"):
+        async with reg.use(Scope("t", "s"), "busy"):
             clock.now = 30.0
             assert await reg.reap() == 1  # busy is in a call: kept
-            assert reg.names("s") == ["busy"]
+            assert reg.names(Scope("t", "s")) == ["busy"]
         assert await reg.reap() == 0  # its idle clock restarted when the call ended
         clock.now = 40.0
         assert await reg.reap() == 1
@@ -107,7 +108,7 @@ def test_the_reaper_runs_on_its_own() -> None:
         reg = SandboxRegistry(idle_timeout_s=0.2, max_per_scope=2, max_total=2)
         p = FakeProvider()
         reg.start()
-        await reg.create("s", "a", SandboxSpec(), p.create)
+        await reg.create(Scope("t", "s"), "a", SandboxSpec(), p.create)
         for _ in range(100):
             if not reg.count():
                 break
@@ -120,16 +121,16 @@ def test_the_reaper_runs_on_its_own() -> None:
 def test_a_session_end_destroys_only_its_sandboxes() -> None:
     async def main() -> None:
         reg, p, _ = make(max_per_scope=3, max_total=6)
-        for scope in ("s1", "s2"):
+        for scope in (Scope("t", "s1"), Scope("t", "s2")):
             for name in ("a", "b"):
                 await reg.create(scope, name, SandboxSpec(), p.create)
-        assert await reg.end_scope("s1") == 2
-        assert reg.names("s1") == [] and reg.names("s2") == ["a", "b"]
+        assert await reg.end_scope(Scope("t", "s1")) == 2
+        assert reg.names(Scope("t", "s1")) == [] and reg.names(Scope("t", "s2")) == ["a", "b"]
         assert alive(p) == 2
         await reg.aclose()
         assert alive(p) == 0
         with pytest.raises(ConfigInvalidError, match="shutting down"):
-            await reg.create("s2", "c", SandboxSpec(), p.create)
+            await reg.create(Scope("t", "s2"), "c", SandboxSpec(), p.create)
     asyncio.run(main())
 
 

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 from corral.core.errors import ConfigInvalidError
 from corral.core.spec import Level
 
-__all__ = ["LEVEL_ORDER", "McpConfig", "level_at_least"]
+__all__ = ["LEVEL_ORDER", "McpConfig", "level_at_least", "offered_levels"]
 
 #: weakest first; a call may ask for the server's level or a stronger one, never weaker
 LEVEL_ORDER: Final = (Level.NONE, Level.CONTEXT_ISOLATED, Level.STRICT)
+
+
+def offered_levels(floor: Level) -> frozenset[Level]:
+    """The levels a server whose weakest level is ``floor`` runs at (never ``none``)."""
+    return frozenset(lv for lv in LEVEL_ORDER
+                     if lv != Level.NONE and LEVEL_ORDER.index(lv) >= LEVEL_ORDER.index(floor))
 
 
 def level_at_least(asked: str | None, floor: Level) -> Level:
@@ -51,6 +58,15 @@ class McpConfig:
             ``http://127.0.0.1:8580/playground/``); when set, ``run_in_sandbox`` answers
             also carry ``playground_url``, that page with the snippet in it (as seed 02's
             tool answers with its ``playgroundUrl``).
+        max_sessions: MCP sessions (handshake protocol) open at once in the whole
+            server, over all tenants (each tenant has its own ``max_sessions`` too).
+        session_start_timeout_s: a session that did nothing after its handshake is
+            closed after this long (``idle_timeout_s`` once it did something).
+        shutdown_grace_s: on SIGTERM, how long requests in flight may finish before they
+            are cancelled (every sandbox is then destroyed).
+        providers / provider_options: the provider for each level (level -> registry
+            name, ``corral serve``'s ``[levels]``) and its options; a level left out gets
+            corral's default provider for it.
     """
 
     level: Level = Level.STRICT
@@ -62,6 +78,11 @@ class McpConfig:
     max_file_bytes: int = 4 * 1024 * 1024
     snippet_workers: int | None = None
     playground_url: str | None = None
+    max_sessions: int = 64
+    session_start_timeout_s: float = 30.0
+    shutdown_grace_s: float = 1.0
+    providers: Mapping[str, str] = field(default_factory=dict)
+    provider_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.level, Level):
@@ -71,8 +92,12 @@ class McpConfig:
                                      "'context-isolated', never at 'none'")
         if not (isinstance(self.idle_timeout_s, int | float) and self.idle_timeout_s > 0):
             raise ConfigInvalidError("idle_timeout_s", "must be a positive number of seconds")
+        for name in ("session_start_timeout_s", "shutdown_grace_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+                raise ConfigInvalidError(name, "must be a positive number of seconds")
         for name in ("max_sandboxes", "max_total_sandboxes", "max_command_timeout_ms",
-                     "max_output_bytes", "max_file_bytes"):
+                     "max_output_bytes", "max_file_bytes", "max_sessions"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigInvalidError(name, "must be a positive integer")

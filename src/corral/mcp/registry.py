@@ -1,8 +1,10 @@
 """Named sandboxes that outlive one tool call: made, found, reaped and destroyed here.
 
 An MCP client works in a sandbox across calls by its name. Names live in a *scope*:
-the client's session (a streamable HTTP session id, or the one client of a stdio
-server), so two sessions may use the same name without meeting. A sandbox ends when
+``(tenant, session)``, the tenant the caller authenticated as (``local`` over stdio) and
+its session (a streamable HTTP session id, ``""`` for the sessionless protocol, or the
+one client of a stdio server), so two tenants, or two sessions of one tenant, may use
+the same name without meeting. A sandbox ends when
 its session ends (:meth:`SandboxRegistry.end_scope`), when nobody used it for
 ``idle_timeout_s`` (the reaper), on ``sandbox_destroy``, or when the server stops
 (:meth:`SandboxRegistry.aclose`): every path calls the contract's ``destroy``, which
@@ -19,13 +21,13 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 from corral.core.contract import Sandbox
 from corral.core.errors import ConfigInvalidError
 from corral.core.spec import SandboxSpec
 
-__all__ = ["NAME_PATTERN", "Entry", "SandboxRegistry"]
+__all__ = ["NAME_PATTERN", "Entry", "SandboxRegistry", "Scope"]
 
 #: what a sandbox name may be: a word a person or a model types
 NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -33,11 +35,18 @@ NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 Create = Callable[[SandboxSpec], Awaitable[Sandbox]]
 
 
+class Scope(NamedTuple):
+    """Where a name lives: the caller's tenant and its session (``""``: none)."""
+
+    tenant: str
+    session: str
+
+
 @dataclass(slots=True, eq=False)
 class Entry:
     """One live named sandbox (mutable: its last use and calls in flight change)."""
 
-    scope: str
+    scope: Scope
     name: str
     sandbox: Sandbox
     created: float
@@ -55,7 +64,8 @@ class SandboxRegistry:
             keeps it alive).
         max_per_scope / max_total: sandboxes alive at once in one scope / in all; one
             more is refused with ``ConfigInvalidError(field="max_sandboxes")`` before
-            anything is made (destroy one first).
+            anything is made (destroy one first). :meth:`create` also takes the caller's
+            tenant caps (sandboxes and memory over all its sessions).
     """
 
     def __init__(self, *, idle_timeout_s: float, max_per_scope: int, max_total: int,
@@ -64,23 +74,39 @@ class SandboxRegistry:
         self.max_per_scope = max_per_scope
         self.max_total = max_total
         self._clock = clock
-        self._entries: dict[tuple[str, str], Entry] = {}
-        #: creations under way, counted against the caps before the sandbox exists
-        self._pending: dict[str, int] = {}
+        self._entries: dict[tuple[Scope, str], Entry] = {}
+        #: creations under way (their spec), counted against the caps before they exist
+        self._pending: dict[Scope, list[SandboxSpec]] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
         #: (scope, name, why) of every sandbox ended, newest last (for tests and logs)
-        self.ended: list[tuple[str, str, str]] = []
+        self.ended: list[tuple[Scope, str, str]] = []
 
     # -- lookups ---------------------------------------------------------------------
-    def names(self, scope: str) -> list[str]:
+    def names(self, scope: Scope) -> list[str]:
         """The names alive in ``scope``, sorted."""
         return sorted(n for (s, n), e in self._entries.items() if s == scope and not e.ending)
 
-    def count(self, scope: str | None = None) -> int:
+    def count(self, scope: Scope | None = None) -> int:
         """Sandboxes alive in ``scope`` (all scopes when None)."""
         return sum(1 for (s, _), e in self._entries.items()
                    if not e.ending and (scope is None or s == scope))
+
+    def _specs(self, tenant: str) -> list[SandboxSpec]:
+        """The specs of ``tenant``'s sandboxes, alive or being made (its sessions)."""
+        live = [e.sandbox.spec for (s, _), e in self._entries.items()
+                if s.tenant == tenant and not e.ending]
+        return live + [sp for s, specs in self._pending.items() if s.tenant == tenant
+                       for sp in specs]
+
+    def tenant_count(self, tenant: str) -> int:
+        """Sandboxes ``tenant`` holds (alive or being made) over all its sessions."""
+        return len(self._specs(tenant))
+
+    def tenant_memory_mb(self, tenant: str) -> int:
+        """The sum of ``limits.mem_mb`` of ``tenant``'s sandboxes (alive or being made;
+        a sandbox without one counts 0: the server always sets it)."""
+        return sum(sp.limits.mem_mb or 0 for sp in self._specs(tenant))
 
     @staticmethod
     def check_name(name: object) -> str:
@@ -96,12 +122,18 @@ class SandboxRegistry:
         if self._reaper is None and not self._closed:
             self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
 
-    async def create(self, scope: str, name: str, spec: SandboxSpec, make: Create) -> Entry:
+    async def create(self, scope: Scope, name: str, spec: SandboxSpec, make: Create, *,
+                     tenant_max: int | None = None,
+                     tenant_memory_mb: int | None = None) -> Entry:
         """Make a sandbox with ``make(spec)`` and register it as ``name`` in ``scope``.
+
+        ``tenant_max`` / ``tenant_memory_mb``: the most sandboxes, and the most memory
+        (the sum of their ``limits.mem_mb``), the scope's tenant may hold over all its
+        sessions.
 
         Raises:
             ConfigInvalidError: a bad or taken name (``field="name"``), or a cap reached
-                (``field="max_sandboxes"``: destroy one first).
+                (``field="max_sandboxes"`` / ``"max_memory_mb"``: destroy one first).
             whatever ``make`` raises (LevelNotSupportedError ...): nothing is registered.
         """
         self.check_name(name)
@@ -110,20 +142,31 @@ class SandboxRegistry:
         if (scope, name) in self._entries:
             raise ConfigInvalidError("name", f"a sandbox named {name!r} already exists in "
                                      "this session (destroy it first, or pick another name)")
-        pending_here = self._pending.get(scope, 0)
-        if self.count(scope) + pending_here >= self.max_per_scope:
+        pending_here = self._pending.get(scope, [])
+        if self.count(scope) + len(pending_here) >= self.max_per_scope:
             raise ConfigInvalidError("max_sandboxes", f"this session has {self.max_per_scope} "
                                      "sandboxes alive, the most it may; destroy one first")
-        if self.count() + sum(self._pending.values()) >= self.max_total:
+        if tenant_max is not None and self.tenant_count(scope.tenant) >= tenant_max:
+            raise ConfigInvalidError("max_sandboxes", f"tenant {scope.tenant!r} has "
+                                     f"{tenant_max} sandboxes alive, the most it may; "
+                                     "destroy one first")
+        if tenant_memory_mb is not None:
+            held, asked = self.tenant_memory_mb(scope.tenant), spec.limits.mem_mb or 0
+            if held + asked > tenant_memory_mb:
+                raise ConfigInvalidError("max_memory_mb", f"tenant {scope.tenant!r} holds "
+                                         f"{held} MiB in sandboxes; {asked} MiB more passes "
+                                         f"its {tenant_memory_mb} MiB")
+        if self.count() + sum(len(v) for v in self._pending.values()) >= self.max_total:
             raise ConfigInvalidError("max_sandboxes", f"the server has {self.max_total} "
                                      "sandboxes alive, the most it may; try again later")
-        self._pending[scope] = pending_here + 1
+        pending_here = self._pending.setdefault(scope, [])
+        pending_here.append(spec)
         try:
             sandbox = await make(spec)
         finally:
-            self._pending[scope] -= 1
-            if not self._pending[scope]:
-                del self._pending[scope]
+            pending_here.remove(spec)
+            if not pending_here:
+                self._pending.pop(scope, None)
         if self._closed or (scope, name) in self._entries:  # lost a race: undo
             await sandbox.destroy()
             raise ConfigInvalidError("name", f"a sandbox named {name!r} was made meanwhile, "
@@ -134,7 +177,7 @@ class SandboxRegistry:
         return entry
 
     @contextlib.asynccontextmanager
-    async def use(self, scope: str, name: str) -> AsyncIterator[Sandbox]:
+    async def use(self, scope: Scope, name: str) -> AsyncIterator[Sandbox]:
         """The sandbox ``name`` of ``scope`` for one call: kept from the reaper while the
         call runs, its idle clock restarted when it ends.
 
@@ -154,7 +197,7 @@ class SandboxRegistry:
             entry.busy -= 1
             entry.last_used = self._clock()
 
-    async def destroy(self, scope: str, name: str, why: str = "destroyed") -> bool:
+    async def destroy(self, scope: Scope, name: str, why: str = "destroyed") -> bool:
         """Destroy ``name`` in ``scope``; False when there was none."""
         entry = self._entries.get((scope, name))
         if entry is None or entry.ending:
@@ -162,7 +205,7 @@ class SandboxRegistry:
         await self._end(entry, why)
         return True
 
-    async def end_scope(self, scope: str, why: str = "session ended") -> int:
+    async def end_scope(self, scope: Scope, why: str = "session ended") -> int:
         """Destroy every sandbox of ``scope`` (its session ended); how many."""
         entries = [e for (s, _), e in self._entries.items() if s == scope and not e.ending]
         await asyncio.gather(*(self._end(e, why) for e in entries))

@@ -11,12 +11,16 @@ ended by timeout or a limit also carries its ``result`` (output so far). A snipp
 raised or was refused by the validator is not a tool error: its transcript says so, as
 seed 02's ``run_in_sandbox`` does.
 
-Sessions: named sandboxes live in the caller's session. Over stdio the server has one
-client; its sandboxes end when it disconnects (the server exits). Over streamable HTTP
-with the handshake protocol the session is the ``mcp-session-id``: a ``DELETE`` of the
-session destroys its sandboxes. The sessionless protocol (2026-07-28) has no session:
-its sandboxes share the server's one ``http`` scope (the server listens on loopback, for
-one user, by default) and end on ``sandbox_destroy``, the idle timeout or server stop.
+Tenants and sessions: over streamable HTTP every request carries a tenant's bearer token,
+checked by :class:`corral.mcp.gate.HttpGate` before the SDK sees it; over stdio the one
+client is the tenant ``local``. Named sandboxes live in the caller's (tenant, session)
+scope: over stdio the server has one client, whose sandboxes end when it disconnects (the
+server exits). Over streamable HTTP with the handshake protocol the session is the
+``mcp-session-id``: its end (a ``DELETE``, or the gate closing it when idle) destroys its
+sandboxes. The sessionless protocol (2026-07-28) has no session: its sandboxes live in the
+tenant's own scope and end on ``sandbox_destroy``, the idle timeout or server stop. Each
+tenant runs within its caps (sandboxes, memory, runs in flight, sessions) and at the
+levels offered to it.
 
 Importing this module imports the SDK: it is the only module of corral that does
 (``corral.mcp`` and the CLI import it on use).
@@ -33,7 +37,7 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 from corral.core.contract import Sandbox, SandboxProvider, SupportsStreamingExec
@@ -47,8 +51,11 @@ from corral.core.spec import (
     SandboxLimits,
     SandboxSpec,
 )
-from corral.mcp.config import McpConfig, level_at_least
-from corral.mcp.registry import SandboxRegistry
+from corral.mcp.config import LEVEL_ORDER, McpConfig, level_at_least, offered_levels
+from corral.mcp.gate import HttpGate, tenant_of_scope
+from corral.mcp.registry import SandboxRegistry, Scope
+from corral.mcp.tenants import LOCAL, McpTenant, TenantTable
+from corral.serve.tenancy import TenantPolicy, admit_spec, admit_timeout, check_level
 
 if TYPE_CHECKING:
     from corral.snippets.host.pool import SnippetPool
@@ -62,12 +69,10 @@ except ImportError as exc:  # pragma: no cover - the extra is installed with the
     raise ConfigInvalidError(
         "mcp", f"corral mcp needs the MCP SDK (v2): pip install corral[mcp] ({exc})") from None
 
-__all__ = ["Backend", "build_server", "playground_link", "scope_of", "serve_http",
+__all__ = ["Backend", "build_server", "local_tenant", "playground_link", "serve_http",
            "serve_stdio"]
 
 
-#: the tenant id snippet runs and one-shot commands carry (slots are per tenant)
-TENANT = "mcp"
 #: the default wall clock of run_command and sandbox_exec
 DEFAULT_COMMAND_TIMEOUT_MS = 10_000
 INSTRUCTIONS = (
@@ -82,15 +87,31 @@ INSTRUCTIONS = (
     "(config-invalid, timeout, limits-exceeded, level-not-supported, ...).")
 
 
-class Backend:
-    """What the tools share for the server's life: the providers (one per level, made on
-    first use), the snippet pool and the named-sandbox registry. Closed by the lifespan."""
+#: tool calls that run something at once for the stdio client
+LOCAL_MAX_RUNS = 16
 
-    def __init__(self, config: McpConfig) -> None:
+
+def local_tenant(config: McpConfig) -> McpTenant:
+    """The one tenant of a stdio server: no token (its client started it as its own
+    user), the server's caps and levels."""
+    return McpTenant(name=LOCAL, token_sha256=None, max_sandboxes=config.max_sandboxes,
+                     max_runs=LOCAL_MAX_RUNS, max_memory_mb=None, max_sessions=1,
+                     policy=TenantPolicy(name=LOCAL, levels=offered_levels(config.level)))
+
+
+class Backend:
+    """What the tools share for the server's life: the tenants, the providers (one per
+    level, made on first use), the snippet pool, the named-sandbox registry and the runs
+    in flight per tenant. Closed by the lifespan."""
+
+    def __init__(self, config: McpConfig, tenants: TenantTable | None = None) -> None:
         self.config = config
+        self.tenants = tenants if tenants is not None else TenantTable([local_tenant(config)])
         self.registry = SandboxRegistry(idle_timeout_s=config.idle_timeout_s,
                                         max_per_scope=config.max_sandboxes,
                                         max_total=config.max_total_sandboxes)
+        #: tool calls running something, per tenant
+        self.runs: dict[str, int] = {}
         self._providers: dict[Level, SandboxProvider] = {}
         self._lock = asyncio.Lock()
         self._pool: SnippetPool | None = None  # made on the first snippet
@@ -100,6 +121,53 @@ class Backend:
     async def start(self) -> None:
         self.registry.start()
 
+    def caller(self, ctx: Context) -> tuple[McpTenant, Scope]:
+        """The tenant of a tool call and the scope its names live in: ``local`` over
+        stdio (no headers); over HTTP the tenant the gate authenticated (in the request's
+        ASGI scope; never a header the client could forge) and its session id, if any."""
+        headers = ctx.headers
+        name: str | None
+        if headers is None:
+            name, session = LOCAL, "stdio"
+        else:
+            name = tenant_of_scope(getattr(ctx.request_context.request, "scope", None))
+            session = headers.get("mcp-session-id") or ""
+        try:
+            tenant = self.tenants.get(name) if name is not None else None
+        except KeyError:
+            tenant = None
+        if tenant is None or name is None:
+            raise ConfigInvalidError("authorization", "this call has no tenant (serve HTTP "
+                                     "through corral.mcp.server.http_app, behind its gate)")
+        return tenant, Scope(name, session)
+
+    def level_for(self, tenant: McpTenant, asked: str | None) -> Level:
+        """The level a call of ``tenant`` runs at: ``asked`` (default: the server's level,
+        or the weakest stronger one offered to the tenant), never weaker than the server's
+        level, and one offered to the tenant."""
+        floor = self.config.level
+        if asked is None or asked == "":
+            lv = next((x for x in LEVEL_ORDER if x in tenant.levels
+                       and LEVEL_ORDER.index(x) >= LEVEL_ORDER.index(floor)), floor)
+        else:
+            lv = level_at_least(asked, floor)
+        return check_level(tenant.policy, lv)
+
+    @contextlib.contextmanager
+    def run_slot(self, tenant: McpTenant) -> Iterator[None]:
+        """Hold one of ``tenant``'s ``max_runs`` while a call runs something."""
+        held = self.runs.get(tenant.name, 0)
+        if held >= tenant.max_runs:
+            raise ConfigInvalidError("max_runs", f"tenant {tenant.name!r} has {held} runs in "
+                                     "flight, the most it may; wait for one to end")
+        self.runs[tenant.name] = held + 1
+        try:
+            yield
+        finally:
+            self.runs[tenant.name] -= 1
+            if not self.runs[tenant.name]:
+                del self.runs[tenant.name]
+
     async def provider(self, level: Level) -> SandboxProvider:
         """The server's provider for ``level`` (made once; LevelNotSupportedError when this
         host cannot give it)."""
@@ -107,7 +175,9 @@ class Backend:
             made = self._providers.get(level)
             if made is None:
                 from corral.providers import provider
-                made = self._providers[level] = provider(level=level)
+                name = self.config.providers.get(level.value)
+                options = dict(self.config.provider_options.get(name or "", {}))
+                made = self._providers[level] = provider(name, level=level, **options)
             return made
 
     def streams(self, sandbox: Sandbox) -> bool:
@@ -174,24 +244,26 @@ def _run_doc(result: RunResult) -> CallToolResult:
     return _result(doc, is_error=True)
 
 
-def scope_of(headers: Mapping[str, str] | None) -> str:
-    """The session a call belongs to: ``stdio`` (no headers: the one stdio client),
-    ``http:<mcp-session-id>``, or ``http`` (a sessionless HTTP call)."""
-    if headers is None:
-        return "stdio"
-    sid = headers.get("mcp-session-id")
-    return f"http:{sid}" if sid else "http"
-
-
-def _timeout(config: McpConfig, timeout_ms: int | None) -> int:
+def _timeout(config: McpConfig, tenant: McpTenant, timeout_ms: int | None) -> int:
+    """A command's wall clock: the one asked, within the server's and the tenant's
+    maxima, or the default (10 s, or the lower of those maxima)."""
+    most = tenant.policy.limits["timeout_ms"].maximum
     if timeout_ms is None:
-        return min(DEFAULT_COMMAND_TIMEOUT_MS, config.max_command_timeout_ms)
+        return min(DEFAULT_COMMAND_TIMEOUT_MS, config.max_command_timeout_ms,
+                   most if most is not None else DEFAULT_COMMAND_TIMEOUT_MS)
     if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms <= 0:
         raise ConfigInvalidError("timeout_ms", "must be a positive integer (milliseconds)")
     if timeout_ms > config.max_command_timeout_ms:
         raise ConfigInvalidError("timeout_ms", f"at most {config.max_command_timeout_ms} ms "
                                  "on this server")
-    return timeout_ms
+    return admit_timeout(tenant.policy, timeout_ms)
+
+
+def _output_cap(config: McpConfig, tenant: McpTenant) -> int:
+    """The stdout and stderr caps of a command: the server's, or the tenant's default
+    when lower."""
+    own = tenant.policy.limits["output_bytes"].default
+    return min(config.max_output_bytes, own) if own is not None else config.max_output_bytes
 
 
 def _argv(argv: list[str]) -> list[str]:
@@ -289,12 +361,14 @@ def playground_link(page: str | None, source: str | None) -> str | None:
 FileItem = dict[str, str]
 
 
-def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backend]:
+def build_server(config: McpConfig | None = None, tenants: TenantTable | None = None
+                 ) -> tuple[MCPServer[Any], Backend]:
     """An ``MCPServer`` with corral's tools, and the backend its lifespan opens and closes
-    (every sandbox is destroyed when the server stops)."""
+    (every sandbox is destroyed when the server stops). ``tenants``: who may call it over
+    HTTP (default: the stdio server's one tenant, ``local``)."""
     from corral import __version__
     cfg = config or McpConfig()
-    backend = Backend(cfg)
+    backend = Backend(cfg, tenants)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: MCPServer[Any]) -> AsyncIterator[Backend]:
@@ -326,11 +400,16 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
         snippet writes it."""
         async def call() -> CallToolResult:
             from corral.snippets.host.runner import run_snippet
-            pool = await backend.snippet_pool()
-            async with _LiveOutput(ctx) as live:
-                transcript = await run_snippet(source, files=files, timeout_ms=timeout_ms,
-                                               level=cfg.level, tenant_id=TENANT, pool=pool,
-                                               on_log=live.on_log)
+            tenant, _ = backend.caller(ctx)
+            if cfg.level not in tenant.levels:
+                raise ConfigInvalidError("level", f"snippets run at {cfg.level.value!r}, "
+                                         f"not offered to tenant {tenant.name!r}")
+            with backend.run_slot(tenant):
+                pool = await backend.snippet_pool()
+                async with _LiveOutput(ctx) as live:
+                    transcript = await run_snippet(
+                        source, files=files, timeout_ms=timeout_ms, level=cfg.level,
+                        tenant_id=tenant.name, pool=pool, on_log=live.on_log)
             doc = transcript.to_dict()
             link = playground_link(cfg.playground_url, source)
             if link is not None:
@@ -353,9 +432,15 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
         outcome, exit_code, stdout, stderr, duration and usage. With a progress token,
         its output also arrives as progress notifications while it runs."""
         async def call() -> CallToolResult:
-            lv = level_at_least(level, cfg.level)
-            args, timeout = _argv(argv), _timeout(cfg, timeout_ms)
-            cap = cfg.max_output_bytes
+            tenant, _ = backend.caller(ctx)
+            lv = backend.level_for(tenant, level)
+            args, timeout = _argv(argv), _timeout(cfg, tenant, timeout_ms)
+            cap = _output_cap(cfg, tenant)
+            with backend.run_slot(tenant):
+                return await run(tenant, lv, args, timeout, cap)
+
+        async def run(tenant: McpTenant, lv: Level, args: list[str], timeout: int,
+                      cap: int) -> CallToolResult:
             async with _LiveOutput(ctx) as live:
                 def out(chunk: bytes) -> None:
                     live.on_output(1, chunk)
@@ -369,7 +454,8 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
                         args[0], args[1:], timeout_ms=timeout, env=env, stdin=stdin,
                         max_stdout_bytes=cap, max_stderr_bytes=cap, on_stdout=out,
                         on_stderr=err, provider=await backend.provider(lv),
-                        tenant_id=TENANT)
+                        tenant_id=tenant.name,
+                        limits=admit_spec(tenant.policy, SandboxSpec(level=lv)).limits)
                 else:
                     from corral.run.bounded import run_bounded_async
                     result = await run_bounded_async(
@@ -393,17 +479,22 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
         """Create a named sandbox that lives across calls in this session (until
         sandbox_destroy, the session's end, or the idle timeout)."""
         async def call() -> CallToolResult:
-            lv = level_at_least(level, cfg.level)
+            tenant, scope = backend.caller(ctx)
+            lv = backend.level_for(tenant, level)
             limits = SandboxLimits(mem_mb=mem_mb, max_processes=max_processes,
                                    disk_mb=disk_mb, cpu_ms=cpu_ms)
             # context-isolated is no network boundary: say so instead of asking for none
             network = (NetworkPolicy.unrestricted() if lv == Level.CONTEXT_ISOLATED
                        else NetworkPolicy())
-            spec = SandboxSpec(tenant_id=TENANT, run_id=uuid.uuid4().hex, level=lv,
-                               limits=limits, network=network)
+            # the tenant's ceiling: maxima refused, defaults filled in at a boundary level
+            # (what is counted is what is enforced)
+            spec = admit_spec(tenant.policy, SandboxSpec(
+                tenant_id=tenant.name, run_id=uuid.uuid4().hex, level=lv, limits=limits,
+                network=network))
             provider = await backend.provider(lv)
-            entry = await backend.registry.create(scope_of(ctx.headers), name, spec,
-                                                  provider.create)
+            entry = await backend.registry.create(
+                scope, name, spec, provider.create, tenant_max=tenant.max_sandboxes,
+                tenant_memory_mb=tenant.max_memory_mb)
             return _result({"name": entry.name, "id": entry.sandbox.id, "level": lv.value,
                             "provider": provider.name,
                             "idle_timeout_s": cfg.idle_timeout_s})
@@ -424,13 +515,17 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
         """Run a command to completion in a named sandbox; its files persist between calls.
         With a progress token, its output also arrives as progress notifications."""
         async def call() -> CallToolResult:
-            args, timeout = _argv(argv), _timeout(cfg, timeout_ms)
+            tenant, scope = backend.caller(ctx)
+            args, timeout = _argv(argv), _timeout(cfg, tenant, timeout_ms)
+            cap = _output_cap(cfg, tenant)
             opts = ExecOpts(timeout_ms=timeout, env=env, cwd=cwd,
                             stdin=None if stdin is None else stdin.encode(),
-                            max_stdout_bytes=cfg.max_output_bytes,
-                            max_stderr_bytes=cfg.max_output_bytes)
-            async with backend.registry.use(scope_of(ctx.headers), name) as sb, \
-                    _LiveOutput(ctx) as live:
+                            max_stdout_bytes=cap, max_stderr_bytes=cap)
+            with backend.run_slot(tenant):
+                return await run(scope, args, opts)
+
+        async def run(scope: Scope, args: list[str], opts: ExecOpts) -> CallToolResult:
+            async with backend.registry.use(scope, name) as sb, _LiveOutput(ctx) as live:
                 try:
                     if backend.streams(sb):
                         assert isinstance(sb, SupportsStreamingExec)
@@ -456,7 +551,8 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
             data = _decode(content, encoding)
             if len(data) > cfg.max_file_bytes:
                 raise ConfigInvalidError("content", f"at most {cfg.max_file_bytes} bytes")
-            async with backend.registry.use(scope_of(ctx.headers), name) as sb:
+            _, scope = backend.caller(ctx)
+            async with backend.registry.use(scope, name) as sb:
                 await sb.write_file(path, data)
             return _result({"name": name, "path": path, "size": len(data)})
         return await _guard(call)
@@ -468,7 +564,8 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
     ) -> CallToolResult:
         """Read a file of a named sandbox: UTF-8 text, or base64 when it is not text."""
         async def call() -> CallToolResult:
-            async with backend.registry.use(scope_of(ctx.headers), name) as sb:
+            _, scope = backend.caller(ctx)
+            async with backend.registry.use(scope, name) as sb:
                 try:
                     data = await sb.read_file(path)
                 except FileNotFoundError:
@@ -486,8 +583,11 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
 
     async def sandbox_list(ctx: Context) -> CallToolResult:
         """The named sandboxes alive in this session."""
-        return _result({"sandboxes": backend.registry.names(scope_of(ctx.headers)),
-                        "idle_timeout_s": cfg.idle_timeout_s})
+        async def call() -> CallToolResult:
+            _, scope = backend.caller(ctx)
+            return _result({"sandboxes": backend.registry.names(scope),
+                            "idle_timeout_s": cfg.idle_timeout_s})
+        return await _guard(call)
 
     async def sandbox_destroy(
         ctx: Context,
@@ -496,7 +596,8 @@ def build_server(config: McpConfig | None = None) -> tuple[MCPServer[Any], Backe
         """Destroy a named sandbox: every process, file and limit of it is released."""
         async def call() -> CallToolResult:
             backend.registry.check_name(name)
-            done = await backend.registry.destroy(scope_of(ctx.headers), name)
+            _, scope = backend.caller(ctx)
+            done = await backend.registry.destroy(scope, name)
             if not done:
                 raise ConfigInvalidError("name", f"no sandbox named {name!r} in this session")
             return _result({"name": name, "destroyed": True})
@@ -560,44 +661,44 @@ def serve_stdio(config: McpConfig | None = None) -> None:
     asyncio.run(_stdio_main(server, backend))
 
 
-class _SessionEnd:
-    """ASGI wrapper: a ``DELETE`` of an MCP session (the client closing it) destroys the
-    session's named sandboxes once the SDK has answered."""
-
-    def __init__(self, app: Any, backend: Backend, path: str) -> None:
-        self.app, self.backend, self.path = app, backend, path
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await self.app(scope, receive, send)
-        if scope.get("type") == "http" and scope.get("method") == "DELETE" \
-                and scope.get("path", "").rstrip("/") == self.path.rstrip("/"):
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                       for k, v in scope.get("headers", [])}
-            sid = headers.get("mcp-session-id")
-            if sid:
-                await self.backend.registry.end_scope(f"http:{sid}")
-
-
-def http_app(config: McpConfig | None = None, *, host: str = "127.0.0.1",
-             path: str = "/mcp") -> tuple[Any, Backend]:
-    """The streamable HTTP ASGI app (its lifespan runs the server) and its backend."""
-    server, backend = build_server(config)
+def http_app(config: McpConfig | None = None, *, tenants: TenantTable, host: str = "127.0.0.1",
+             path: str = "/mcp") -> tuple[HttpGate, Backend]:
+    """The streamable HTTP ASGI app (its lifespan runs the server) behind its gate
+    (bearer tokens of ``tenants``, session caps and expiry), and its backend."""
+    server, backend = build_server(config, tenants)
     cfg = backend.config
+    # the SDK's own bounds back the gate's up: its cap a little above the gate's (the gate
+    # answers first, with its reason), its idle expiry after the gate's
     app = server.streamable_http_app(streamable_http_path=path, host=host,
-                                     session_idle_timeout=cfg.idle_timeout_s)
-    return _SessionEnd(app, backend, path), backend
+                                     session_idle_timeout=cfg.idle_timeout_s + 60,
+                                     max_sessions=cfg.max_sessions + 16)
+
+    async def ended(tenant: str, session_id: str) -> None:
+        await backend.registry.end_scope(Scope(tenant, session_id))
+
+    gate = HttpGate(app, tenants=backend.tenants, path=path, max_sessions=cfg.max_sessions,
+                    start_timeout_s=cfg.session_start_timeout_s,
+                    idle_timeout_s=cfg.idle_timeout_s, on_end=ended)
+    return gate, backend
 
 
-def serve_http(config: McpConfig | None = None, *, host: str = "127.0.0.1", port: int = 8765,
-               path: str = "/mcp", announce: Callable[[str], None] | None = None) -> None:
-    """Serve streamable HTTP at ``http://host:port/path`` until SIGTERM or SIGINT (uvicorn
-    stops accepting, ends the sessions, and the lifespan destroys every sandbox).
-    ``announce(url)`` is called once listening (port 0: the port the kernel chose)."""
+def serve_http(config: McpConfig | None = None, *, tenants: TenantTable,
+               host: str = "127.0.0.1", port: int = 8765, path: str = "/mcp",
+               announce: Callable[[str], None] | None = None,
+               tls_certfile: str | None = None, tls_keyfile: str | None = None) -> None:
+    """Serve streamable HTTP at ``http://host:port/path`` until SIGTERM or SIGINT: uvicorn
+    stops accepting, gives requests in flight ``shutdown_grace_s`` to finish (an open
+    event stream never does) and cancels the rest, the sessions end, and the lifespan
+    destroys every sandbox. ``announce(url)`` is called once listening (port 0: the port
+    the kernel chose)."""
     import uvicorn
 
-    app, _ = http_app(config, host=host, path=path)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           lifespan="on"))
+    cfg = config or McpConfig()
+    app, _ = http_app(cfg, tenants=tenants, host=host, path=path)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="on",
+        timeout_graceful_shutdown=max(1, round(cfg.shutdown_grace_s)),
+        ssl_certfile=tls_certfile, ssl_keyfile=tls_keyfile))
 
     async def main() -> None:
         task = asyncio.ensure_future(server.serve())
@@ -607,7 +708,8 @@ def serve_http(config: McpConfig | None = None, *, host: str = "127.0.0.1", port
             sock = server.servers[0].sockets[0]
             bound = sock.getsockname()[1]
             shown = f"[{host}]" if ":" in host else host
-            announce(f"http://{shown}:{bound}{path}")
+            scheme = "https" if tls_certfile else "http"
+            announce(f"{scheme}://{shown}:{bound}{path}")
         await task
 
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully; a
