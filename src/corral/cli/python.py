@@ -232,7 +232,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         shutdown_snippet_pool()
     held = "; ".join(f"{k}: {v}" for k, v in transcript.limits.items())
-    if held and any("rlimit" in v for v in transcript.limits.values()):
+    if args.level == "strict" and any("rlimit" in v for v in transcript.limits.values()):
+        # strict without its cgroup limits is said (the transcript's limits, in --json too)
         print(f"corral: note: limits: {held}", file=sys.stderr)
     if args.json:
         doc = transcript.to_dict()

@@ -73,11 +73,14 @@ def provider(name: str | None = None, *, level: Level | str | None = None,
     if name is None:
         defaults: dict[Level, str] = __getattr__("DEFAULT_FOR_LEVEL")  # made once
         name = defaults[want or Level.STRICT]
-    if options.get("limits_by") == "auto" and name == "linux":
-        # the strongest this user has: cgroup limits where its cgroups give them, else
-        # rlimits per process (what corral python, run_snippet and doctor say)
-        from corral.providers.linux.host.hostinfo import strongest_limits_by
-        options = {**options, "limits_by": strongest_limits_by()}
+    if options.get("limits_by") == "auto":
+        # linux: the strongest this user has, cgroup limits where its cgroups give them,
+        # else rlimits per process (what corral python, run_snippet and doctor say);
+        # another provider holds limits its own one way: "auto" is that way
+        options = {k: v for k, v in options.items() if k != "limits_by"}
+        if name == "linux":
+            from corral.providers.linux.host.hostinfo import strongest_limits_by
+            options["limits_by"] = strongest_limits_by()
     made: SandboxProvider = get_provider_class(name)(**options)
     if want is not None and want not in made.levels:
         raise LevelNotSupportedError(
