@@ -249,6 +249,8 @@ def test_a_stuck_supervisor_does_not_hang_the_run(
     import corral.run.engine as engine
     import corral.run.tree as tree
 
+    # the patch reaches a supervisor forked from here: not one the spawn helper forks
+    monkeypatch.setattr(tree._HELPER, "_off", True)
     monkeypatch.setattr(tree, "_kill_all", lambda pid: time.sleep(30))
     monkeypatch.setattr(tree, "_REAP_WAIT_S", 0.3)
     monkeypatch.setattr(engine, "_KILL_WAIT_S", 0.3)
