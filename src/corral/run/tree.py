@@ -337,12 +337,16 @@ class _SpawnHelper:
     """
 
     def __init__(self) -> None:
+        self._identity = b""  # _identity() when it was started
         self._lock = threading.Lock()
         self._owner = 0  # the pid that started it (a forked child starts its own)
         self._sock: socket.socket | None = None
         self.pid = 0
         self._ready = False
-        self._off = not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal")
+        # pidfds to hold its children by; and an interpreter to start it with (an
+        # embedding program's sys.executable is not one: never start that)
+        self._off = (not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal")
+                     or not os.path.basename(sys.executable or "").startswith("python"))
 
     def fork_supervisor(self, argv: list[str], cwd: str, env: dict[str, str],
                         fds: tuple[int, int, int, int, int]) -> tuple[int, int] | None:
@@ -350,13 +354,17 @@ class _SpawnHelper:
         if self._off:
             return None
         try:
-            msg = marshal.dumps((argv, cwd, env))
+            msg = marshal.dumps((argv, os.path.abspath(cwd), env))
         except ValueError:
             return None
         if len(msg) > _HELPER_MAX_REQUEST:
             return None
         with self._lock:
-            if self._owner != os.getpid():
+            if self._owner != os.getpid() or _identity() != self._identity:
+                # first use, a fork of the process that started it, or this process
+                # changed what a command inherits (ids, rlimits, umask, cgroup...)
+                # since: a fresh one, started from now; this run forks here
+                self._stop()
                 self._start()
                 return None
             if not self._ready and not self._check_ready():
@@ -381,7 +389,8 @@ class _SpawnHelper:
         with self._lock:
             if self._off:
                 return False
-            if self._owner != os.getpid():
+            if self._owner != os.getpid() or _identity() != self._identity:
+                self._stop()
                 self._start()
             deadline = time.monotonic() + timeout_s
             while self._sock is not None and not self._ready and not self._check_ready():
@@ -409,6 +418,7 @@ class _SpawnHelper:
             self._sock.close()
         self._sock = None
         self._owner, self._ready, self.pid = os.getpid(), False, 0
+        self._identity = _identity()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -436,7 +446,7 @@ class _SpawnHelper:
         sock, self._sock, self._ready = self._sock, None, False
         if sock is not None:
             sock.close()
-        if self.pid and self._owner == os.getpid():
+        if self.pid and self._owner == os.getpid():  # (a fork's: its parent's to reap)
             if not _wait_bounded(self.pid):
                 try:
                     os.kill(self.pid, signal.SIGKILL)
@@ -444,6 +454,37 @@ class _SpawnHelper:
                     pass
                 os.waitpid(self.pid, 0)
             self.pid = 0
+
+
+#: the lines of /proc/self/status that say what a child inherits beyond ids
+_STATUS_KEYS: Final = (b"Umask:", b"Cap", b"NoNewPrivs:", b"Seccomp:")
+_NAMESPACES: Final = ("mnt", "pid_for_children", "net", "user", "uts", "ipc", "cgroup")
+
+
+def _identity() -> bytes:
+    """What a command inherits from the process that spawns it, beyond argv, env and cwd:
+    user and group ids, groups, rlimits, umask, capabilities, no_new_privs, seccomp,
+    cgroups and namespaces. The helper serves only while this is what it started with."""
+    parts = [repr((os.getresuid(), os.getresgid(), sorted(os.getgroups())))]
+    parts += [repr(resource.getrlimit(getattr(resource, n))) for n in sorted(
+        dir(resource)) if n.startswith("RLIMIT_")]
+    for ns in _NAMESPACES:
+        try:
+            parts.append(str(os.stat(f"/proc/self/ns/{ns}").st_ino))
+        except OSError:
+            parts.append("-")
+    out = "\n".join(parts).encode()
+    for path in ("/proc/self/status", "/proc/self/cgroup"):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            data = b""
+        if path.endswith("status"):
+            data = b"".join(x for x in data.splitlines(keepends=True)
+                            if x.startswith(_STATUS_KEYS))
+        out += b"\n" + data
+    return out
 
 
 _HELPER: Final = _SpawnHelper()
