@@ -7,6 +7,7 @@ starts from."""
 from __future__ import annotations
 
 import os
+import resource
 import sys
 from collections.abc import Iterator
 
@@ -69,3 +70,22 @@ def test_the_helper_is_one_small_process_for_many_runs() -> None:
     with open(f"/proc/{helper}/status") as f:
         hwm = next(int(x.split()[1]) for x in f if x.startswith("VmHWM:"))
     assert hwm < 64 * 1024, hwm  # KiB: a small interpreter, whatever this host's size
+
+
+def test_what_the_caller_changes_reaches_commands_through_the_helper() -> None:
+    """The helper was started with this process's umask and rlimits; once they change,
+    commands get the new ones (a new helper is started from now), never the old."""
+    assert tree.warm_spawn_helper(60)
+    first = tree.spawn_helper_pid()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    old = os.umask(0o027)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 200), hard))
+        for _ in range(2):  # the first after the change forks here; then a new helper
+            r = run_bounded("/bin/sh", ["-c", "umask; ulimit -n"], timeout_ms=10_000)
+            assert r.stdout_text.split() == ["0027", str(min(soft, 200))], r
+            tree.warm_spawn_helper(60)
+        assert tree.spawn_helper_pid() not in (0, first)
+    finally:
+        os.umask(old)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
