@@ -1,9 +1,10 @@
 """Process trees for the bounded runner: spawn under a supervisor, kill, reap.
 
 How a run's whole tree is held and killed (see ``docs/runner.md``): on Linux
-the runner forks a **supervisor** (a fork of the runner, no exec) that
-starts the command and holds its tree with kernel primitives, no marker in
-the command's environment:
+a **supervisor** (a fork, no exec, of the runner's spawn helper, or of the
+runner itself while the helper starts or where there is none: see
+:class:`_SpawnHelper`) starts the command and holds its tree with kernel
+primitives, no marker in the command's environment:
 
 1. The supervisor is a *child subreaper* (``PR_SET_CHILD_SUBREAPER``): every
    descendant of the command that is orphaned (``setsid`` + double fork, the
@@ -23,7 +24,11 @@ the command's environment:
 
 The supervisor runs only simple code (no imports, no threads, gc off, all
 signals blocked and taken with ``sigwaitinfo``) and ends with ``os._exit``.
-It costs one ``fork`` of the runner (about 1 ms) on top of the command's spawn.
+It costs one ``fork`` of the small helper (or of the runner, whose cost grows
+with its size) on top of the command's spawn. It reports, with the command's
+rusage, its own RSS high-water mark just after the spawn: Linux copies the
+spawning process's mark into the command's at exec, so a ``maxrss`` not above
+that floor is not the command's (``usage.peak_mem_mb`` is then 0, not measured).
 
 What escapes: a descendant that SIGKILLs the supervisor itself (same user),
 whose orphans then go to init; a setuid descendant the user cannot signal.
