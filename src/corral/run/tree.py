@@ -15,9 +15,10 @@ primitives, no marker in the command's environment:
 2. The command leads its own session and process group; the shutdown signal
    goes to that group (``killpg``), while the command is still unreaped.
 3. The supervisor dies with the runner: ``PR_SET_PDEATHSIG`` (checked against
-   ``getppid`` after setting it, for the race with a runner that already
-   died) delivers SIGUSR2, on which it kills the tree and exits. So a SIGKILL
-   of the calling process still ends the run's tree.
+   ``getppid`` after setting it, for the race with a parent that already
+   died) delivers SIGUSR2 when its parent ends (the runner, or the helper, which
+   exits when the runner's end of their socket closes), on which it kills the
+   tree and exits. So a SIGKILL of the calling process still ends the run's tree.
 4. When the command exits, the supervisor kills what it left, reaps it, and
    reports the command's wait status and rusage and the number of strays
    (processes outside the command's group) it killed to the runner, then exits.
