@@ -89,3 +89,18 @@ def test_what_the_caller_changes_reaches_commands_through_the_helper() -> None:
     finally:
         os.umask(old)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_helper_that_dies_is_replaced_and_the_run_goes_on() -> None:
+    """A command can kill the helper (same user): that run and the next still run (the
+    supervisor forked here), and a new helper serves after."""
+    import signal
+    assert tree.warm_spawn_helper(60)
+    first = tree.spawn_helper_pid()
+    os.kill(first, signal.SIGKILL)
+    r = run_bounded("/bin/echo", ["ok"], timeout_ms=10_000)
+    assert r.exit_code == 0 and r.stdout_text == "ok\n", r
+    assert tree.warm_spawn_helper(60)
+    assert tree.spawn_helper_pid() not in (0, first)
+    assert run_bounded("/bin/echo", ["ok"], timeout_ms=10_000).stdout_text == "ok\n"
+    assert not os.path.exists(f"/proc/{first}")  # the dead one was reaped

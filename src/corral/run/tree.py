@@ -344,6 +344,7 @@ class _SpawnHelper:
 
     def __init__(self) -> None:
         self._identity = b""  # _identity() when it was started
+        self._failures = 0  # helpers that died on us: after 3, none again
         self._lock = threading.Lock()
         self._owner = 0  # the pid that started it (a forked child starts its own)
         self._sock: socket.socket | None = None
@@ -366,10 +367,11 @@ class _SpawnHelper:
         if len(msg) > _HELPER_MAX_REQUEST:
             return None
         with self._lock:
-            if self._owner != os.getpid() or _identity() != self._identity:
-                # first use, a fork of the process that started it, or this process
-                # changed what a command inherits (ids, rlimits, umask, cgroup...)
-                # since: a fresh one, started from now; this run forks here
+            if (self._sock is None or self._owner != os.getpid()
+                    or _identity() != self._identity):
+                # first use, one that died, a fork of the process that started it, or
+                # this process changed what a command inherits (ids, rlimits, umask,
+                # cgroup...) since: a fresh one, started from now; this run forks here
                 self._stop()
                 self._start()
                 return None
@@ -382,10 +384,11 @@ class _SpawnHelper:
                 data, got, _flags, _addr = socket.recv_fds(sock, _PID.size, 1)
             except OSError:
                 got, data = [], b""
-            if len(data) != _PID.size or len(got) != 1:
+            if len(data) != _PID.size or len(got) != 1:  # it died (a command can kill it)
                 for fd in got:
                     os.close(fd)
-                self._stop(off=True)
+                self._failures += 1
+                self._stop(off=self._failures >= 3)  # else a new one on the next run
                 return None
             os.set_inheritable(got[0], False)
             return _PID.unpack(data)[0], got[0]
@@ -395,7 +398,8 @@ class _SpawnHelper:
         with self._lock:
             if self._off:
                 return False
-            if self._owner != os.getpid() or _identity() != self._identity:
+            if (self._sock is None or self._owner != os.getpid()
+                    or _identity() != self._identity):
                 self._stop()
                 self._start()
             deadline = time.monotonic() + timeout_s
@@ -404,6 +408,11 @@ class _SpawnHelper:
                     return False
                 select.select([self._sock], [], [], max(0.0, deadline - time.monotonic()))
             return self._ready
+
+    def after_fork_in_child(self) -> None:
+        """A fork of this process: a lock another thread held at the fork is not held
+        here (the helper is the parent's; the child starts its own on its first run)."""
+        self._lock = threading.Lock()
 
     def _check_ready(self) -> bool:
         assert self._sock is not None
@@ -494,6 +503,8 @@ def _identity() -> bytes:
 
 
 _HELPER: Final = _SpawnHelper()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_HELPER.after_fork_in_child)
 
 
 def warm_spawn_helper(timeout_s: float = 5.0) -> bool:
