@@ -210,3 +210,22 @@ def test_mcp_run_in_sandbox_for_a_user(nobody_python: tuple[str, str]) -> None:
                      "the one-line change in corral/mcp/server.py Backend.provider)")
     assert not t["is_error"], t
     assert (t["result"], t["level"]) == ("45", "strict")
+
+
+def test_as_the_caller_too_the_transcript_says_what_doctor_says() -> None:
+    """The same check as whoever runs the tests (root here: cgroup v1 limits)."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
+    cli = "import sys; from corral.cli import main; sys.exit(main(sys.argv[1:]))"
+    doc = subprocess.run([PY, "-c", cli, "doctor", "--json"], capture_output=True, text=True,
+                         timeout=120, env=env)
+    linux = _linux(json.loads(doc.stdout))
+    r = subprocess.run([PY, "-c", cli, "python", "--json", "sum(range(10))"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)
+    assert t["result"] == "45" and t["level"] == "strict"
+    assert {k: t["limits"][k] for k in ("memory", "processes")} == {
+        k: linux["limits"][k] for k in ("memory", "processes")}
+    if ROOT and detect().version == "v1":
+        assert linux["limits_by"] == "cgroup"
+        assert t["limits"]["memory"] == "cgroup v1 memory+swap for the whole sandbox"
