@@ -173,9 +173,11 @@ def _mcp_site() -> str | None:
     """The dir holding the MCP SDK, if the user can read it (root drops to 65534)."""
     try:
         import mcp
+        from mcp import Client  # noqa: F401  (not tests/mcp, a namespace package)
     except ImportError:
         return None
-    return str(Path(mcp.__file__).parent.parent)
+    where = getattr(mcp, "__file__", None)
+    return str(Path(where).parent.parent) if where else None
 
 
 def test_mcp_run_in_sandbox_for_a_user(nobody_python: tuple[str, str]) -> None:
