@@ -218,8 +218,8 @@ def test_as_the_caller_too_the_transcript_says_what_doctor_says() -> None:
     """The same check as whoever runs the tests (root here: cgroup v1 limits)."""
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
     cli = "import sys; from corral.cli import main; sys.exit(main(sys.argv[1:]))"
-    doc = subprocess.run([sys.executable, "-c", cli, "doctor", "--json"], capture_output=True, text=True,
-                         timeout=120, env=env)
+    doc = subprocess.run([sys.executable, "-c", cli, "doctor", "--json"],
+                         capture_output=True, text=True, timeout=120, env=env)
     linux = _linux(json.loads(doc.stdout))
     r = subprocess.run([sys.executable, "-c", cli, "python", "--json", "sum(range(10))"],
                        capture_output=True, text=True, timeout=120, env=env)
