@@ -11,6 +11,14 @@ time per run and the ratio of medians against subprocess.run. The
 supervisor, fork alive" row is the same with a fork of this process alive
 during the run (blocked on a pipe, released after): the part of that cost
 that is the runner's own copy-on-write faults while it shares its pages.
+
+The "(sync)" row's supervisor comes from the spawn helper (a small process started
+once, issue 26: the command's peak RSS is then its own in a large host); the
+"supervisor forked here" row is the previous way, the supervisor a fork of this
+process (the helper turned off for that call), side by side. ``--ballast MB`` grows
+this process by MB of touched memory first: a large host, where forking it costs more.
+
+Usage: .venv/bin/python benchmarks/bench_runner.py [N] [--ballast MB]
 """
 
 from __future__ import annotations
@@ -23,8 +31,9 @@ import sys
 import time
 from collections.abc import Callable
 
+import corral.run.tree as tree
 from corral.run.bounded import run_bounded, run_bounded_async
-from corral.run.tree import popen_process
+from corral.run.tree import popen_process, warm_spawn_helper
 
 __all__ = ["main"]
 
@@ -36,6 +45,17 @@ def _sub(argv: list[str]) -> Callable[[], object]:
 
 def _rb(argv: list[str], **kw: object) -> Callable[[], object]:
     return lambda: run_bounded(argv[0], argv[1:], timeout_ms=60_000, **kw)  # type: ignore[arg-type]
+
+
+def _rb_forked_here(argv: list[str]) -> Callable[[], object]:
+    def once() -> object:
+        tree._HELPER._off = True
+        try:
+            return run_bounded(argv[0], argv[1:], timeout_ms=60_000)
+        finally:
+            tree._HELPER._off = False
+
+    return once
 
 
 def _rb_fork_alive(argv: list[str]) -> Callable[[], object]:
@@ -78,21 +98,29 @@ def _measure(variants: dict[str, Callable[[], object]], n: int) -> dict[str, lis
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    ballast = b""
+    if "--ballast" in args:
+        i = args.index("--ballast")
+        ballast = b"\1" * (int(args[i + 1]) << 20)
+        del args[i:i + 2]
     n = int(args[0]) if args else 200
+    helper = warm_spawn_helper(30)
     commands = {
         "/bin/true": ["/bin/true"],
         "python -c pass": [sys.executable, "-c", "pass"],
     }
     print(f"run_bounded vs subprocess.run, {n} interleaved runs each; ms per run "
-          f"(python {sys.version.split()[0]})\n")
-    print(f"{'command':<16} {'variant':<34} {'median':>8} {'p90':>8} {'ratio':>7}")
+          f"(python {sys.version.split()[0]}; this process {len(ballast) >> 20} MiB "
+          f"ballast; spawn helper {'serving' if helper else 'NOT serving'})\n")
+    print(f"{'command':<16} {'variant':<35} {'median':>8} {'p90':>8} {'ratio':>7}")
     for label, cmd in commands.items():
         once_async, close = _rb_async_loop(cmd)
         try:
             variants = {
                 "subprocess.run": _sub(cmd),
                 "run_bounded (sync)": _rb(cmd),
+                "supervisor forked here (no helper)": _rb_forked_here(cmd),
                 "run_bounded, no supervisor": _rb(cmd, spawner=popen_process),
                 "no supervisor, fork alive": _rb_fork_alive(cmd),
                 "run_bounded_async (warm loop)": once_async,
@@ -105,8 +133,9 @@ def main(argv: list[str] | None = None) -> None:
         for name, ts in times.items():
             med = statistics.median(ts)
             p90 = statistics.quantiles(ts, n=10)[-1]
-            print(f"{label:<16} {name:<34} {med:8.2f} {p90:8.2f} {med / base:6.2f}x")
+            print(f"{label:<16} {name:<35} {med:8.2f} {p90:8.2f} {med / base:6.2f}x")
         print()
+    del ballast
 
 
 if __name__ == "__main__":

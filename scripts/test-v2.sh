@@ -29,7 +29,8 @@ die() { say "ERROR: $*"; exit 2; }
 # the budget: TCG is ~10x slower than the host, and tests/linux takes ~13 min a scenario)
 [ $# -gt 0 ] || set -- tests/linux/test_cgroups.py tests/linux/test_hostinfo.py \
   tests/linux/test_strict_outcomes.py tests/linux/test_quotas.py tests/linux/test_cpu_cap.py \
-  tests/linux/test_orphans.py tests/linux/test_provider.py -m 'not slow'
+  tests/linux/test_orphans.py tests/linux/test_provider.py tests/linux/test_nonroot_doors.py \
+  -m 'not slow'
 
 # --- host packages --------------------------------------------------------------
 need=()

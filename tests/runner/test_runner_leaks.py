@@ -16,6 +16,7 @@ import pytest
 
 from corral import CancelToken
 from corral.run.bounded import CWD_PREFIX, Outcome, run_bounded, run_bounded_async
+from corral.run.tree import warm_spawn_helper
 
 PY = [sys.executable, "-I", "-S", "-c"]
 SLEEP = [*PY, "import time; time.sleep(30)"]
@@ -27,7 +28,9 @@ def _fds() -> int:
 
 
 def _children() -> list[int]:
-    me = str(os.getpid())
+    """Our child processes, less the spawn helper (one per process, for its life)."""
+    from corral.run.tree import spawn_helper_pid
+    me, helper = str(os.getpid()), spawn_helper_pid()
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -37,7 +40,7 @@ def _children() -> list[int]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if fields[1] == me:
+        if fields[1] == me and int(name) != helper:
             out.append(int(name))
     return out
 
@@ -91,6 +94,7 @@ def test_500_mixed_runs_leak_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
     # warm up lazily created things (imports, the loop's first use)
     run_bounded("/bin/true", timeout_ms=5000)
+    assert warm_spawn_helper(30)  # its socket is one fd of ours, for the process's life
     fds, kids, threads, tmps = _fds(), _children(), threading.active_count(), _tempdirs()
 
     async def batch(start: int) -> list[Outcome]:

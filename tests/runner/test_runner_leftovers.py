@@ -136,7 +136,18 @@ run_bounded(sys.executable, ["-I", "-S", "-c", code], timeout_ms=timeout_ms)
 _CLI = "import sys; from corral.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-@pytest.mark.parametrize("caller_kind", ["run_bounded", "run_bounded+mem_mb", "corral run"])
+#: the same, with the supervisor forked by the caller's spawn helper (issue 26: the first
+#: run of a process forks it from the caller while the helper starts); the helper's pid
+#: goes to the file named by the third argument
+_HELPED = _CALLER.replace("run_bounded(sys.executable", (
+    "from corral.run.tree import spawn_helper_pid, warm_spawn_helper\n"
+    "assert warm_spawn_helper(30)\n"
+    "open(sys.argv[3], 'w').write(str(spawn_helper_pid()))\n"
+    "run_bounded(sys.executable"))
+
+
+@pytest.mark.parametrize("caller_kind", ["run_bounded", "run_bounded+mem_mb", "corral run",
+                                         "run_bounded, spawn helper"])
 def test_sigkill_of_the_caller_kills_the_tree(
         tmp_path: Path, argv_token: str, caller_kind: str) -> None:
     """The process calling run_bounded (or ``corral run``) is SIGKILLed: its child tree dies too.
@@ -150,8 +161,11 @@ def test_sigkill_of_the_caller_kills_the_tree(
     cmdfile = tmp_path / "command.pid"
     code = (f"import os; open({str(cmdfile)!r},'w').write(str(os.getpid()))\n"
             + _scrubbed_daemon(str(pidfile), argv_token, "time.sleep(30)"))
+    helperfile = tmp_path / "helper.pid"
     if caller_kind == "corral run":
         argv = [PY, "-c", _CLI, "run", "--", PY, "-I", "-S", "-c", code]
+    elif caller_kind == "run_bounded, spawn helper":
+        argv = [PY, "-c", _HELPED, code, "25000", str(helperfile)]
     else:
         caller_code = _CALLER if caller_kind == "run_bounded" else _CALLER.replace(
             "timeout_ms=timeout_ms)", "timeout_ms=timeout_ms, mem_mb=512)")
@@ -165,6 +179,8 @@ def test_sigkill_of_the_caller_kills_the_tree(
             assert time.monotonic() < deadline, "the run did not start"
             time.sleep(0.02)
         pids = [_read_pid(cmdfile), _read_pid(pidfile)]
+        if helperfile.exists():  # the helper ends with its caller too
+            pids.append(_read_pid(helperfile))
         assert all(_alive(p) for p in pids)
         caller.kill()  # SIGKILL: no finally, no atexit, no cleanup in the caller
         caller.wait(timeout=10)
@@ -249,6 +265,8 @@ def test_a_stuck_supervisor_does_not_hang_the_run(
     import corral.run.engine as engine
     import corral.run.tree as tree
 
+    # the patch reaches a supervisor forked from here: not one the spawn helper forks
+    monkeypatch.setattr(tree._HELPER, "_off", True)
     monkeypatch.setattr(tree, "_kill_all", lambda pid: time.sleep(30))
     monkeypatch.setattr(tree, "_REAP_WAIT_S", 0.3)
     monkeypatch.setattr(engine, "_KILL_WAIT_S", 0.3)

@@ -59,8 +59,9 @@ def test_to_dict_is_json_round_trip() -> None:
     assert doc["facts"] == {"a": 1} and doc["result"] == "2"
     assert doc["truncated"] == ["logs"] and doc["timed_out"] is False
     assert set(doc) == {"logs", "facts", "result", "errors", "duration_ms", "timed_out",
-                        "truncated", "level"}
+                        "truncated", "level", "limits"}
     assert doc["level"] is None  # the wire does not say; the host sets the level it ran at
+    assert doc["limits"] == {}  # nor how the run was held: the host's pool says (issue 26)
     ran = transcript_from_wire(wire(), level=Level.STRICT)
     assert ran.level == Level.STRICT and ran.to_dict()["level"] == "strict"
 

@@ -70,6 +70,10 @@ def render(report: dict[str, Any]) -> str:
         state = "usable" if p["usable"] else "NOT usable"
         lines += ["", f"  {p['name']} (level {p['level']}): {state}; {p['summary']}"]
         lines += _table([(_yes(r["enforced"]), r["what"], r["how"]) for r in p["rows"]], "    ")
+        if p.get("limits"):  # what the doors that take the strongest do (docs/doctor.md)
+            lines += ["", f"    limits by {p['limits_by']} (corral python, run_snippet, "
+                          "corral mcp):"]
+            lines += _table([("", k, v) for k, v in p["limits"].items()], "     ")
     return "\n".join(lines) + "\n"
 
 

@@ -18,6 +18,7 @@ that is not an existing file is still taken as code (``corral python
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -78,6 +79,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--allow-import", action="append", default=[], metavar="MODULE",
                    help="allow importing MODULE besides the default stdlib allowlist "
                         "(repeatable; e.g. urllib.request to use the network)")
+    p.add_argument("--limits", choices=("auto", "cgroup", "rlimit"), default="auto",
+                   help="how the strict sandbox holds memory, processes and cpu: auto (the "
+                        "default: cgroup where this user's cgroups give them, else rlimits "
+                        "per process, as corral doctor says), cgroup (refused where there "
+                        "is none), or rlimit")
     p.set_defaults(handler=run)
 
 
@@ -179,6 +185,15 @@ def live_logs(status: LiveStatus, palette: Palette) -> Callable[[LogLine], None]
     return on_log
 
 
+async def _on_linux(limits_by: str, kw: dict[str, Any]) -> Transcript:
+    """The snippet on a linux provider of its own that holds limits ``limits_by``."""
+    from corral.providers.linux import LinuxProvider
+    from corral.snippets.host.runner import run_snippet
+
+    async with LinuxProvider(limits_by=limits_by, spares=0) as provider:
+        return await run_snippet(provider=provider, **kw)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the snippet; print the transcript; exit 0, 1 or 124."""
     # imported here, not at the top: every verb's module loads to build the parser
@@ -203,15 +218,23 @@ def run(args: argparse.Namespace) -> int:
     # transcript in one piece at the end, exactly as before
     live = not args.json and is_tty(sys.stdout)
     out_palette = Palette.for_stream(sys.stdout)
+    if args.limits != "auto" and args.level != "strict":
+        raise ConfigInvalidError("--limits", "applies to --level strict only (context-"
+                                 "isolated holds each run by its own rlimits)")
+    kw: dict[str, Any] = dict(files=files, level=args.level, timeout_ms=used,
+                              tenant_id=args.tenant, allowed_imports=allowed,
+                              network=network if network.kind != "none" else None,
+                              on_log=live_logs(status, out_palette) if live else None)
     try:
         with status:
-            transcript = run_snippet_sync(files=files, level=args.level, timeout_ms=used,
-                                          tenant_id=args.tenant, allowed_imports=allowed,
-                                          network=network if network.kind != "none" else None,
-                                          on_log=live_logs(status, out_palette) if live
-                                          else None)
+            transcript = (run_snippet_sync(**kw) if args.limits == "auto"
+                          else asyncio.run(_on_linux(args.limits, kw)))
     finally:
         shutdown_snippet_pool()
+    held = "; ".join(f"{k}: {v}" for k, v in transcript.limits.items())
+    if args.level == "strict" and any("rlimit" in v for v in transcript.limits.values()):
+        # strict without its cgroup limits is said (the transcript's limits, in --json too)
+        print(f"corral: note: limits: {held}", file=sys.stderr)
     if args.json:
         doc = transcript.to_dict()
         doc["timeout_ms"] = {"asked": args.timeout, "used": used}

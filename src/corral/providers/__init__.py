@@ -51,7 +51,10 @@ def provider(name: str | None = None, *, level: Level | str | None = None,
     With both, the named provider must give ``level`` on this host. Providers are
     async context managers (``async with corral.provider() as p:``; leaving it calls
     ``aclose``). For options, construct the provider's class yourself (for example
-    ``corral.providers.linux.LinuxProvider(ro_binds=...)``).
+    ``corral.providers.linux.LinuxProvider(ro_binds=...)``). ``limits_by="auto"`` (the
+    linux provider) takes the strongest way this user has to enforce memory, process
+    and CPU limits: ``"cgroup"`` (for the whole sandbox) where its cgroups give memory
+    and pids, else ``"rlimit"`` (per process), as ``corral doctor`` reports it.
 
     Raises:
         ConfigInvalidError: an unknown name or level.
@@ -70,6 +73,14 @@ def provider(name: str | None = None, *, level: Level | str | None = None,
     if name is None:
         defaults: dict[Level, str] = __getattr__("DEFAULT_FOR_LEVEL")  # made once
         name = defaults[want or Level.STRICT]
+    if options.get("limits_by") == "auto":
+        # linux: the strongest this user has, cgroup limits where its cgroups give them,
+        # else rlimits per process (what corral python, run_snippet and doctor say);
+        # another provider holds limits its own one way: "auto" is that way
+        options = {k: v for k, v in options.items() if k != "limits_by"}
+        if name == "linux":
+            from corral.providers.linux.host.hostinfo import strongest_limits_by
+            options["limits_by"] = strongest_limits_by()
     made: SandboxProvider = get_provider_class(name)(**options)
     if want is not None and want not in made.levels:
         raise LevelNotSupportedError(

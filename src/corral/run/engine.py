@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import select
 import signal
 import subprocess
 import tempfile
@@ -162,7 +163,8 @@ class BoundedRun:
         elif not self._stdin_pipe:
             self._close_fd("in")
         if _USE_PIDFD:
-            self._fds["pid"] = os.pidfd_open(self._reap_pid)
+            self._fds["pid"] = (os.dup(self._sup.pidfd) if self._sup is not None
+                                and self._sup.pidfd >= 0 else os.pidfd_open(self._reap_pid))
             loop.add_reader(self._fds["pid"], self._on_exit)
         else:
             self._watcher = threading.Thread(target=self._watch, name="corral-run-watch",
@@ -173,7 +175,10 @@ class BoundedRun:
 
     def _watch(self) -> None:  # no-pidfd hosts: wait for exit without reaping
         try:
-            os.waitid(os.P_PID, self._reap_pid, os.WEXITED | os.WNOWAIT)
+            if self._sup is not None and self._sup.pidfd >= 0:  # the spawn helper's child
+                select.select([self._sup.pidfd], [], [])
+            else:
+                os.waitid(os.P_PID, self._reap_pid, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:
             pass
         try:
@@ -348,12 +353,13 @@ class BoundedRun:
             return
         self._closing = True
         rc: int | None = None
-        cpu_s, maxrss_kib, strays = 0.0, 0, 0
+        cpu_s, maxrss_kib, strays, floor_kib = 0.0, 0, 0, self._host_peak_kib
         try:
             if self._sup is not None:  # it kills what is left, reaps it, reports
                 report = self._sup.finish()
                 rc, cpu_s, maxrss_kib = report.returncode, report.cpu_s, report.maxrss_kib
                 strays = report.strays
+                floor_kib = report.floor_kib or floor_kib
                 self._drain()
             elif self._pid:  # a spawner's bare pid: its process group only
                 kill_group(self._pid)
@@ -374,9 +380,11 @@ class BoundedRun:
                 remove_tree(self._cwd)
             self._exited.set()
             self._done.set()
-        # Linux copies the spawner's RSS into a forked child's high-water
-        # mark, so a peak not above our own says nothing: 0 (not measured).
-        peak_kib = maxrss_kib if maxrss_kib > self._host_peak_kib else 0
+        # Linux copies the spawning process's RSS high-water mark into the command's
+        # at exec, so a peak not above that floor says nothing: 0 (not measured). The
+        # supervisor reports its floor: small when the spawn helper forked it (a fresh
+        # small process), this process's own RSS when it was forked from here.
+        peak_kib = maxrss_kib if maxrss_kib > floor_kib else 0
         usage = ResourceUsage(cpu_ms=round(cpu_s * 1000), wall_ms=round(
             (t_end - self._t_spawn) * 1000) if self._pid else 0,
             peak_mem_mb=-(-peak_kib // 1024))

@@ -43,6 +43,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Final, TypeVar, final
 
 from corral.core.contract import (
@@ -413,6 +414,12 @@ def _frame(job: Mapping[str, Any], tenant_id: str) -> bytes:
     return encode_own_invoke(job, f"snippet-{uuid.uuid4().hex[:12]}", tenant_id)
 
 
+#: Transcript.limits where the provider does not say how it holds them (not the linux one)
+_NOT_SAID: Final[Mapping[str, str]] = MappingProxyType({
+    "memory": "the provider's own (not said)", "processes": "the provider's own (not said)",
+    "cpu": "wall clock only (the run's timeout)"})
+
+
 @final
 class SnippetPool:
     """Bounded concurrency (FIFO) over warm per-tenant slots; one fresh process per run.
@@ -454,6 +461,7 @@ class SnippetPool:
         self._closing: set[asyncio.Task[Any]] = set()
         self._warming: dict[Level, int] = {}
         self._ids = itertools.count(1)
+        self._limits: dict[Level, Mapping[str, str]] = {}  # limits_for's answers
         self._counts = dict.fromkeys(
             ("completed", "cancelled", "timed_out", "crashed", "replaced", "created"), 0)
         self._closed = False
@@ -479,9 +487,37 @@ class SnippetPool:
             names = {Level.STRICT: "linux", Level.CONTEXT_ISOLATED: "subproc"}
             if level not in names:
                 raise ConfigInvalidError("level", f"no snippet provider for level {level.value!r}")
-            self._providers[level] = provider = get_provider_class(names[level])()
+            options: dict[str, Any] = {}
+            if level == Level.STRICT:  # the strongest this user has: cgroup, else rlimits
+                from corral.providers.linux.host.hostinfo import strongest_limits_by
+                options["limits_by"] = strongest_limits_by()
+            self._providers[level] = provider = get_provider_class(names[level])(**options)
             self._owned.append(provider)
         return self._providers[level]
+
+    def limits_for(self, level: Level | str) -> Mapping[str, str]:
+        """How this pool's runs at ``level`` are held: ``{"memory", "processes", "cpu"}``
+        -> how, for a person (``Transcript.limits``; ``corral doctor`` says the same).
+        Each run's memory is also its worker's RLIMIT_AS of ``mem_mb``."""
+        lv = Level(level)
+        if lv in self._limits:
+            return self._limits[lv]
+        if lv == Level.STRICT:
+            from corral.providers.linux.host.hostinfo import limits_how
+            options = getattr(self._provider(lv), "options", None)
+            by = getattr(options, "limits_by", None)
+            how: Mapping[str, str] = _NOT_SAID
+            if isinstance(by, str):  # cpu: the pool asks no cpu_ms, the timeout holds it
+                said = limits_how(by)
+                how = MappingProxyType({"memory": said["memory"],
+                                        "processes": said["processes"],
+                                        "cpu": "wall clock only (the run's timeout)"})
+        else:  # context-isolated: the worker's own rlimit, no sandbox-wide limit
+            how = MappingProxyType({"memory": "rlimit per process (the run's RLIMIT_AS)",
+                                    "processes": "not limited at context-isolated",
+                                    "cpu": "wall clock only (the run's timeout)"})
+        self._limits[lv] = how
+        return how
 
     # -- slots -----------------------------------------------------------------------
     async def _new_slot(self, level: Level, tenant: str | None) -> _AnySlot:

@@ -16,6 +16,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import logging
 import queue
@@ -382,11 +383,12 @@ async def _run_in(pool: SnippetPool, files: list[tuple[str, str]], *, tenant_id:
         parse=lambda output: _from_wire(output, level), on_logs=relay.feed)
     if transcript is None:  # the host backstop killed a slot that did not answer
         elapsed = round((loop.time() - started) * 1000, 3)
-        return Transcript(timed_out=True, duration_ms=elapsed, level=level, errors=(SnippetError(
-            type="TimeoutError", message=f"the snippet ran past its {timeout_ms} ms timeout "
-            "and its sandbox was killed"),), logs=tuple(relay.kept),
+        transcript = Transcript(
+            timed_out=True, duration_ms=elapsed, level=level, errors=(SnippetError(
+                type="TimeoutError", message=f"the snippet ran past its {timeout_ms} ms "
+                "timeout and its sandbox was killed"),), logs=tuple(relay.kept),
             truncated=frozenset({"logs"}) if relay.caps.cut else frozenset())
-    return transcript
+    return dataclasses.replace(transcript, limits=pool.limits_for(level))
 
 
 def _from_wire(output: Any, level: Level) -> Transcript:

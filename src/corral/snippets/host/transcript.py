@@ -120,6 +120,10 @@ class Transcript:
         truncated: the fields a cap cut (``logs``, ``facts``, ``result``, ``errors``).
         level: the isolation level the snippet ran at (``strict`` or
             ``context-isolated``); None when it did not run (rejected by the validator).
+        limits: how the run's memory, processes and cpu were held, for a person
+            (``{"memory": "cgroup v1 memory+swap for the whole sandbox", ...}``, or
+            ``"rlimit per process (no delegated cgroup)"`` for a user without a
+            delegated cgroup); empty when it did not run.
     """
 
     logs: tuple[LogLine, ...] = ()
@@ -130,6 +134,7 @@ class Transcript:
     timed_out: bool = False
     truncated: frozenset[str] = frozenset()
     level: Level | None = None
+    limits: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def ok(self) -> bool:
@@ -147,7 +152,8 @@ class Transcript:
                 "facts": thaw(self.facts), "result": self.result,
                 "errors": [e.to_dict() for e in self.errors], "duration_ms": self.duration_ms,
                 "timed_out": self.timed_out, "truncated": sorted(self.truncated),
-                "level": None if self.level is None else self.level.value}
+                "level": None if self.level is None else self.level.value,
+                "limits": dict(self.limits)}
 
 
 def transcript_rejected(violations: Sequence[Violation]) -> Transcript:

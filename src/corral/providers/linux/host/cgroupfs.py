@@ -135,10 +135,18 @@ def detect(root: str | Mapping[str, str] | None = None, *, prefix: str = "corral
     mounts = parse_mountinfo(read_text(mountinfo))
     own = parse_proc_cgroup(read_text(proc_cgroup))
     v2 = _auto_v2(mounts, own, prefix)
-    v1 = detect_v1(_own_v1_dirs(mounts, own), prefix=prefix)
+    v1_dirs = _own_v1_dirs(mounts, own)
+    v1 = detect_v1(v1_dirs, prefix=prefix)
     key = ("memory", "memsw", "pids")
     s1 = sum(c in v1.available for c in key)
     s2 = sum(c in v2.available for c in key)
+    if not (s1 or s2) and "memory" in v1_dirs:
+        # nothing usable either way (a user without delegation on a v1 or hybrid host):
+        # the memory controller is bound to its v1 hierarchy, so v2 can never give it;
+        # report v1, whose fix (root, or directories an administrator chowns) is the real one
+        why = v2.missing.get("memory") or "not mounted"
+        return CgroupSupport(version="v1", available=frozenset(), missing=v1.missing,
+                             notes=(*v1.notes, f"cgroup v2 not used: {why}"))
     if v2.version != "none" and s2 >= s1 and (s2 or not v1.available):
         return v2
     if v1.available:
@@ -329,12 +337,13 @@ def detect_v2(own: str, *, prefix: str, own_is_root: bool,
     leaf = os.path.join(own, SELF_LEAF)
     busy = not own_is_root and not (set(_V2_WANTED) & sub) and _has_procs(own)
     for c in ("memory", "pids"):
-        if not writable:
-            missing[c] = _not_writable(own, v2=True)
-        elif c not in ctrls:
+        if c not in ctrls:  # first: delegating this dir would not bring it
             have = " ".join(sorted(ctrls)) or "nothing"
-            missing[c] = (f"{c} not in {own}/cgroup.controllers (it lists: {have}): the parent "
-                          "does not delegate it")
+            missing[c] = (f"{c} not in {own}/cgroup.controllers (it lists: {have}): "
+                          + ("it is bound to a cgroup v1 hierarchy" if own_is_root else
+                             "the parent does not delegate it"))
+        elif not writable:
+            missing[c] = _not_writable(own, v2=True)
         else:
             available.add(c)
     if busy and available:  # writable: the processes can move to a child it makes

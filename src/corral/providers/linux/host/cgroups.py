@@ -105,8 +105,9 @@ class CgroupManager:
                 whys += [] if why in whys or why.startswith("needs the") else [why]
                 fields += [] if field in fields else [field]
         if ctrls:
+            fix = CGROUP_FIX_V1 if s.version == "v1" and os.geteuid() != 0 else CGROUP_FIX
             raise LevelNotSupportedError(
-                "strict", ("strict",), CGROUP_FIX if "pause" not in fields else
+                "strict", ("strict",), fix if "pause" not in fields else
                 "run as root, or delegate a cgroup with the freezer and pass cgroup_root",
                 missing=f"cgroup {', '.join(ctrls)} ({'; '.join(whys) or 'not available'})",
                 field=", ".join(fields))
@@ -356,6 +357,14 @@ CGROUP_FIX: Final = (
     "fix: run as root; or run in a delegated cgroup (systemd-run --user --scope "
     "-p Delegate=yes ..., docker run --cgroupns=private with a writable /sys/fs/cgroup) "
     "and pass its path as "
+    "cgroup_root; or enforce the limits per process by rlimits "
+    "(LinuxProvider(limits_by='rlimit'), corral run --limits rlimit); `corral doctor` "
+    "shows what this host has")
+
+#: the same on cgroup v1 as a user (a delegated v2 scope cannot bring v1's controllers)
+CGROUP_FIX_V1: Final = (
+    "fix: run as root; or have an administrator make per-controller cgroup v1 directories "
+    "(memory, pids, cpuacct, freezer), chown them to this user and pass them as "
     "cgroup_root; or enforce the limits per process by rlimits "
     "(LinuxProvider(limits_by='rlimit'), corral run --limits rlimit); `corral doctor` "
     "shows what this host has")

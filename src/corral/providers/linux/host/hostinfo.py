@@ -15,14 +15,14 @@ import os
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, final
+from typing import Any, Final, final
 
 from corral.providers.linux import _sys_unsafe as su
 from corral.providers.linux.host.cgroupfs import V2_DELEGATE_HOW
 from corral.providers.linux.host.cgroups import CgroupSupport, detect
 
-__all__ = ["Check", "HostInfo", "ProviderReport", "Row", "probe", "providers_report",
-           "userns_blocker"]
+__all__ = ["Check", "HostInfo", "ProviderReport", "Row", "limits_how", "probe",
+           "providers_report", "strongest_limits_by", "userns_blocker"]
 
 #: namespace kind -> its CLONE_NEW* flag name in _sys_unsafe
 NAMESPACES: Mapping[str, str] = {
@@ -67,9 +67,11 @@ class HostInfo:
         fix = ""
         if not {"memory", "pids"} <= cg.available:
             fix = (f"; to get memory and pids limits: {V2_DELEGATE_HOW}" if cg.version != "v1"
-                   else "; to get memory and pids limits: run as root, or pass delegated v1 "
-                        "directories as cgroup_root")
-        rows.append(Check(name="cgroups", ok=cg.version != "none",
+                   else "; to get memory and pids limits: run as root, or have an "
+                        "administrator chown per-controller v1 directories to this user and "
+                        "pass them as cgroup_root (a systemd-delegated cgroup v2 scope "
+                        "cannot help: the controllers are bound to cgroup v1 here)")
+        rows.append(Check(name="cgroups", ok=cg.version != "none" and bool(cg.available),
                           detail="; ".join([f"version {cg.version}", *cg.notes]) + fix))
         for c in ("memory", "memsw", "pids", "cpu", "freezer", "kill"):
             rows.append(Check(name=f"cgroup {c}", ok=c in cg.available,
@@ -311,6 +313,44 @@ def probe(*, refresh: bool = False) -> HostInfo:
     return _probe_cached()
 
 
+#: the controllers a sandbox-wide (cgroup) memory and process limit needs
+_CGROUP_LIMITS: Final = ("memory", "memsw", "pids")
+#: why limits are rlimits: said wherever a door says how it enforces them
+NO_CGROUP: Final = "no delegated cgroup"
+
+
+def strongest_limits_by(cgroups: CgroupSupport | None = None) -> str:
+    """How the strict provider enforces memory, process and CPU limits at its strongest
+    for this process: ``"cgroup"`` (for the whole sandbox) where this user's cgroups
+    give memory+swap and pids, else ``"rlimit"`` (per process; RLIMIT_NPROC for the
+    sandbox's user). The doors that choose for the caller (the snippet pool, so
+    ``run_snippet`` and ``corral python``; ``corral.provider(limits_by="auto")``, so
+    ``corral mcp``) take this; ``corral doctor`` says the same."""
+    cg = cgroups if cgroups is not None else detect()
+    return "cgroup" if all(c in cg.available for c in _CGROUP_LIMITS) else "rlimit"
+
+
+def limits_how(limits_by: str, cgroups: CgroupSupport | None = None) -> dict[str, str]:
+    """For a person: how each limit is enforced with ``limits_by`` on this host
+    (``{"memory": ..., "processes": ..., "cpu": ...}``)."""
+    cg = cgroups if cgroups is not None else detect()
+    if limits_by == "rlimit":
+        why = "" if strongest_limits_by(cg) == "cgroup" else f" ({NO_CGROUP})"
+        return {"memory": f"rlimit per process{why}",
+                "processes": f"rlimit RLIMIT_NPROC for the sandbox's user{why}",
+                "cpu": f"rlimit per process{why}"}
+    v = cg.version
+
+    def how(ctrls: tuple[str, ...], what: str) -> str:
+        lacking = [c for c in ctrls if c not in cg.available]
+        if lacking:
+            return f"refused when asked (cgroup {', '.join(lacking)} unavailable)"
+        return f"cgroup {v} {what} for the whole sandbox"
+    return {"memory": how(("memory", "memsw"), "memory+swap"),
+            "processes": how(("pids",), "pids"),
+            "cpu": how(("cpu",), "cpu time, polled")}
+
+
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Row:
@@ -331,13 +371,19 @@ class ProviderReport:
     usable: bool
     summary: str
     rows: tuple[Row, ...]
+    #: how the doors that choose the strongest (``strongest_limits_by``: corral python,
+    #: run_snippet, corral mcp) enforce limits here: "cgroup" or "rlimit" ("" for none)
+    limits_by: str = ""
+    #: and what that means for each limit (``limits_how``)
+    limits: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form."""
         return {"name": self.name, "level": self.level, "usable": self.usable,
                 "summary": self.summary,
                 "rows": [{"what": r.what, "enforced": r.enforced, "how": r.how}
-                         for r in self.rows]}
+                         for r in self.rows],
+                "limits_by": self.limits_by, "limits": dict(self.limits)}
 
 
 def _rows(*rows: tuple[str, bool, str]) -> tuple[Row, ...]:
@@ -369,8 +415,10 @@ def providers_report(info: HostInfo | None = None) -> list[ProviderReport]:
                    ("filesystem", False, "not isolated: the host filesystem as the caller"),
                    ("syscalls", False, "no filter")))
     rows, usable, summary = _linux_rows(info)
+    by = strongest_limits_by(info.cgroups) if usable else ""
     linux = ProviderReport(name="linux", level="strict", usable=usable, summary=summary,
-                           rows=rows)
+                           rows=rows, limits_by=by,
+                           limits=limits_how(by, info.cgroups) if by else {})
     return [inprocess, subproc, linux]
 
 
@@ -442,4 +490,8 @@ def _linux_rows(info: HostInfo) -> tuple[tuple[Row, ...], bool, str]:
     if dropped:
         summary += (f"; the default spec runs without its default {' and '.join(dropped)} "
                     "limit (no cgroup for it; --limits rlimit enforces them per process)")
+    if strongest_limits_by(cg) == "rlimit":
+        summary += (f"; corral python, run_snippet and corral mcp enforce memory, processes "
+                    f"and cpu by rlimits per process ({NO_CGROUP}); a limit asked of the "
+                    "cgroup (corral run --mem-mb without --limits rlimit) is refused")
     return rows, True, summary
