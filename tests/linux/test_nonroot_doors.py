@@ -207,9 +207,6 @@ def test_mcp_run_in_sandbox_for_a_user(nobody_python: tuple[str, str]) -> None:
             return out
 
     t = asyncio.run(asyncio.wait_for(main(), 120))
-    if t["is_error"] and t.get("error", {}).get("code") == "level-not-supported":
-        pytest.xfail("corral mcp's provider does not take limits_by='auto' yet (issue 26: "
-                     "the one-line change in corral/mcp/server.py Backend.provider)")
     assert not t["is_error"], t
     assert (t["result"], t["level"]) == ("45", "strict")
 

@@ -177,6 +177,9 @@ class Backend:
                 from corral.providers import provider
                 name = self.config.providers.get(level.value)
                 options = dict(self.config.provider_options.get(name or "", {}))
+                # limits by cgroup where this user has one, else per-process rlimits (a
+                # non-root client's server: docs/mcp.md); an operator's option wins
+                options.setdefault("limits_by", "auto")
                 made = self._providers[level] = provider(name, level=level, **options)
             return made
 
