@@ -189,9 +189,49 @@ def _network(args: argparse.Namespace) -> NetworkPolicy:
         raise ConfigInvalidError("--allow-host", "does not go with --network none")
     if kind == "allowlist" and not args.allow_host:
         raise ConfigInvalidError("--network", "allowlist needs at least one --allow-host")
+    for entry in args.allow_host:
+        _check_loopback_entry(entry)
     return NetworkPolicy(kind="allowlist" if kind == "allowlist" else
                          "unrestricted" if kind == "unrestricted" else "none",
                          hosts=tuple(args.allow_host))
+
+
+def _check_loopback_entry(entry: str) -> None:
+    """Refuse an ``--allow-host`` entry on the host's loopback that no client inside would
+    reach: inside, loopback is the sandbox's own and ``NO_PROXY`` names it, so clients
+    connect there directly. One IPv4 loopback address with a port gets a relay there
+    (``netrelay.loopback_relays``); ``localhost``, ``::1``, a loopback address without a
+    port or a CIDR inside loopback would get "connection refused" and no note."""
+    from corral.providers.linux.host.egress import parse_entry
+    from corral.providers.linux.host.netrelay import PROXY_PORT
+    try:
+        rule = parse_entry(entry)
+    except ConfigInvalidError:
+        return  # the provider says what is wrong with it
+    net = rule.net
+    if rule.kind == "host":
+        looped = rule.name == "localhost" or rule.name.endswith(".localhost")
+    elif rule.kind == "suffix":
+        looped = rule.name == "localhost"
+    else:
+        assert net is not None
+        looped = net.network_address.is_loopback and net.broadcast_address.is_loopback
+    if not looped:
+        return
+    if (net is not None and net.version == 4 and net.prefixlen == 32
+            and rule.port is not None and rule.port != PROXY_PORT):
+        return  # relayed
+    host = str(net.network_address) if net is not None and net.prefixlen == net.max_prefixlen \
+        and net.version == 4 else "127.0.0.1"
+    port = rule.port if rule.port is not None and rule.port != PROXY_PORT else None
+    how = (f"{host}:{port}" if port is not None else f"{host}:PORT")
+    raise ConfigInvalidError(
+        "--allow-host", f"{entry!r} is on the host's loopback, which a program inside does "
+        "not reach: inside the sandbox loopback is its own (and NO_PROXY names it). Name one "
+        f"IPv4 loopback address and its port, e.g. {how}: corral relays that port of the "
+        "sandbox's loopback to the host's, through the egress proxy's check"
+        + (f" (port {PROXY_PORT} is the sandbox's egress proxy: serve on another)"
+           if rule.port == PROXY_PORT else ""))
 
 
 def _command(argv: list[str], *, strict: bool) -> tuple[str, list[str]] | RunResult:
