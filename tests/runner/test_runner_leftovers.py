@@ -151,7 +151,8 @@ def test_sigkill_of_the_caller_kills_the_tree(
     code = (f"import os; open({str(cmdfile)!r},'w').write(str(os.getpid()))\n"
             + _scrubbed_daemon(str(pidfile), argv_token, "time.sleep(30)"))
     if caller_kind == "corral run":
-        argv = [PY, "-c", _CLI, "run", "--", PY, "-I", "-S", "-c", code]
+        argv = [PY, "-c", _CLI, "run", "--level", "context-isolated", "--", PY, "-I", "-S",
+                "-c", code]
     else:
         caller_code = _CALLER if caller_kind == "run_bounded" else _CALLER.replace(
             "timeout_ms=timeout_ms)", "timeout_ms=timeout_ms, mem_mb=512)")

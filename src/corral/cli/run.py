@@ -44,7 +44,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 from corral.cli._common import EXIT_CANNOT_EXECUTE, duration_ms
 from corral.cli._style import LiveStatus, Palette, is_tty
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from corral.providers.linux import LinuxProvider
     from corral.providers.linux.policy.plan import Bind
 
-__all__ = ["DEFAULT_TIMEOUT_MS", "add_parser", "run"]
+__all__ = ["DEFAULT_TIMEOUT_MS", "add_parser", "default_level", "run", "strict_verdict"]
 
 #: --timeout when not given
 DEFAULT_TIMEOUT_MS = 60_000
@@ -149,10 +149,15 @@ def add_parser(subparsers: Any) -> None:
                         "allowlist (the --allow-host entries), unrestricted (every public "
                         "destination; --allow-host entries open non-public ranges). Out "
                         "only through HTTP_PROXY/HTTPS_PROXY/ALL_PROXY")
-    p.add_argument("--level", choices=_LEVELS, default="context-isolated",
-                   help="isolation level: context-isolated (default; a bounded child process, "
-                        "NOT a security boundary) or strict (the Linux sandbox: namespaces, "
-                        "seccomp, cgroups; --mem-mb/--cpu-ms then cap the whole tree)")
+    p.add_argument("--level", choices=_LEVELS, default=None,
+                   help="isolation level: strict (the default where this host can run it: "
+                        "the Linux sandbox, namespaces, seccomp, cgroups; --mem-mb/--cpu-ms "
+                        "then cap the whole tree) or context-isolated (a bounded child "
+                        "process, NOT a security boundary). Where strict cannot run (`corral "
+                        "doctor` says why) the default falls back to context-isolated with a "
+                        "warning on stderr (and in --json/--events) saying why; give --level "
+                        "context-isolated to choose it and silence that, --level strict to "
+                        "refuse instead")
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true",
                        help="print the whole result as JSON instead of streaming the output")
@@ -433,8 +438,54 @@ def _with_signals_cancelling(token: CancelToken, fn: Callable[[], RunResult]) ->
             signal.signal(s, h)
 
 
+#: options only the strict level takes: given with the default level, strict is kept even
+#: where it cannot run (the run then fails saying why) rather than falling back
+_STRICT_ONLY: Final = ("bind", "ro_bind", "allow_host", "network", "max_processes", "disk_mb")
+
+
+def strict_verdict() -> tuple[bool, str]:
+    """Whether the strict level can run on this host, and the doctor's one-line summary
+    (why not, when it cannot): the linux provider's row of ``corral doctor``."""
+    if not sys.platform.startswith("linux"):
+        return False, f"strict needs Linux; this is {sys.platform}"
+    from corral.providers.linux.host import hostinfo
+    for row in hostinfo.providers_report(hostinfo.probe()):
+        if row.name == "linux":
+            return row.usable, row.summary
+    return False, "no linux provider row"  # pragma: no cover
+
+
+def default_level(args: argparse.Namespace,
+                  verdict: Callable[[], tuple[bool, str]] = strict_verdict
+                  ) -> tuple[str, str | None]:
+    """The level ``corral run`` takes when ``--level`` is not given, and the warning to
+    give when that is not strict.
+
+    Strict where the host can run it (``verdict``: the doctor's). Where it cannot, a
+    run that asked for something only strict gives (a bind, a network policy, a process
+    or disk cap, ``--limits rlimit``) stays strict and fails saying why; any other falls
+    back to context-isolated, which is NOT a security boundary: never silently, the
+    warning says so, why, and how to choose either level on purpose."""
+    usable, why = verdict()
+    if usable:
+        return "strict", None
+    if args.limits != "cgroup" or any(getattr(args, k) not in (None, [])
+                                      for k in _STRICT_ONLY):
+        return "strict", None
+    return "context-isolated", (
+        f"running at context-isolated, NOT a security boundary: the default level, strict, "
+        f"cannot run here ({why}; `corral doctor` says more). --level context-isolated "
+        "chooses it and silences this; --level strict refuses instead")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the command; return the exit status (see the module docstring)."""
+    args.warnings = []
+    if args.level is None:
+        args.level, warning = default_level(args)
+        if warning is not None:
+            args.warnings.append(warning)
+            print(f"corral: warning: {warning}", file=sys.stderr)
     strict = args.level == "strict"
     command = _command(list(args.argv), strict=strict)
     if isinstance(command, RunResult):
@@ -458,6 +509,8 @@ def _run(args: argparse.Namespace, cmd: str, cmd_args: list[str], status: LiveSt
     token = CancelToken()
     out = _outputs(args, status)
     if args.events:
+        for warning in args.warnings:
+            _event("warning", message=warning)
         _event("start", argv=[cmd, *cmd_args], level=args.level)
     status.start()
     if strict:
@@ -641,6 +694,9 @@ def _finish(args: argparse.Namespace, result: RunResult, out: _Outs | None,
     if args.json or args.events:
         doc = result.to_dict()
         doc["exit_status"] = status
+        doc.setdefault("level", args.level)
+        if getattr(args, "warnings", None):
+            doc["warnings"] = list(args.warnings)
         if saved:
             doc["files_out"] = saved
         if args.events:
