@@ -39,6 +39,7 @@ import json
 import os
 import shutil
 import signal
+import stat as st
 import sys
 import tempfile
 import threading
@@ -321,6 +322,29 @@ def _binds(args: argparse.Namespace) -> list[Bind]:
         dst = os.path.normpath(parts[1]) if len(parts) == 2 else None
         binds.append(Bind(src, dst, rw=mode == "rw"))
     return binds
+
+
+def _check_bind_writer(src: str) -> None:
+    """As root, a write through ``--bind SRC:DST:rw`` lands as corral's bind writer (uid
+    and gid 0x70000000, docs/cli.md), never as root: a SRC the bind writer cannot write
+    would give the command inside only "Permission denied", with nothing saying why in a
+    pipe. So it is refused before anything starts, naming the fix."""
+    from corral.providers.linux.host.uidpool import BIND_UID
+    try:
+        info = os.stat(src)
+    except OSError:
+        return  # the provider says what is wrong with SRC
+    writable = ((info.st_uid == BIND_UID and info.st_mode & st.S_IWUSR)
+                or (info.st_uid != BIND_UID and info.st_gid == BIND_UID
+                and info.st_mode & st.S_IWGRP)
+                or (info.st_uid != BIND_UID and info.st_gid != BIND_UID
+                and info.st_mode & st.S_IWOTH))
+    if not writable:
+        raise ConfigInvalidError(
+            "--bind", f"{src} is not writable by corral's bind writer (uid and gid "
+            f"{BIND_UID}), as which writes through :rw land on the host when corral runs as "
+            f"root (never as root itself): `chown {BIND_UID}:{BIND_UID} {src}` (or "
+            f"`chmod o+w {src}`) first, or bind it read-only (docs/cli.md)")
 
 
 def _stdin(spec: str | None) -> bytes | None:
@@ -627,9 +651,14 @@ def _run_strict(args: argparse.Namespace, cmd: str, cmd_args: list[str],
     from corral.providers.linux import LinuxProvider
 
     # the provider is made here, not by run_strict, to say what it cannot enforce
+    binds = _binds(args)
     provider = LinuxProvider(limits_by=args.limits, stdout_cap=args.max_stdout,
-                             stderr_cap=args.max_stderr, spares=0, binds=_binds(args))
+                             stderr_cap=args.max_stderr, spares=0, binds=binds)
     try:
+        if os.geteuid() == 0:  # after the provider's own checks of each bind
+            for bind in binds:
+                if bind.rw:
+                    _check_bind_writer(bind.src)
         dropped = {k: v for k, v in provider.unenforced_defaults.items()
                    if getattr(args, k) is None}
         if dropped:
