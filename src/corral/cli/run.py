@@ -1,7 +1,9 @@
 """``corral run [options] -- CMD ARGS...``: one bounded run from the shell.
 
-Thin over :func:`corral.run.bounded.run_bounded` (and
-:func:`corral.run.strict.run_strict` with ``--level strict``). The child's
+Thin over :func:`corral.run.strict.run_strict` at strict, the default level where
+the host can run it (:func:`default_level`: otherwise context-isolated, with a warning
+saying why), and :func:`corral.run.bounded.run_bounded` with ``--level
+context-isolated``. The child's
 output is streamed to ours as it arrives, or with ``--json`` the whole result
 is printed as one JSON object on stdout. The exit status is the child's own
 (128 + N if signal N killed it), or one from the table in
@@ -106,12 +108,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--pass-env", action="append", default=[], metavar="KEY",
                    help="copy a variable from this environment (repeatable)")
     p.add_argument("--cwd", default=None, metavar="DIR",
-                   help="working directory, created when missing (said on stderr). Default: "
-                        "a fresh temp dir, removed afterwards; with --level strict: a dir "
-                        "inside the sandbox's /work (default /work itself)")
+                   help="working directory, created when missing (said on stderr). At "
+                        "strict (the default level): a dir inside the sandbox's /work "
+                        "(default /work itself); at context-isolated a host dir (default: a "
+                        "fresh temp dir, removed afterwards)")
     p.add_argument("--here", action="store_true",
-                   help="run in the current directory (not with --level strict, whose "
-                        "sandbox sees no host dir but what --bind shows)")
+                   help="run in the current directory (--level context-isolated only: the "
+                        "strict sandbox sees no host dir but what --bind shows)")
     p.add_argument("--copy", action="append", default=[], metavar="FILE[:DEST]",
                    help="copy FILE in before the command starts, to DEST relative to the "
                         "run's working directory (default: its base name); repeatable")
