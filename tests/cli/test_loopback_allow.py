@@ -147,3 +147,16 @@ def test_the_relay_follows_the_policy_of_the_moment(strict: Any) -> None:
     with http_server({"*": b"hello"}) as srv:
         asyncio.run(go(srv.port))
         assert srv.connections == 1
+
+
+def test_relays_are_bounded_per_sandbox() -> None:
+    """Each relay is a listener the host keeps for the sandbox's life: a policy (a
+    tenant's, through corral serve) cannot ask for thousands."""
+    from corral.core.errors import ConfigInvalidError
+    from corral.core.spec import NetworkPolicy
+    from corral.providers.linux.host.netrelay import MAX_LOOPBACK_RELAYS, check_entries
+
+    many = tuple(f"127.0.0.1:{20000 + i}" for i in range(MAX_LOOPBACK_RELAYS + 1))
+    check_entries(NetworkPolicy(kind="allowlist", hosts=many[:-1]))
+    with pytest.raises(ConfigInvalidError, match="at most 16 per sandbox"):
+        check_entries(NetworkPolicy(kind="allowlist", hosts=many))

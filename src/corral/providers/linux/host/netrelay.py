@@ -65,6 +65,9 @@ PROXY_HOST: Final = "127.0.0.1"
 PROXY_PORT: Final = 3128
 #: preview URLs open at once per sandbox, at most
 MAX_EXPOSED: Final = 16
+#: host-loopback relays per sandbox (:func:`loopback_relays`), at most: each is a
+#: listener the host holds for the sandbox's life
+MAX_LOOPBACK_RELAYS: Final = 16
 #: connections through one preview URL at once, at most (more wait in the backlog)
 MAX_PREVIEW_CONNECTIONS: Final = 64
 _CHUNK: Final = 256 * 1024
@@ -90,7 +93,12 @@ def check_entries(policy: NetworkPolicy) -> None:
     proxy's own port (its relay could not listen there: see :func:`loopback_relays`)."""
     for entry in (*policy.hosts, *policy.secret_headers):
         parse_entry(entry)
-    if policy.kind != "none" and any(p == PROXY_PORT for _, p in loopback_relays(policy)):
+    relays = loopback_relays(policy) if policy.kind != "none" else []
+    if len(relays) > MAX_LOOPBACK_RELAYS:
+        raise ConfigInvalidError(
+            "network.hosts", f"{len(relays)} host-loopback entries with a port: at most "
+            f"{MAX_LOOPBACK_RELAYS} per sandbox (each is a relay the host keeps open)")
+    if any(p == PROXY_PORT for _, p in relays):
         raise ConfigInvalidError(
             "network.hosts", f"a host-loopback entry on port {PROXY_PORT}: inside the "
             f"sandbox, {PROXY_HOST}:{PROXY_PORT} is its egress proxy, so no relay to the "
