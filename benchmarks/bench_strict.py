@@ -299,6 +299,7 @@ async def cold_table(provider: LinuxProvider, cold: LinuxProvider | None, rounds
         ("unshare", shutil.which("unshare"), lambda _b: unshare_argv(cmd)),
         ("cli", cli_entry(), lambda b: [*b.split("\0"), "run", "--level", "strict", *binds,
                                         "--", *cmd]),
+        ("clidef", cli_entry(), lambda b: [*b.split("\0"), "run", *binds, "--", *cmd]),
         ("clilib", "\0".join(_script_argv("corral.cli")),
          lambda b: [*b.split("\0"), "run", "--level", "strict", *binds, "--", *cmd]),
     ]
@@ -362,6 +363,7 @@ LABELS = {
     "nsjail": "nsjail (MEASUREMENTS §4)",
     "unshare": "unshare, same 7 namespaces (floor)",
     "cli": "corral run --level strict (whole CLI)",
+    "clidef": "corral run, no --level (default: strict)",
     "clilib": "corral run, library path (corral.cli:main)",
 }
 

@@ -13,6 +13,8 @@ fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # CORRAL_MAIN_NO_INSTALL=1: use the .venv as it is (tests/test_main_job.py runs this script)
 [ "${CORRAL_MAIN_NO_INSTALL:-}" = 1 ] || .venv/bin/python -m pip install -q -e .
+# the command is .venv/bin/corral, which a fresh shell does not have on its PATH
+echo "corral is installed as .venv/bin/corral; '. .venv/bin/activate' puts it on this shell's PATH" >&2
 # the host's primitives, then the strict provider's verdict (`corral doctor` shows every
 # provider's rows)
 .venv/bin/corral doctor | awk '/^Providers/ {p = 1; next} !p {print}

@@ -1,8 +1,8 @@
 """The ``corral`` command's entry point: the one-shot strict path, else the full CLI.
 
-``corral run --level strict [--timeout MS] [--mem-mb N] [--cpu-ms MS] -- /abs/CMD ...``
-with its output going to pipes or files (not a terminal: the full CLI sanitizes
-that) runs through :mod:`corral.providers.linux.oneshot`: the same sandbox as
+``corral run [--level strict] [--timeout MS] [--mem-mb N] [--cpu-ms MS] -- CMD ...``
+(strict is the default level) with its output going to pipes or files (not a terminal:
+the full CLI sanitizes that) runs through :mod:`corral.providers.linux.oneshot`: the same sandbox as
 ``run_strict``, built from this process, without the fork server, asyncio or the
 rest of corral. Everything else goes to :func:`corral.cli.main` untouched.
 
@@ -18,7 +18,7 @@ __all__ = ["main"]
 
 
 def _one_shot_wanted(argv: list[str]) -> bool:
-    if len(argv) < 5 or argv[0] != "run" or "--" not in argv or sys.platform != "linux":
+    if len(argv) < 3 or argv[0] != "run" or "--" not in argv or sys.platform != "linux":
         return False
     try:
         return not (os.isatty(1) or os.isatty(2))

@@ -71,7 +71,8 @@ def test_internal_error_exits_70(monkeypatch: pytest.MonkeyPatch,
         raise ProviderError("the provider broke")
 
     monkeypatch.setattr(verb, "run_bounded", broken)
-    assert main(["run", "--", "/bin/true"]) == _common.EXIT_INTERNAL == 70
+    assert main(["run", "--level", "context-isolated", "--", "/bin/true"]
+                ) == _common.EXIT_INTERNAL == 70
     assert "provider-error" in capsys.readouterr().err
 
 

@@ -81,7 +81,7 @@ def test_strict_runs_a_copied_script_by_relative_path(workdir: Path,
 
 def test_context_isolated_cwd_is_created_and_said(workdir: Path,
                                                   capfd: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--cwd", "rel/dir", "--", "/bin/pwd"]) == 0
+    assert main(["run", "--level", "context-isolated", "--cwd", "rel/dir", "--", "/bin/pwd"]) == 0
     out, err = capfd.readouterr()
     assert out == f"{workdir}/rel/dir\n"
     assert "created --cwd" in err and (workdir / "rel" / "dir").is_dir()
@@ -89,7 +89,8 @@ def test_context_isolated_cwd_is_created_and_said(workdir: Path,
 
 def test_here_runs_in_the_current_directory(workdir: Path,
                                             capfd: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--here", "--", "/bin/sh", "-c", "pwd; ls in"]) == 0
+    assert main(["run", "--level", "context-isolated", "--here", "--", "/bin/sh", "-c",
+                 "pwd; ls in"]) == 0
     assert capfd.readouterr().out == f"{workdir}\njob.py\npayload.txt\n"
 
 
@@ -99,7 +100,7 @@ def test_here_runs_in_the_current_directory(workdir: Path,
     (["--copy", "in/job.py:../escape.py"], 64, "'..'"),
     (["--copy", "in/job.py:/abs.py"], 64, "relative"),
     (["--output", "/etc/passwd"], 64, "relative"),
-    (["--bind", "/usr"], 64, "strict"),
+    (["--level", "context-isolated", "--bind", "/usr"], 64, "strict"),
     (["--level", "strict", "--bind", "/usr:elsewhere"], 64, "absolute"),
     (["--level", "strict", "--bind", "/usr:/etc:rw"], 64, "binds"),
 ])

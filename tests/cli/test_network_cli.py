@@ -80,7 +80,8 @@ def test_network_flag_mistakes_are_usage_errors(capsys: pytest.CaptureFixture[st
     assert "--allow-host" in capsys.readouterr().err
     assert main(["run", "--network", "allowlist", "--level", "strict", "--",
                  "/bin/true"]) == 64
-    assert main(["run", "--allow-host", "a.example", "--", "/bin/true"]) == 64
+    assert main(["run", "--level", "context-isolated", "--allow-host", "a.example", "--",
+                 "/bin/true"]) == 64
     assert "--level strict" in capsys.readouterr().err
 
 

@@ -90,7 +90,8 @@ def procs_with(marker: str) -> list[int]:
     (["run", "--level", "strict", "--", "/bin/true"], True),
     (["run", "--level=strict", "--timeout=500", "--mem-mb", "64", "--cpu-ms", "9", "--",
       "/bin/echo", "--json"], True),
-    (["run", "--", "/bin/true"], False),                          # not strict
+    (["run", "--", "/bin/true"], True),                           # strict: the default
+    (["run", "--level", "context-isolated", "--", "/bin/true"], False),  # not strict
     (["run", "--level", "strict", "--json", "--", "/bin/true"], False),
     (["run", "--level", "strict", "--timeout", "5s", "--", "/bin/true"], False),
     (["run", "--level", "strict", "--", "true"], True),            # looked up on PATH

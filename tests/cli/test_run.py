@@ -17,6 +17,8 @@ from corral.cli import main
 from strict_tier import unavailable
 
 PY = sys.executable
+#: the tests here are about the context-isolated level (strict is the default: issue 27)
+CI = ["--level", "context-isolated"]
 
 
 @pytest.fixture(autouse=True)
@@ -27,18 +29,18 @@ def _run_verb(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_live_output_and_child_exit_code(capfd: pytest.CaptureFixture[str]) -> None:
     code = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(5)"
-    assert main(["run", "--", PY, "-I", "-S", "-c", code]) == 5
+    assert main(["run", *CI, "--", PY, "-I", "-S", "-c", code]) == 5
     out, err = capfd.readouterr()
     assert out == "out\n" and err == "err\n"
 
 
 def test_command_resolved_on_path(capfd: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--", "sh", "-c", "echo via-path"]) == 0
+    assert main(["run", *CI, "--", "sh", "-c", "echo via-path"]) == 0
     assert capfd.readouterr().out == "via-path\n"
 
 
 def test_json_result(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--json", "--env", "A=1", "--", "/usr/bin/env"]) == 0
+    assert main(["run", *CI, "--json", "--env", "A=1", "--", "/usr/bin/env"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["outcome"] == "exit" and doc["exit_code"] == 0
     assert "A=1\n" in doc["stdout"] and doc["cwd_owned"] is True
@@ -48,7 +50,7 @@ def test_env_and_pass_env(capsys: pytest.CaptureFixture[str],
                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CORRAL_CLI_PASSED", "p")
     monkeypatch.setenv("CORRAL_CLI_SECRET", "s")
-    assert main(["run", "--json", "--pass-env", "CORRAL_CLI_PASSED", "--env", "X=y=z",
+    assert main(["run", *CI, "--json", "--pass-env", "CORRAL_CLI_PASSED", "--env", "X=y=z",
                  "--", "/usr/bin/env"]) == 0
     out = json.loads(capsys.readouterr().out)["stdout"]
     assert "CORRAL_CLI_PASSED=p\n" in out and "X=y=z\n" in out and "SECRET" not in out
@@ -67,12 +69,13 @@ def test_env_and_pass_env(capsys: pytest.CaptureFixture[str],
 ])
 def test_outcome_exit_statuses(argv: list[str], status: int, outcome: str,
                                capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--json", *argv]) == status
+    assert main(["run", *CI, "--json", *argv]) == status
     assert json.loads(capsys.readouterr().out)["outcome"] == outcome
 
 
 def test_outcome_message_without_json(capfd: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--timeout", "200", "--", PY, "-c", "import time; time.sleep(30)"]) == 124
+    assert main(["run", *CI, "--timeout", "200", "--", PY, "-c",
+                 "import time; time.sleep(30)"]) == 124
     assert "corral: timeout:" in capfd.readouterr().err
 
 
@@ -92,7 +95,7 @@ def test_sigint_cancels(capsys: pytest.CaptureFixture[str]) -> None:
     timer = threading.Thread(target=_interrupt_once_handled)
     timer.start()
     try:
-        status = main(["run", "--json", "--", PY, "-c", "import time; time.sleep(30)"])
+        status = main(["run", *CI, "--json", "--", PY, "-c", "import time; time.sleep(30)"])
     finally:
         timer.join()
     assert status == 130
@@ -103,7 +106,7 @@ def test_sigint_cancels(capsys: pytest.CaptureFixture[str]) -> None:
 def test_stdin_file_and_cwd(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "in.txt"
     f.write_bytes(b"from a file")
-    assert main(["run", "--json", "--stdin", str(f), "--cwd", str(tmp_path), "--",
+    assert main(["run", *CI, "--json", "--stdin", str(f), "--cwd", str(tmp_path), "--",
                  PY, "-c", "import os,sys; print(os.getcwd(), sys.stdin.read())"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["stdout"] == f"{tmp_path} from a file\n" and doc["cwd_owned"] is False
@@ -114,13 +117,13 @@ def test_stdin_file_and_cwd(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     ["--timeout", "0", "--", "/bin/true"], ["--stdin", "/nonexistent/file", "--", "/bin/true"],
 ])
 def test_bad_options_exit_64(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", *argv]) == 64
+    assert main(["run", *CI, *argv]) == 64
     assert "config-invalid" in capsys.readouterr().err
 
 
 def test_strict_only_limits_refused_below_strict(capsys: pytest.CaptureFixture[str]) -> None:
     # a process or disk limit needs the strict sandbox's cgroup and tmpfs: never ignored
-    assert main(["run", "--max-processes", "4", "--", "/bin/true"]) == 64
+    assert main(["run", *CI, "--max-processes", "4", "--", "/bin/true"]) == 64
     assert "config-invalid" in capsys.readouterr().err
 
 
@@ -197,7 +200,7 @@ def test_raw_output_passes_bytes_to_a_terminal() -> None:
 
 
 def test_piped_output_is_byte_exact(capfdbinary: pytest.CaptureFixture[bytes]) -> None:
-    assert main(["run", "--", PY, "-I", "-S", "-c", WRITER, HOSTILE.hex()]) == 0
+    assert main(["run", *CI, "--", PY, "-I", "-S", "-c", WRITER, HOSTILE.hex()]) == 0
     assert capfdbinary.readouterr() == (HOSTILE, HOSTILE)
 
 

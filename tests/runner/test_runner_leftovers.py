@@ -163,7 +163,8 @@ def test_sigkill_of_the_caller_kills_the_tree(
             + _scrubbed_daemon(str(pidfile), argv_token, "time.sleep(30)"))
     helperfile = tmp_path / "helper.pid"
     if caller_kind == "corral run":
-        argv = [PY, "-c", _CLI, "run", "--", PY, "-I", "-S", "-c", code]
+        argv = [PY, "-c", _CLI, "run", "--level", "context-isolated", "--", PY, "-I", "-S",
+                "-c", code]
     elif caller_kind == "run_bounded, spawn helper":
         argv = [PY, "-c", _HELPED, code, "25000", str(helperfile)]
     else:

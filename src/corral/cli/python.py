@@ -200,6 +200,16 @@ def run(args: argparse.Namespace) -> int:
     from corral.snippets.host.runner import run_snippet_sync, shutdown_snippet_pool
 
     files = _payload(args)
+    if args.level == "strict":  # the default: a snippet never falls back to a weaker level
+        from corral.cli.run import strict_verdict
+        usable, why = strict_verdict()
+        if not usable:
+            from corral.core.errors import LevelNotSupportedError
+            raise LevelNotSupportedError(
+                "strict", ("context-isolated",), missing=why,
+                detail="snippets run at strict by default and never below it unasked; "
+                       "--level context-isolated runs them in a child process, NOT a "
+                       "security boundary (`corral doctor` says what strict lacks here)")
     used = min(max(args.timeout, MIN_TIMEOUT_MS), MAX_TIMEOUT_MS)
     notes: list[str] = []
     if used != args.timeout:

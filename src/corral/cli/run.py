@@ -1,7 +1,9 @@
 """``corral run [options] -- CMD ARGS...``: one bounded run from the shell.
 
-Thin over :func:`corral.run.bounded.run_bounded` (and
-:func:`corral.run.strict.run_strict` with ``--level strict``). The child's
+Thin over :func:`corral.run.strict.run_strict` at strict, the default level where
+the host can run it (:func:`default_level`: otherwise context-isolated, with a warning
+saying why), and :func:`corral.run.bounded.run_bounded` with ``--level
+context-isolated``. The child's
 output is streamed to ours as it arrives, or with ``--json`` the whole result
 is printed as one JSON object on stdout. The exit status is the child's own
 (128 + N if signal N killed it), or one from the table in
@@ -39,12 +41,13 @@ import json
 import os
 import shutil
 import signal
+import stat as st
 import sys
 import tempfile
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 from corral.cli._common import EXIT_CANNOT_EXECUTE, duration_ms
 from corral.cli._style import LiveStatus, Palette, is_tty
@@ -66,7 +69,7 @@ if TYPE_CHECKING:
     from corral.providers.linux import LinuxProvider
     from corral.providers.linux.policy.plan import Bind
 
-__all__ = ["DEFAULT_TIMEOUT_MS", "add_parser", "run"]
+__all__ = ["DEFAULT_TIMEOUT_MS", "add_parser", "default_level", "run", "strict_verdict"]
 
 #: --timeout when not given
 DEFAULT_TIMEOUT_MS = 60_000
@@ -105,12 +108,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--pass-env", action="append", default=[], metavar="KEY",
                    help="copy a variable from this environment (repeatable)")
     p.add_argument("--cwd", default=None, metavar="DIR",
-                   help="working directory, created when missing (said on stderr). Default: "
-                        "a fresh temp dir, removed afterwards; with --level strict: a dir "
-                        "inside the sandbox's /work (default /work itself)")
+                   help="working directory, created when missing (said on stderr). At "
+                        "strict (the default level): a dir inside the sandbox's /work "
+                        "(default /work itself); at context-isolated a host dir (default: a "
+                        "fresh temp dir, removed afterwards)")
     p.add_argument("--here", action="store_true",
-                   help="run in the current directory (not with --level strict, whose "
-                        "sandbox sees no host dir but what --bind shows)")
+                   help="run in the current directory (--level context-isolated only: the "
+                        "strict sandbox sees no host dir but what --bind shows)")
     p.add_argument("--copy", action="append", default=[], metavar="FILE[:DEST]",
                    help="copy FILE in before the command starts, to DEST relative to the "
                         "run's working directory (default: its base name); repeatable")
@@ -149,10 +153,15 @@ def add_parser(subparsers: Any) -> None:
                         "allowlist (the --allow-host entries), unrestricted (every public "
                         "destination; --allow-host entries open non-public ranges). Out "
                         "only through HTTP_PROXY/HTTPS_PROXY/ALL_PROXY")
-    p.add_argument("--level", choices=_LEVELS, default="context-isolated",
-                   help="isolation level: context-isolated (default; a bounded child process, "
-                        "NOT a security boundary) or strict (the Linux sandbox: namespaces, "
-                        "seccomp, cgroups; --mem-mb/--cpu-ms then cap the whole tree)")
+    p.add_argument("--level", choices=_LEVELS, default=None,
+                   help="isolation level: strict (the default where this host can run it: "
+                        "the Linux sandbox, namespaces, seccomp, cgroups; --mem-mb/--cpu-ms "
+                        "then cap the whole tree) or context-isolated (a bounded child "
+                        "process, NOT a security boundary). Where strict cannot run (`corral "
+                        "doctor` says why) the default falls back to context-isolated with a "
+                        "warning on stderr (and in --json/--events) saying why; give --level "
+                        "context-isolated to choose it and silence that, --level strict to "
+                        "refuse instead")
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true",
                        help="print the whole result as JSON instead of streaming the output")
@@ -189,9 +198,49 @@ def _network(args: argparse.Namespace) -> NetworkPolicy:
         raise ConfigInvalidError("--allow-host", "does not go with --network none")
     if kind == "allowlist" and not args.allow_host:
         raise ConfigInvalidError("--network", "allowlist needs at least one --allow-host")
+    for entry in args.allow_host:
+        _check_loopback_entry(entry)
     return NetworkPolicy(kind="allowlist" if kind == "allowlist" else
                          "unrestricted" if kind == "unrestricted" else "none",
                          hosts=tuple(args.allow_host))
+
+
+def _check_loopback_entry(entry: str) -> None:
+    """Refuse an ``--allow-host`` entry on the host's loopback that no client inside would
+    reach: inside, loopback is the sandbox's own and ``NO_PROXY`` names it, so clients
+    connect there directly. One IPv4 loopback address with a port gets a relay there
+    (``netrelay.loopback_relays``); ``localhost``, ``::1``, a loopback address without a
+    port or a CIDR inside loopback would get "connection refused" and no note."""
+    from corral.providers.linux.host.egress import parse_entry
+    from corral.providers.linux.host.netrelay import PROXY_PORT
+    try:
+        rule = parse_entry(entry)
+    except ConfigInvalidError:
+        return  # the provider says what is wrong with it
+    net = rule.net
+    if rule.kind == "host":
+        looped = rule.name == "localhost" or rule.name.endswith(".localhost")
+    elif rule.kind == "suffix":
+        looped = rule.name == "localhost"
+    else:
+        assert net is not None
+        looped = net.network_address.is_loopback and net.broadcast_address.is_loopback
+    if not looped:
+        return
+    if (net is not None and net.version == 4 and net.prefixlen == 32
+            and rule.port is not None and rule.port != PROXY_PORT):
+        return  # relayed
+    host = str(net.network_address) if net is not None and net.prefixlen == net.max_prefixlen \
+        and net.version == 4 else "127.0.0.1"
+    port = rule.port if rule.port is not None and rule.port != PROXY_PORT else None
+    how = (f"{host}:{port}" if port is not None else f"{host}:PORT")
+    raise ConfigInvalidError(
+        "--allow-host", f"{entry!r} is on the host's loopback, which a program inside does "
+        "not reach: inside the sandbox loopback is its own (and NO_PROXY names it). Name one "
+        f"IPv4 loopback address and its port, e.g. {how}: corral relays that port of the "
+        "sandbox's loopback to the host's, through the egress proxy's check"
+        + (f" (port {PROXY_PORT} is the sandbox's egress proxy: serve on another)"
+           if rule.port == PROXY_PORT else ""))
 
 
 def _command(argv: list[str], *, strict: bool) -> tuple[str, list[str]] | RunResult:
@@ -276,6 +325,29 @@ def _binds(args: argparse.Namespace) -> list[Bind]:
         dst = os.path.normpath(parts[1]) if len(parts) == 2 else None
         binds.append(Bind(src, dst, rw=mode == "rw"))
     return binds
+
+
+def _check_bind_writer(src: str) -> None:
+    """As root, a write through ``--bind SRC:DST:rw`` lands as corral's bind writer (uid
+    and gid 0x70000000, docs/cli.md), never as root: a SRC the bind writer cannot write
+    would give the command inside only "Permission denied", with nothing saying why in a
+    pipe. So it is refused before anything starts, naming the fix."""
+    from corral.providers.linux.host.uidpool import BIND_UID
+    try:
+        info = os.stat(src)
+    except OSError:
+        return  # the provider says what is wrong with SRC
+    writable = ((info.st_uid == BIND_UID and info.st_mode & st.S_IWUSR)
+                or (info.st_uid != BIND_UID and info.st_gid == BIND_UID
+                and info.st_mode & st.S_IWGRP)
+                or (info.st_uid != BIND_UID and info.st_gid != BIND_UID
+                and info.st_mode & st.S_IWOTH))
+    if not writable:
+        raise ConfigInvalidError(
+            "--bind", f"{src} is not writable by corral's bind writer (uid and gid "
+            f"{BIND_UID}), as which writes through :rw land on the host when corral runs as "
+            f"root (never as root itself): `chown {BIND_UID}:{BIND_UID} {src}` (or "
+            f"`chmod o+w {src}`) first, or bind it read-only (docs/cli.md)")
 
 
 def _stdin(spec: str | None) -> bytes | None:
@@ -393,8 +465,54 @@ def _with_signals_cancelling(token: CancelToken, fn: Callable[[], RunResult]) ->
             signal.signal(s, h)
 
 
+#: options only the strict level takes: given with the default level, strict is kept even
+#: where it cannot run (the run then fails saying why) rather than falling back
+_STRICT_ONLY: Final = ("bind", "ro_bind", "allow_host", "network", "max_processes", "disk_mb")
+
+
+def strict_verdict() -> tuple[bool, str]:
+    """Whether the strict level can run on this host, and the doctor's one-line summary
+    (why not, when it cannot): the linux provider's row of ``corral doctor``."""
+    if not sys.platform.startswith("linux"):
+        return False, f"strict needs Linux; this is {sys.platform}"
+    from corral.providers.linux.host import hostinfo
+    for row in hostinfo.providers_report(hostinfo.probe()):
+        if row.name == "linux":
+            return row.usable, row.summary
+    return False, "no linux provider row"  # pragma: no cover
+
+
+def default_level(args: argparse.Namespace,
+                  verdict: Callable[[], tuple[bool, str]] = strict_verdict
+                  ) -> tuple[str, str | None]:
+    """The level ``corral run`` takes when ``--level`` is not given, and the warning to
+    give when that is not strict.
+
+    Strict where the host can run it (``verdict``: the doctor's). Where it cannot, a
+    run that asked for something only strict gives (a bind, a network policy, a process
+    or disk cap, ``--limits rlimit``) stays strict and fails saying why; any other falls
+    back to context-isolated, which is NOT a security boundary: never silently, the
+    warning says so, why, and how to choose either level on purpose."""
+    usable, why = verdict()
+    if usable:
+        return "strict", None
+    if args.limits != "cgroup" or any(getattr(args, k) not in (None, [])
+                                      for k in _STRICT_ONLY):
+        return "strict", None
+    return "context-isolated", (
+        f"running at context-isolated, NOT a security boundary: the default level, strict, "
+        f"cannot run here ({why}; `corral doctor` says more). --level context-isolated "
+        "chooses it and silences this; --level strict refuses instead")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the command; return the exit status (see the module docstring)."""
+    args.warnings = []
+    if args.level is None:
+        args.level, warning = default_level(args)
+        if warning is not None:
+            args.warnings.append(warning)
+            print(f"corral: warning: {warning}", file=sys.stderr)
     strict = args.level == "strict"
     command = _command(list(args.argv), strict=strict)
     if isinstance(command, RunResult):
@@ -418,6 +536,8 @@ def _run(args: argparse.Namespace, cmd: str, cmd_args: list[str], status: LiveSt
     token = CancelToken()
     out = _outputs(args, status)
     if args.events:
+        for warning in args.warnings:
+            _event("warning", message=warning)
         _event("start", argv=[cmd, *cmd_args], level=args.level)
     status.start()
     if strict:
@@ -534,9 +654,14 @@ def _run_strict(args: argparse.Namespace, cmd: str, cmd_args: list[str],
     from corral.providers.linux import LinuxProvider
 
     # the provider is made here, not by run_strict, to say what it cannot enforce
+    binds = _binds(args)
     provider = LinuxProvider(limits_by=args.limits, stdout_cap=args.max_stdout,
-                             stderr_cap=args.max_stderr, spares=0, binds=_binds(args))
+                             stderr_cap=args.max_stderr, spares=0, binds=binds)
     try:
+        if os.geteuid() == 0:  # after the provider's own checks of each bind
+            for bind in binds:
+                if bind.rw:
+                    _check_bind_writer(bind.src)
         dropped = {k: v for k, v in provider.unenforced_defaults.items()
                    if getattr(args, k) is None}
         if dropped:
@@ -601,6 +726,9 @@ def _finish(args: argparse.Namespace, result: RunResult, out: _Outs | None,
     if args.json or args.events:
         doc = result.to_dict()
         doc["exit_status"] = status
+        doc.setdefault("level", args.level)
+        if getattr(args, "warnings", None):
+            doc["warnings"] = list(args.warnings)
         if saved:
             doc["files_out"] = saved
         if args.events:

@@ -111,7 +111,7 @@ _TRACE_VAR: Final = "CORRAL_CLI_TRACE"
 
 
 class OneShot:
-    """What ``corral run --level strict [--timeout MS] [--mem-mb N] [--cpu-ms MS] -- CMD``
+    """What ``corral run [--level strict] [--timeout MS] [--mem-mb N] [--cpu-ms MS] -- CMD``
     asked for (a plain class: no dataclasses on this path, see "Imports")."""
 
     __slots__ = ("argv", "cpu_ms", "mem_mb", "timeout_ms")
@@ -172,16 +172,17 @@ def _since_start() -> float:
 def parse_argv(argv: Sequence[str]) -> OneShot | None:
     """The request, if ``argv`` (without the program name) is in the subset this path
     takes; else None (the full CLI parses it)."""
-    if len(argv) < 5 or argv[0] != "run":
+    if len(argv) < 3 or argv[0] != "run":
         return None
     vals: dict[str, Any] = {}
-    level = False
+    # the level: strict, given or the default (where strict cannot run here, the set-up
+    # fails and the full CLI decides the fallback, with its warning)
     i = 1
     while i < len(argv):
         a = argv[i]
         if a == "--":
             cmd = argv[i + 1:]
-            path = _resolve(cmd[0]) if level and cmd else None
+            path = _resolve(cmd[0]) if cmd else None
             if path is None:
                 return None
             return OneShot(argv=(path, *cmd[1:]), **vals)
@@ -195,7 +196,6 @@ def parse_argv(argv: Sequence[str]) -> OneShot | None:
         if name == "--level":
             if value != "strict":
                 return None
-            level = True
         elif name in _INT_FLAGS and value.isdigit() and value[0] != "0":
             vals[_INT_FLAGS[name]] = int(value)
         else:

@@ -1006,6 +1006,26 @@ class EgressProxy:
             self._accept, sock=sock, limit=max(self.limits.header_bytes, _CHUNK))
         self._servers.append(server)
 
+    async def add_relay(self, sock: socket.socket, host: str, port: int) -> None:
+        """Also serve ``sock`` (a listening stream socket) as a fixed relay to ``host:port``,
+        an IP literal: each connection accepted there is decided by the policy current
+        then, as a proxy request for ``host:port`` would be (refused and recorded as a
+        :class:`Denial` unless allowed; ``never`` and the host-address check included),
+        connected by address and pumped both ways. For a listed destination on the
+        host's loopback, which a client inside reaches directly (``NO_PROXY`` names
+        loopback; the sandbox's loopback is its own): the provider binds ``sock`` to the
+        same address and port inside the sandbox. Same limits, connection count and
+        denial list as the proxy's other listeners; the proxy owns ``sock`` from now on."""
+        if sock.type != socket.SOCK_STREAM:
+            raise ConfigInvalidError("egress.listener", "not a stream socket")
+        if not isinstance(normalize_host(host), (ipaddress.IPv4Address, ipaddress.IPv6Address)):
+            raise ConfigInvalidError("egress.relay", f"not an IP literal: {host!r}")
+        sock.setblocking(False)
+        server = await asyncio.start_server(
+            functools.partial(self._accept, relay=(host, port)), sock=sock,
+            limit=max(self.limits.header_bytes, _CHUNK))
+        self._servers.append(server)
+
     async def aclose(self) -> None:
         """Stop listening (closing every listener) and close every connection."""
         servers, self._servers = self._servers, []
@@ -1052,7 +1072,8 @@ class EgressProxy:
         self._denials.append(Denial(_printable(host[:255]), port, err.kind,
                                     _printable(err.reason), time.time()))
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      relay: tuple[str, int] | None = None) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
@@ -1075,7 +1096,10 @@ class EgressProxy:
             if busy and len(self._tasks) > 2 * self.limits.max_connections:
                 self._record("", 0, EgressDenied("busy", "too many connections"))
                 return
-            await self._serve(reader, writer, busy)
+            if relay is not None:
+                await self._relay(relay, reader, writer, busy)
+            else:
+                await self._serve(reader, writer, busy)
         except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 EgressDenied, _BadUpstream):
             pass
@@ -1115,6 +1139,34 @@ class EgressProxy:
             await self._socks(reader, writer)
         else:
             await self._http(first, reader, writer)
+
+    async def _relay(self, relay: tuple[str, int], reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter, busy: bool) -> None:
+        """One connection on a relay listener (:meth:`add_relay`): no request to read,
+        the destination is the relay's; decided by the current policy, then pumped.
+        A refusal closes the connection (nothing to answer in: the client speaks its
+        own protocol) and is recorded."""
+        host, port = relay
+        if busy:
+            self._record(host, port, EgressDenied("busy", "too many connections"))
+            return
+        try:
+            target = await self._decide(self.policy, host, port)
+        except EgressDenied as e:
+            self._record(host, port, e)
+            return
+        try:
+            usock = await self._connect(target)
+        except _UpstreamError:
+            return
+        csock: socket.socket | None = None
+        try:
+            csock, buffered = await _detach(reader, writer)
+            await self._pump(target, csock, usock, buffered, sniff=False)
+        finally:
+            usock.close()
+            if csock is not None:
+                csock.close()
 
     async def _lookup(self, key: str, port: int) -> Sequence[str]:
         """``resolver(key, port)`` in one of this proxy's :data:`MAX_LOOKUPS` slots; a

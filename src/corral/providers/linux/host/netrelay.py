@@ -58,13 +58,16 @@ from corral.providers.linux.host.egress import (
 )
 
 __all__ = ["PROXY_HOST", "PROXY_PORT", "SandboxNetwork", "check_agent_socket", "check_entries",
-           "proxy_env"]
+           "loopback_relays", "proxy_env"]
 
 #: where the egress proxy listens inside every sandbox with network allowlist/unrestricted
 PROXY_HOST: Final = "127.0.0.1"
 PROXY_PORT: Final = 3128
 #: preview URLs open at once per sandbox, at most
 MAX_EXPOSED: Final = 16
+#: host-loopback relays per sandbox (:func:`loopback_relays`), at most: each is a
+#: listener the host holds for the sandbox's life
+MAX_LOOPBACK_RELAYS: Final = 16
 #: connections through one preview URL at once, at most (more wait in the backlog)
 MAX_PREVIEW_CONNECTIONS: Final = 64
 _CHUNK: Final = 256 * 1024
@@ -86,9 +89,44 @@ NewSocket = Callable[[], Awaitable[int]]
 
 def check_entries(policy: NetworkPolicy) -> None:
     """Raise ConfigInvalidError (``network.hosts``) for an entry of ``policy`` the egress
-    proxy cannot read (hosts and secret-header keys)."""
+    proxy cannot read (hosts and secret-header keys), or a host-loopback entry on the
+    proxy's own port (its relay could not listen there: see :func:`loopback_relays`)."""
     for entry in (*policy.hosts, *policy.secret_headers):
         parse_entry(entry)
+    relays = loopback_relays(policy) if policy.kind != "none" else []
+    if len(relays) > MAX_LOOPBACK_RELAYS:
+        raise ConfigInvalidError(
+            "network.hosts", f"{len(relays)} host-loopback entries with a port: at most "
+            f"{MAX_LOOPBACK_RELAYS} per sandbox (each is a relay the host keeps open)")
+    if any(p == PROXY_PORT for _, p in relays):
+        raise ConfigInvalidError(
+            "network.hosts", f"a host-loopback entry on port {PROXY_PORT}: inside the "
+            f"sandbox, {PROXY_HOST}:{PROXY_PORT} is its egress proxy, so no relay to the "
+            f"host's port {PROXY_PORT} can listen there; serve it on another port")
+
+
+def loopback_relays(policy: NetworkPolicy) -> list[tuple[str, int]]:
+    """The listed destinations on the host's IPv4 loopback that get a relay inside the
+    sandbox: each entry that is one IPv4 loopback address with a port (``127.0.0.1:8080``).
+
+    A client inside the sandbox connects to such an address directly (``NO_PROXY`` names
+    loopback, and a raw socket client knows no proxy), and the sandbox's loopback is its
+    own: without a relay the connection is refused there and the proxy never hears of
+    it. So the host listens on the same address and port inside the sandbox's namespace
+    and hands each connection to the egress proxy, which decides it by the policy of the
+    moment like any proxied request (``EgressProxy.add_relay``). An entry without a port,
+    a CIDR or ``::1`` gets no relay (a listener needs one address and one port): those
+    destinations are reachable through the proxy only (``curl -x``, ``NO_PROXY`` unset)."""
+    out: list[tuple[str, int]] = []
+    for entry in policy.hosts:
+        rule = parse_entry(entry)
+        net = rule.net
+        if (rule.kind == "net" and net is not None and rule.port is not None
+                and net.version == 4 and net.prefixlen == 32 and net.network_address.is_loopback):
+            pair = (str(net.network_address), rule.port)
+            if pair not in out:
+                out.append(pair)
+    return out
 
 
 def proxy_env(ca_bundle: str | None = None) -> dict[str, str]:
@@ -193,6 +231,15 @@ class SandboxNetwork:
                 sock.close()
                 raise
             await proxy.add_listener(sock)
+            for host, port in loopback_relays(self.policy):
+                relay = check_agent_socket(await self._new_socket())
+                try:
+                    relay.bind((host, port))
+                    relay.listen(128)
+                except BaseException:
+                    relay.close()
+                    raise
+                await proxy.add_relay(relay, host, port)
         except BaseException:
             await proxy.aclose()
             raise
