@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Interpreter tiers: the strict, snippet, runner, CLI and serve tests (not the slow ones)
+# Interpreter tiers: the strict, snippet, runner and serve tests (not the slow ones)
 # on each pyenv CPython of this machine image (3.11.7, 3.12.1, 3.13.0: builds with a shared
 # libpython, under /root/.pyenv), each in a fresh venv of its own. scripts/test.sh runs the
 # whole suite on Debian's /usr/bin/python3; this runs the parts that touch the interpreter
@@ -17,14 +17,19 @@ ROOT=${PYENV_ROOT:-$HOME/.pyenv}
 TIERS=${TIERS:-"3.11.7 3.12.1 3.13.0"}
 VENVS=${TIER_VENVS:-$(mktemp -d /tmp/corral-tiers-XXXXXX)}
 [ -n "${TIER_VENVS:-}" ] || trap 'rm -rf "$VENVS"' EXIT
-# the tier's tests: everything that runs an interpreter inside a sandbox or execs one
-TESTS=(tests/linux tests/snippets tests/runner tests/cli tests/serve tests/test_main_job.py)
+# the tier's tests: the strict provider (it binds the interpreter and its libraries into
+# the sandbox), the snippet worker (it runs on the interpreter, with its guards), the bounded
+# runner (it execs it under rlimits) and the service (asyncio, uvicorn). 3.11.7 is the minor
+# version Debian's python3 runs the whole suite on: its tier is the build-shape part only (a
+# shared libpython under /root/.pyenv). TIER_TESTS overrides both.
+TESTS=(tests/linux tests/snippets tests/runner tests/serve)
+TESTS_311=(tests/linux tests/snippets tests/runner)
 # Known failures outside this issue, left out by name with the reason:
 # - the egress proxy's tests: asyncio logs "Exception in callback" when the proxy closes a
 #   connection on these interpreters, and filterwarnings=error makes it a failure; issue 25
 #   owns the fix in providers/linux/host/egress.py
 IGNORE=(--ignore=tests/linux/test_egress.py --ignore=tests/linux/test_egress_secrets.py
-        --deselect=tests/linux/test_network_egress.py)
+        --deselect=tests/linux/test_network_egress.py::test_allowed_host_over_http_connect_and_socks)
 [ "${TIER_EGRESS:-}" = 1 ] && IGNORE=()
 failed=()
 for want in $TIERS; do
@@ -47,7 +52,10 @@ for want in $TIERS; do
     failed+=("$ver")
     continue
   fi
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" "${IGNORE[@]}" "${TESTS[@]}"
+  if [ -n "${TIER_TESTS:-}" ]; then read -r -a tests <<<"$TIER_TESTS"
+  elif [ "${ver%.*}" = 3.11 ]; then tests=("${TESTS_311[@]}")
+  else tests=("${TESTS[@]}"); fi
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" "${IGNORE[@]}" "${tests[@]}"
   rc=$?
   echo "=== tier $ver: rc=$rc in $(( $(date +%s) - t0 )) s (install included)"
   [ $rc = 0 ] || failed+=("$ver")
