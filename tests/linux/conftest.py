@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
@@ -67,14 +68,55 @@ def test_ca() -> Iterator[Callable[..., Any]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+NOBODY = 65534
+
+
+def _runs_as_nobody(py: str) -> bool:
+    """True when uid 65534 can start ``py`` (and load its stdlib) from ``/``."""
+    try:
+        r = subprocess.run([py, "-I", "-S", "-c", "import os"], user=NOBODY, group=NOBODY,
+                           extra_groups=[], capture_output=True, timeout=60, cwd="/",
+                           env={"PATH": "/usr/bin:/bin"})
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0
+
+
+def nobody_interpreter() -> tuple[str, str]:
+    """(an interpreter of this Python version that uid 65534 can run, or "", why not).
+
+    The test's own interpreter first; when it sits under a 0700 home (a pyenv build in
+    /root/.pyenv: its binary, libpython and stdlib are all there), the system's
+    python3.X of the same minor version, which runs the copied package the same way.
+    """
+    own = os.path.realpath(sys.executable)
+    if _runs_as_nobody(own):
+        return own, ""
+    minor = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    for d in ("/usr/bin", "/usr/local/bin", "/bin"):
+        cand = os.path.join(d, minor)
+        if os.access(cand, os.X_OK) and _runs_as_nobody(cand):
+            return cand, ""
+    return "", (f"uid {NOBODY} cannot run this interpreter ({own}: a parent directory is "
+                f"not searchable by it) and no {minor} it can run is installed in /usr/bin "
+                "or /usr/local/bin")
+
+
 @pytest.fixture(scope="session")
 def nobody_python() -> Iterator[tuple[str, str]]:
     """(interpreter, import root) that uid 65534 can reach, for tests that drop to it.
 
     The checkout (and its venv) may sit under a 0700 home such as /root, which
     another uid cannot walk: copy the corral package to a world-readable temp
-    dir and use the venv's real interpreter file. Removed after the session.
+    dir, and use the venv's real interpreter file if uid 65534 can run it, else a
+    system interpreter of the same minor version (:func:`nobody_interpreter`); the
+    test is skipped with the reason when there is none. Removed after the session.
     """
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to become an unprivileged user")
+    py, why = nobody_interpreter()
+    if not py:
+        pytest.skip(why)
     root = tempfile.mkdtemp(prefix="corral-nobody-")
     try:
         os.chmod(root, 0o755)
@@ -85,6 +127,6 @@ def nobody_python() -> Iterator[tuple[str, str]]:
                 os.chmod(os.path.join(d, name), 0o755)
             for name in files:
                 os.chmod(os.path.join(d, name), 0o644)
-        yield os.path.realpath(sys.executable), root
+        yield py, root
     finally:
         shutil.rmtree(root, ignore_errors=True)

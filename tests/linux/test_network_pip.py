@@ -10,10 +10,11 @@ the sandbox's egress proxy (HTTPS_PROXY, CONNECT), as it would reach PyPI.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from netservers import MapResolver, build_wheel, http_server, make_ca, simple_index
+from netservers import MapResolver, build_wheel, http_server, simple_index
 
 from corral.core.spec import ExecOpts, NetworkPolicy, SandboxSpec
 
@@ -21,8 +22,9 @@ pytestmark = pytest.mark.linux
 PY = sys.executable
 
 
-def test_pip_install_from_an_https_index_allowed_by_name(linux: Any) -> None:
-    ca = make_ca("pypi.test")
+def test_pip_install_from_an_https_index_allowed_by_name(
+        linux: Any, test_ca: Callable[..., Any]) -> None:
+    ca = test_ca("pypi.test")  # removed, private key and all, when the test ends
     wheel_name, wheel = build_wheel("corraltoy", "1.0", "ANSWER = 42\n")
     with http_server(simple_index("corraltoy", wheel_name, wheel),
                      ca.server_context()) as index:

@@ -147,8 +147,10 @@ def test_refusal_is_level_not_supported_naming_the_field() -> None:
 
 
 def test_the_cli_chooses_rlimits_explicitly(
-        corral_as_nobody: Callable[[list[str]], subprocess.CompletedProcess[str]]) -> None:
+        corral_as_nobody: Callable[[list[str]], subprocess.CompletedProcess[str]],
+        nobody_python: tuple[str, str]) -> None:
     hog = "x = bytearray(300 << 20); print('allocated')"
+    PY = nobody_python[0]  # an interpreter uid 65534 can run (tests/linux/conftest.py)
     r = corral_as_nobody(["run", "--level", "strict", "--limits", "rlimit", "--mem-mb", "64",
                           "--", PY, "-I", "-S", "-c", hog])
     assert r.returncode == 1 and "MemoryError" in r.stderr, (r.returncode, r.stderr)

@@ -28,6 +28,7 @@ from corral.run.bounded import (
     run_bounded_async,
     spawn_process,
 )
+from corral.run.engine import exit_outcome
 from corral.run.tree import Supervised
 
 Py = Callable[[str], tuple[str, list[str]]]
@@ -183,13 +184,44 @@ def test_spawn_error_through_the_seam() -> None:
 
 
 def test_memory_limit_when_the_child_dies_of_it(py: Py) -> None:
-    # 5 MiB of address space: the interpreter cannot even map libc -> SIGSEGV.
+    # 5 MiB of address space: a statically linked interpreter (Debian's) dies of
+    # SIGSEGV; one built on a shared libpython (pyenv's) cannot even map it, and its
+    # loader exits 127 saying so: memory-limit either way
     r = run_bounded(*py("pass"), timeout_ms=10_000, mem_mb=5)
-    assert r.outcome is Outcome.MEMORY_LIMIT and r.exit_code in (
-        -signal.SIGSEGV, -signal.SIGBUS, -signal.SIGABRT)
+    assert r.outcome is Outcome.MEMORY_LIMIT, (r.exit_code, r.stderr_text)
+    assert r.exit_code in (-signal.SIGSEGV, -signal.SIGBUS, -signal.SIGABRT) or (
+        r.exit_code == 127 and "error while loading shared libraries" in r.stderr_text)
     with pytest.raises(LimitsExceededError) as ei:
         r.check()
     assert ei.value.limit == "memory" and ei.value.limit_value == 5
+
+
+def test_memory_limit_when_the_loader_cannot_map_a_library() -> None:
+    # 1 MiB of address space: the loader maps the program but not libc, and exits 127
+    # ("failed to map segment from shared object") before main: the limit's doing
+    r = run_bounded("/bin/true", timeout_ms=10_000, mem_mb=1)
+    assert (r.outcome, r.exit_code) == (Outcome.MEMORY_LIMIT, 127), r.stderr_text
+    assert "failed to map segment" in r.stderr_text
+    with pytest.raises(LimitsExceededError) as ei:
+        r.check()
+    assert ei.value.limit == "memory" and ei.value.limit_value == 1
+    # control: the same program without the limit runs
+    assert run_bounded("/bin/true", timeout_ms=10_000).outcome is Outcome.EXIT
+
+
+def test_exit_127_is_the_loader_out_of_memory_only_when_it_says_so(py: Py) -> None:
+    # a program's own exit 127 (or the loader missing a library) stays an exit
+    r = run_bounded(*py("import sys; sys.stderr.write('no such thing\\n'); sys.exit(127)"),
+                    timeout_ms=10_000, mem_mb=200)
+    assert (r.outcome, r.exit_code) == (Outcome.EXIT, 127)
+    assert exit_outcome(127, 0, cpu_ms=None, mem_mb=5, stderr=(
+        b"x: error while loading shared libraries: libnope.so: cannot open shared "
+        b"object file: No such file or directory\n")) is Outcome.EXIT
+    words = b"x: error while loading shared libraries: libc.so.6: failed to map segment " \
+        b"from shared object\n"
+    assert exit_outcome(127, 0, cpu_ms=None, mem_mb=5, stderr=words) is Outcome.MEMORY_LIMIT
+    # no memory limit set: nothing to blame
+    assert exit_outcome(127, 0, cpu_ms=None, mem_mb=None, stderr=words) is Outcome.EXIT
 
 
 def test_memory_limit_handled_by_the_child_is_its_exit(py: Py) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sysconfig
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,11 @@ _PKG = os.path.dirname(os.path.abspath(str(corral.__file__)))
 _ROOT = os.path.dirname(_PKG)
 _HOST_CANARY = "CORRAL_TEMPLATE_TEST_SECRET"
 _WORKER = "corral.snippets.sandbox.worker:main"
+
+
+#: where the interpreter's own modules live (/usr/ for Debian's, a pyenv prefix for pyenv's)
+_STDLIB = ("/usr/", *{os.path.realpath(sysconfig.get_paths()[k]) + "/"
+                      for k in ("stdlib", "platstdlib")})
 
 
 def _pool_test(test: Callable[[SnippetPool], Awaitable[None]]) -> None:
@@ -188,7 +194,7 @@ for name in ('colorsys', 'gzip', 'bz2', 'lzma', 'this_is_planted',
         for name, (planted, where) in found.items():
             assert planted is not True, (name, where)
             if planted is False:
-                assert where.startswith("/usr/"), (name, where)
+                assert where.startswith(_STDLIB), (name, where)
         assert found["this_is_planted"][0] == "ImportError"
         assert found["corral.snippets.planted_mod"][0] == "ImportError"
         assert found["corral.providers.linux.planted_mod"][0] == "ImportError"

@@ -401,7 +401,8 @@ class BoundedRun:
             errno_ = getattr(e, "errno", None)
             error = f"{type(e).__name__}: {e}"
         elif outcome is None:
-            outcome = exit_outcome(rc, usage.cpu_ms, cpu_ms=o.cpu_ms, mem_mb=o.mem_mb)
+            outcome = exit_outcome(rc, usage.cpu_ms, cpu_ms=o.cpu_ms, mem_mb=o.mem_mb,
+                                   stderr=self._err.value())
         limit = {Outcome.TIMEOUT: o.timeout_ms, Outcome.OVERFLOW_STDOUT: o.max_stdout_bytes,
                  Outcome.OVERFLOW_STDERR: o.max_stderr_bytes, Outcome.MEMORY_LIMIT: o.mem_mb,
                  Outcome.CPU_LIMIT: o.cpu_ms}.get(outcome)
@@ -425,18 +426,45 @@ def _settle(fut: asyncio.Future[None]) -> None:
 
 
 _MEMORY_SIGNALS: Final = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT})
+#: the dynamic loader's exit status when it cannot load a program's libraries
+LOADER_EXIT: Final = 127
+#: what glibc's loader writes when an mmap of a library failed for want of address
+#: space ("failed to map segment from shared object"; the ENOMEM wording of the
+#: other steps), after "error while loading shared libraries: NAME: "
+_LOADER_MEMORY_WORDS: Final = (b"failed to map segment from shared object",
+                               b"cannot allocate memory", b"Cannot allocate memory")
+
+
+def loader_out_of_memory(rc: int | None, stderr: bytes) -> bool:
+    """True when ``rc``/``stderr`` say the dynamic loader gave up for want of memory
+    before the program ran: exit 127 and its own error as stderr's first line.
+
+    A program built on a shared library (a CPython built with ``--enable-shared``,
+    as pyenv's are) has its loader map that library before ``main``; under a tight
+    RLIMIT_AS that mmap fails and the loader exits 127 instead of the child dying of
+    a signal.
+    """
+    if rc != LOADER_EXIT:
+        return False
+    first = stderr.split(b"\n", 1)[0]
+    return b"error while loading shared libraries: " in first and any(
+        w in first for w in _LOADER_MEMORY_WORDS)
 
 
 def exit_outcome(rc: int | None, cpu_ms_used: int, *, cpu_ms: int | None,
-                 mem_mb: int | None) -> Outcome:
+                 mem_mb: int | None, stderr: bytes = b"") -> Outcome:
     """``exit``, or the rlimit outcome the child's death points to (docs/runner.md).
 
     cpu-limit: ``cpu_ms`` was set and the child died of SIGXCPU (the soft
     RLIMIT_CPU), or of a SIGKILL the runner did not send after using at least
     ``cpu_ms`` (the hard one). memory-limit: ``mem_mb`` was set and the child
     died of SIGSEGV, SIGBUS or SIGABRT (what an unchecked or fatal allocation
-    failure under RLIMIT_AS looks like). Anything else is ``exit``.
+    failure under RLIMIT_AS looks like), or its dynamic loader could not map a
+    library and exited 127 saying so (:func:`loader_out_of_memory`). Anything else
+    is ``exit``.
     """
+    if mem_mb is not None and loader_out_of_memory(rc, stderr):
+        return Outcome.MEMORY_LIMIT
     if rc is None or rc >= 0:
         return Outcome.EXIT
     sig = -rc

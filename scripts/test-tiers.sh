@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Interpreter tiers: the strict, snippet, runner and serve tests (not the slow ones)
+# on each pyenv CPython of this machine image (3.11.7, 3.12.1, 3.13.0: builds with a shared
+# libpython, under /root/.pyenv), each in a fresh venv of its own. scripts/test.sh runs the
+# whole suite on Debian's /usr/bin/python3; this runs the parts that touch the interpreter
+# (the sandbox binds it, the snippet worker runs on it, the runner execs it).
+#
+# An interpreter that is absent is skipped with the reason printed; a tier that fails fails
+# the script (after every tier has run). Each tier's wall time is printed.
+#   PYENV_ROOT   where the builds are (default ~/.pyenv)
+#   TIERS        which versions (default "3.11.7 3.12.1 3.13.0"; a prefix such as 3.12
+#                takes the newest build of it)
+#   TIER_VENVS   where the venvs go (default a temp dir, removed at the end)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=${PYENV_ROOT:-$HOME/.pyenv}
+TIERS=${TIERS:-"3.11.7 3.12.1 3.13.0"}
+VENVS=${TIER_VENVS:-$(mktemp -d /tmp/corral-tiers-XXXXXX)}
+[ -n "${TIER_VENVS:-}" ] || trap 'rm -rf "$VENVS"' EXIT
+# the tier's tests: the strict provider (it binds the interpreter and its libraries into
+# the sandbox), the snippet worker (it runs on the interpreter, with its guards), the bounded
+# runner (it execs it under rlimits), the CLI and the service (asyncio, uvicorn), and the
+# main job. TIER_TESTS overrides them. About 4 min a tier on 2 cores (README, "Set up").
+TESTS=(tests/linux tests/snippets tests/runner tests/cli tests/serve tests/test_main_job.py)
+# Known failures outside this issue, left out by name with the reason:
+# - the egress proxy's tests: asyncio logs "Exception in callback" when the proxy closes a
+#   connection on these interpreters, and filterwarnings=error makes it a failure; issue 25
+#   owns the fix in providers/linux/host/egress.py
+IGNORE=(--ignore=tests/linux/test_egress.py --ignore=tests/linux/test_egress_secrets.py
+        --deselect=tests/linux/test_network_egress.py::test_allowed_host_over_http_connect_and_socks
+        --deselect=tests/linux/test_egress_never.py::test_never_wins_over_any_listing)
+# - on 3.12+: the snippet worker's import hook passes a __package__ that 3.12's importlib
+#   warns about (DeprecationWarning in the snippet's stderr), and the validator's table of
+#   module re-exports misses 3.12's (calendar.warnings): owned by src/corral/snippets/
+#   sandbox/** and validator/**, reported there; TIER_STRICT=1 runs them
+V312=(--deselect="tests/snippets/test_runner.py::test_multi_file_payload_with_relative_imports[context-isolated]"
+      --deselect=tests/snippets/test_snippet_validate.py::test_module_reexports_cover_this_interpreter)
+[ "${TIER_STRICT:-}" = 1 ] && IGNORE=() V312=()
+failed=()
+for want in $TIERS; do
+  py=""
+  for d in $(ls -d "$ROOT/versions/$want"* 2>/dev/null | sort -V -r); do
+    [ -x "$d/bin/python3" ] && { py="$d/bin/python3"; break; }
+  done
+  if [ -z "$py" ]; then
+    echo "=== tier $want: SKIPPED: no CPython $want under $ROOT/versions (pyenv build absent)"
+    continue
+  fi
+  ver=$("$py" -c 'import platform; print(platform.python_version())')
+  venv="$VENVS/py$ver"
+  t0=$(date +%s)
+  echo "=== tier $ver ($py)"
+  if ! { [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"; } ||
+     ! "$venv/bin/python" -m pip install -q -e '.[test]' >"$VENVS/pip-$ver.log" 2>&1; then
+    tail -20 "$VENVS/pip-$ver.log" 2>/dev/null
+    echo "=== tier $ver: FAILED to install"
+    failed+=("$ver")
+    continue
+  fi
+  read -r -a tests <<<"${TIER_TESTS:-${TESTS[*]}}"
+  skip=("${IGNORE[@]}")
+  [ "${ver%.*}" = 3.11 ] || skip+=("${V312[@]}")
+  echo "    left out: ${skip[*]:-nothing}"
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" "${skip[@]}" "${tests[@]}"
+  rc=$?
+  echo "=== tier $ver: rc=$rc in $(( $(date +%s) - t0 )) s (install included)"
+  [ $rc = 0 ] || failed+=("$ver")
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "interpreter tiers failed: ${failed[*]}"
+  exit 1
+fi
