@@ -16,7 +16,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from netservers import MapResolver, http_server, make_ca
+from netservers import MapResolver, http_server
 
 from corral.core.errors import ConfigInvalidError
 from corral.core.spec import NetworkPolicy, SandboxSpec
@@ -75,8 +75,8 @@ async def fetch(sb: Any, url: str, cafile: str | None = None) -> dict[str, Any]:
     return out
 
 
-def test_allowed_host_over_http_connect_and_socks(linux: Any) -> None:
-    ca = make_ca("api.test")
+def test_allowed_host_over_http_connect_and_socks(linux: Any, test_ca: Any) -> None:
+    ca = test_ca("api.test")
     with http_server({"/hello": b"hi over http"}) as plain, \
             http_server({"/hello": b"hi over tls"}, ca.server_context()) as tls:
         async def test(p: Any) -> None:

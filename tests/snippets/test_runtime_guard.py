@@ -177,6 +177,11 @@ def test_the_run_time_guard_refuses_every_end_without_the_validator(
         t = unvalidated(source, level)
         assert "GOT" not in printed(t), (end, t.to_dict())
         found = refused(t)
+        if end == "subprocess" and level == "strict":
+            # at strict the worker is the sandbox agent's own child, where `subprocess` is
+            # already loaded: no import event; its first step, opening the pipes it made
+            # (open of an fd), is what is refused, before any process starts
+            event = "open of a int"
         assert found and event in found[0], (end, t.to_dict())
         assert found[0].startswith("the run-time guard refused ")
 

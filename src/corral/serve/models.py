@@ -398,7 +398,9 @@ class Error(_Out):
     message: str
     field: str | None = None
     reason: str | None = None
-    cap: Literal["sandboxes", "runs", "memory", "processes"] | None = None
+    #: which bound refused: a tenant cap (``sandboxes``, ``runs``, ``memory``,
+    #: ``processes``), an operator ceiling (``limits.<name>``) or an edge cap
+    cap: str | None = None
     what: Literal["sandbox", "process", "file", "route"] | None = None
     limit: str | None = None
     limit_value: int | None = None
