@@ -29,13 +29,7 @@ TESTS=(tests/linux tests/snippets tests/runner tests/cli tests/serve tests/test_
 IGNORE=(--ignore=tests/linux/test_egress.py --ignore=tests/linux/test_egress_secrets.py
         --deselect=tests/linux/test_network_egress.py::test_allowed_host_over_http_connect_and_socks
         --deselect=tests/linux/test_egress_never.py::test_never_wins_over_any_listing)
-# - on 3.12+: the snippet worker's import hook passes a __package__ that 3.12's importlib
-#   warns about (DeprecationWarning in the snippet's stderr), and the validator's table of
-#   module re-exports misses 3.12's (calendar.warnings): owned by src/corral/snippets/
-#   sandbox/** and validator/**, reported there; TIER_STRICT=1 runs them
-V312=(--deselect="tests/snippets/test_runner.py::test_multi_file_payload_with_relative_imports[context-isolated]"
-      --deselect=tests/snippets/test_snippet_validate.py::test_module_reexports_cover_this_interpreter)
-[ "${TIER_STRICT:-}" = 1 ] && IGNORE=() V312=()
+[ "${TIER_STRICT:-}" = 1 ] && IGNORE=()
 failed=()
 for want in $TIERS; do
   py=""
@@ -59,7 +53,6 @@ for want in $TIERS; do
   fi
   read -r -a tests <<<"${TIER_TESTS:-${TESTS[*]}}"
   skip=("${IGNORE[@]}")
-  [ "${ver%.*}" = 3.11 ] || skip+=("${V312[@]}")
   echo "    left out: ${skip[*]:-nothing}"
   "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" "${skip[@]}" "${tests[@]}"
   rc=$?

@@ -117,7 +117,7 @@ def test_sigterm_with_runs_in_flight_leaves_nothing(tmp_path: Path) -> None:
     again = Server(tmp_path / "again", config_text(levels), env={"TMPDIR": str(tmpdir)})
     try:
         ev = next(e for e in again.logs() if e["event"] == "providers")
-        assert all(not v for v in ev["reaped_orphans"].values()), ev
+        assert all(not v for v in ev["reaped_orphans"].values()), ev["reaped_orphans"]
         with again.client(ALICE) as c:
             assert c.get("/v1/sandboxes").json()["sandboxes"] == []
         assert metric(again, 'corral_sandboxes_alive{tenant="alice"}') == 0

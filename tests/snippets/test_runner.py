@@ -169,6 +169,20 @@ def test_multi_file_payload_with_relative_imports(level: str) -> None:
 
 
 @pytest.mark.parametrize("level", LEVELS)
+def test_a_payload_module_runs_once_under_both_its_names(level: str) -> None:
+    """``import helpers`` after ``from . import helpers`` is the same module, run once (it
+    ran twice, the second time with the alias's spec: 3.12 warned ``__package__ !=
+    __spec__.parent`` from its relative imports)."""
+    files = {"main.py": "import helpers\nfrom . import helpers as again\nhelpers.one is again.one",
+             "helpers.py": "from .util import one\nprint('ran', one)\n",
+             "util.py": "one = 1\n"}
+    t = run(files=files, level=level)
+    assert t.ok, t.errors
+    assert [(x.stream, x.text) for x in t.logs] == [("stdout", "ran 1")]
+    assert t.result == "True"
+
+
+@pytest.mark.parametrize("level", LEVELS)
 def test_memory_is_capped_per_run(level: str) -> None:
     t = run("x = bytearray(2048 * 1024 * 1024)", level=level)
     assert t.errors[0].type == "MemoryError"

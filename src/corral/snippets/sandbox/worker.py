@@ -275,6 +275,13 @@ class _Payload:  # a meta path finder and its loader, duck-typed (importlib.abc:
 
     def exec_module(self, module: types.ModuleType) -> None:
         name = module.__name__
+        spec = module.__spec__
+        if spec is not None and not spec.name.startswith(PKG):
+            # an alias (``import helpers``): the module ran already as ``__payload__.helpers``;
+            # the import system has just set its __spec__ to the alias's: give it back its
+            # own (its parent is its __package__, as relative imports need; 3.12 warns else)
+            module.__spec__ = self.find_spec(name)
+            return
         if not name.startswith(PKG):
             return
         if module.__spec__ is not None and module.__spec__.submodule_search_locations is not None:

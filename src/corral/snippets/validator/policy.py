@@ -148,20 +148,21 @@ KNOWN_SUBMODULES: Final[dict[str, frozenset[str]]] = {
 
 # Modules that allowed modules expose as public attributes (``dataclasses.copy``,
 # ``typing.stdlib_re``): reaching one is an import of the real module, which must be allowed.
-# Generated from CPython 3.11 for the default allowlist; the test suite checks it against the
+# Generated from CPython 3.11, 3.12 and 3.13 for the default allowlist; the test suite checks it against the
 # running interpreter. Private ones (``random._os``) are refused as private module attributes.
 MODULE_REEXPORTS: Final[dict[str, dict[str, str]]] = {
     "base64": {"re": "re", "struct": "struct", "binascii": "binascii"},
-    "calendar": {"sys": "sys", "datetime": "datetime"},
+    "calendar": {"sys": "sys", "datetime": "datetime", "warnings": "warnings"},  # +3.12
     "contextlib": {"abc": "abc", "os": "os", "sys": "sys"},
-    "csv": {"re": "re"},
+    "collections.abc": {"sys": "sys"},  # 3.13
+    "csv": {"re": "re", "types": "types"},  # types: 3.12+
     "dataclasses": {"re": "re", "sys": "sys", "copy": "copy", "types": "types",
                     "inspect": "inspect", "keyword": "keyword", "builtins": "builtins",
                     "functools": "functools", "itertools": "itertools", "abc": "abc"},
     "datetime": {"sys": "sys"},
     "enum": {"sys": "sys", "bltns": "builtins"},
     "fractions": {"math": "math", "numbers": "numbers", "operator": "operator", "re": "re",
-                  "sys": "sys"},
+                  "sys": "sys", "functools": "functools"},  # functools: 3.12+
     "ipaddress": {"functools": "functools"},
     "json": {"codecs": "codecs"},
     "logging": {"sys": "sys", "os": "os", "time": "time", "io": "io", "re": "re",
@@ -175,9 +176,11 @@ MODULE_REEXPORTS: Final[dict[str, dict[str, str]]] = {
     "textwrap": {"re": "re"},
     "typing": {"collections": "collections", "contextlib": "contextlib",
                "functools": "functools", "operator": "operator", "stdlib_re": "re",
-               "sys": "sys", "types": "types", "warnings": "warnings"},
+               "sys": "sys", "types": "types", "warnings": "warnings",
+               "copyreg": "copyreg"},  # copyreg: 3.12+
     "urllib.parse": {"functools": "functools", "re": "re", "sys": "sys", "types": "types",
-                     "warnings": "warnings", "ipaddress": "ipaddress"},
+                     "warnings": "warnings", "ipaddress": "ipaddress",
+                     "math": "math"},  # math: 3.12+
     "uuid": {"os": "os", "sys": "sys", "platform": "platform"},
 }
 
