@@ -148,8 +148,9 @@ KNOWN_SUBMODULES: Final[dict[str, frozenset[str]]] = {
 
 # Modules that allowed modules expose as public attributes (``dataclasses.copy``,
 # ``typing.stdlib_re``): reaching one is an import of the real module, which must be allowed.
-# Generated from CPython 3.11, 3.12 and 3.13 for the default allowlist; the test suite checks it against the
-# running interpreter. Private ones (``random._os``) are refused as private module attributes.
+# Generated from CPython 3.11, 3.12 and 3.13 for the default allowlist; the test suite
+# checks it against the running interpreter. Private ones (``random._os``) are refused as
+# private module attributes.
 MODULE_REEXPORTS: Final[dict[str, dict[str, str]]] = {
     "base64": {"re": "re", "struct": "struct", "binascii": "binascii"},
     "calendar": {"sys": "sys", "datetime": "datetime", "warnings": "warnings"},  # +3.12
