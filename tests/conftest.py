@@ -22,8 +22,9 @@ __all__ = ["pytest_configure", "pytest_runtest_setup", "pytest_sessionfinish",
            "pytest_sessionstart"]
 
 #: directories that hold a test CA's private key (tests/linux/netservers.py, the
-#: ``test_ca`` fixture); a test session must leave none of its own behind
-_KEY_DIRS = ("corral-netca-*", "corral-test-ca-*")
+#: ``test_ca`` fixture, which names them after this session's pid); a test session must
+#: leave none of its own behind (other sessions running at the same time have their own)
+_KEY_DIRS = ("corral-netca-*", f"corral-test-ca-{os.getpid()}-*")
 _before: set[str] = set()
 
 

@@ -61,7 +61,7 @@ def test_ca() -> Iterator[Callable[..., Any]]:
     failed."""
     from netservers import make_ca
 
-    root = Path(tempfile.mkdtemp(prefix="corral-test-ca-"))
+    root = Path(tempfile.mkdtemp(prefix=f"corral-test-ca-{os.getpid()}-"))
     try:
         yield lambda *names: make_ca(*names, within=root)
     finally:
