@@ -38,7 +38,7 @@ if [ "$(cat "$CACHE/key" 2>/dev/null)" != "$KEY" ]; then
   say "debootstrap trixie from $MIRROR into $CACHE"
   rm -rf "$CACHE/rootfs" "$CACHE/key" "$CACHE/build"
   B=$CACHE/build
-  debootstrap --variant=minbase --include=python3,python3-venv,iproute2,util-linux,passwd \
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,iproute2,util-linux,passwd \
     trixie "$B" "$MIRROR" > "$CACHE/debootstrap.log" 2>&1 \
     || { tail -20 "$CACHE/debootstrap.log"; rm -rf "$B"; die "debootstrap failed"; }
   chroot "$B" /usr/bin/python3 -m venv /opt/venv
