@@ -77,7 +77,7 @@ while todo:  # "corral[serve,mcp]" inside an extra: that extra's requirements
             todo += req.split("[", 1)[1].rstrip("]").split(",")
         else:
             reqs.append(req)
-reqs += doc["build-system"]["requires"] + ["wheel"]
+reqs += doc["build-system"]["requires"] + ["wheel", "pip"]
 print("\n".join(reqs))
 EOF
 say "fetching cp${GVER/./} wheels"
@@ -107,6 +107,8 @@ exec /usr/sbin/chroot . /usr/bin/env -i PATH=/opt/venv/bin:/usr/sbin:/usr/bin:/s
   HOME=/root LANG=C.UTF-8 TMPDIR=/tmp CORRAL_REQUIRE_STRICT="${CORRAL_REQUIRE_STRICT:-}" \
   /bin/sh -euc '
 umount -l /.oldroot && rmdir /.oldroot
+# pip itself upgraded as scripts/test.sh does (Debian'"'"'s pip reads /etc/ssl, not in a sandbox)
+python -m pip install -q --no-index --find-links /job/wheels --upgrade pip
 python -m pip install -q --no-index --find-links /job/wheels -r /job/requirements.txt
 python -m pip install -q --no-index --find-links /job/wheels --no-deps --no-build-isolation \
   -e /job/src

@@ -79,7 +79,9 @@ def test_process_count_sees_a_detached_process_and_then_none() -> None:
                 assert r.exit_code == 0
                 # the one read says more than the agent is there: the full count names it
                 assert sb.process_count() == 1
-                await sb.exec(["kill", "-9", r.stdout.decode().strip()])
+                # the shell's kill: a root without procps has no kill binary
+                k = await sb.exec(["sh", "-c", f"kill -9 {int(r.stdout.decode())}"])
+                assert k.exit_code == 0, k.stderr
                 for _ in range(1000):  # up to 10 s: pid 1 reaps it (a loaded host is slow)
                     if sb.process_count() == 0:
                         break
