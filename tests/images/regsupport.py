@@ -64,8 +64,8 @@ class Image:
 
 def layer(files: dict[str, bytes | str], *, symlinks: dict[str, str] | None = None,
           mtime: int = 0) -> tuple[bytes, str]:
-    """A gzip layer of ``files`` (path -> bytes; a str is a symlink... no: bytes only)
-    plus ``symlinks`` (path -> target). Returns (blob, diff_id)."""
+    """A gzip layer of ``files`` (path -> content) plus ``symlinks`` (path -> target).
+    Returns (blob, diff_id)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         dirs = sorted({os.path.dirname(p) for p in [*files, *(symlinks or {})]} - {""})
@@ -201,8 +201,8 @@ class Registry:
             return str(r.headers["docker-content-digest"])
 
 
-def _config(root: str, port: int, auth: str = "") -> str:
-    data = os.path.join(root, "data")
+def _config(root: str, port: int, auth: str = "", data: str | None = None) -> str:
+    data = data or os.path.join(root, "data")
     os.makedirs(data, exist_ok=True)
     path = os.path.join(root, "config.yml")
     with open(path, "w") as f:
@@ -214,13 +214,14 @@ def _config(root: str, port: int, auth: str = "") -> str:
 
 
 @contextlib.contextmanager
-def registry(root: str, auth: str = "", client_auth: httpx.Auth | None = None
-             ) -> Iterator[Registry]:
-    """``docker-registry serve`` on a free loopback port, stopped (by its pid) after."""
+def registry(root: str, auth: str = "", client_auth: httpx.Auth | None = None,
+             data: str | None = None) -> Iterator[Registry]:
+    """``docker-registry serve`` on a free loopback port, stopped (by its pid) after;
+    ``data`` another registry's storage dir to serve (its images, read-only use)."""
     assert REGISTRY_BIN is not None
     os.makedirs(root, exist_ok=True)
     port = free_port()
-    cfg = _config(root, port, auth)
+    cfg = _config(root, port, auth, data)
     log = open(os.path.join(root, "registry.log"), "wb")  # noqa: SIM115
     proc = subprocess.Popen([REGISTRY_BIN, "serve", cfg], stdin=subprocess.DEVNULL,
                             stdout=log, stderr=log)

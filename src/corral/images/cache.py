@@ -299,7 +299,7 @@ class ImageCache:
                     if self._handout(result):
                         return result
                     continue
-                self._admit(tmp, got.digest, got.size)
+                self._admit(tmp, got.digest, got.size, ref)
                 return result
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)  # gone when renamed into place
@@ -371,7 +371,7 @@ class ImageCache:
             os.utime(os.path.dirname(result.rootfs))
         return True
 
-    def _admit(self, tmp: str, digest: str, size: int) -> None:
+    def _admit(self, tmp: str, digest: str, size: int, ref: str | None = None) -> None:
         """Rename the unpacked ``tmp`` into place as entry ``digest``, evicting to make room."""
         if size > self.max_cache_bytes:
             raise bad(f"the image takes {size} bytes of disk unpacked, more than the whole "
@@ -386,7 +386,7 @@ class ImageCache:
             if not os.path.isdir(os.path.join(entry, "rootfs")):  # else: a concurrent unpack won
                 if os.path.lexists(entry):  # a broken entry
                     self._evict(digest)
-                self._make_room(size)
+                self._make_room(size, keep=frozenset({ref} if ref else ()))
                 os.rename(tmp, entry)
             os.utime(entry)
 
@@ -447,16 +447,19 @@ class ImageCache:
 
 
 def split_local(image: str) -> tuple[str, str | None]:
-    """``LAYOUT:TAG`` -> (LAYOUT, TAG) and ``LAYOUT@sha256:HEX`` -> (LAYOUT, sha256:HEX)
-    when ``image`` itself does not exist but LAYOUT does; else (``image``, None)."""
+    """``LAYOUT:NAME`` -> (LAYOUT, NAME) and ``LAYOUT@sha256:HEX`` -> (LAYOUT, sha256:HEX)
+    when ``image`` itself does not exist but LAYOUT does (the first ``:`` after which
+    that holds; NAME may be a full reference, as pulled images are named); else
+    (``image``, None)."""
     if os.path.exists(image):
         return image, None
     path, at, digest = image.rpartition("@")
     if at and path and re.fullmatch(r"sha256:[0-9a-f]{64}", digest) and os.path.exists(path):
         return path, digest
-    path, colon, tag = image.rpartition(":")
-    if colon and path and tag and "/" not in tag and os.path.exists(path):
-        return path, tag
+    for m in re.finditer(":", image):
+        path, name = image[:m.start()], image[m.end():]
+        if path and name and os.path.exists(path):
+            return path, name
     return image, None
 
 

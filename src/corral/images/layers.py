@@ -196,6 +196,8 @@ def oci_manifest(src: Source, ref: str | None = None) -> tuple[str, list[str]]:
     top = True
     for _ in range(4):  # an index may point to a nested index
         manifests = index.get("manifests") if isinstance(index, dict) else None
+        if top and ref is not None and manifests == []:
+            raise bad(f"index.json has no manifest named {ref!r} (it lists none)")
         if not isinstance(manifests, list) or not manifests:
             raise bad("index.json lists no manifests")
         entries = [m for m in manifests if isinstance(m, dict)]
