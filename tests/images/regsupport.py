@@ -295,7 +295,7 @@ class Proxy(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a: Any) -> None:
         pass
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         srv: Any = self.server
         srv.seen.append((self.path, self.headers.get("Range")))
         conn = http.client.HTTPConnection(srv.upstream, timeout=30)
@@ -354,7 +354,7 @@ class TokenIssuer:
         from cryptography.x509.oid import NameOID
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corral-token")])
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
                 .public_key(key.public_key()).serial_number(x509.random_serial_number())
                 .not_valid_before(now - datetime.timedelta(minutes=5))
@@ -388,7 +388,7 @@ class TokenServer(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a: Any) -> None:
         pass
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         srv: Any = self.server
         srv.requests += 1
         q = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)

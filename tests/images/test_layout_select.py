@@ -20,7 +20,7 @@ def _two(tmp_path: Path) -> tuple[str, rs.Image, rs.Image]:
 
 
 def test_several_manifests_need_a_tag_or_digest(tmp_path: Path) -> None:
-    layout, one, two = _two(tmp_path)
+    layout, _, two = _two(tmp_path)
     cache = ImageCache(str(tmp_path / "cache"))
     with pytest.raises(ConfigInvalidError, match=r"2 manifests .*select one by tag.*'1', '2'"):
         cache.unpack(layout)

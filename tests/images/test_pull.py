@@ -201,19 +201,20 @@ def test_a_pull_cut_off_midblob_leaves_nothing_used_and_resumes(
     with rs.proxy(pushed.reg.host, mode="cut", cut_at=len(layer) // 2) as px:
         host = f"127.0.0.1:{px.port}"
         ref = f"{host}/corral/big:1"
-        with pytest.raises(ProviderError, match="broke off|ended after"):
+        with pytest.raises(ProviderError, match=r"broke off|ended after"):
             cache.pull(ref, policy=_policy(host))
         assert cache.pulled.images() == []  # not named: nothing can use it
         assert digest[7:] not in _files(cache, "blobs", "sha256")
         part = Path(cache.root, "oci", ".partial", digest[7:])
-        assert 0 < part.stat().st_size < len(layer)
+        kept = part.stat().st_size
+        assert 0 < kept < len(layer)
         with pytest.raises(ConfigInvalidError, match="no manifest named"):
             cache.unpack(os.path.join(cache.root, "oci"), ref=ref)
         # the retry resumes from the partial file and completes
         px.mode, px.seen[:] = "pass", []
         p = cache.pull(ref, policy=_policy(host))
     ranges = [r for path, r in px.seen if digest in path]
-    assert ranges == [f"bytes={len(layer) // 2}-"]  # resumed where it broke off
+    assert ranges == [f"bytes={kept}-"]  # resumed where it broke off
     assert not part.exists()
     assert Path(cache.unpack_pulled(p).rootfs, "big").stat().st_size == 3 << 20
 
