@@ -282,3 +282,27 @@ def test_references_parse_like_docker() -> None:
     for bad in ("", "UPPER/case", "a//b", "x:bad tag", "a@sha512:00"):
         with pytest.raises(ConfigInvalidError):
             parse_reference(bad)
+
+
+def test_two_concurrent_pulls_of_one_image_share_the_downloads(tmp_path: Path,
+                                                               pushed: Pushed) -> None:
+    cache = _cache(tmp_path)
+    errors: list[BaseException] = []
+    with rs.proxy(pushed.reg.host) as px:
+        host = f"127.0.0.1:{px.port}"
+
+        def pull() -> None:
+            try:
+                cache.pull(f"{host}/corral/big:1", policy=_policy(host))
+            except BaseException as e:
+                errors.append(e)
+        threads = [threading.Thread(target=pull) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert errors == []
+    layer = rs.sha(pushed.big.layers[0])
+    assert sum(layer in path for path, _ in px.seen) == 1  # one download, three pulls
+    assert _files(cache, ".partial") == set()
+    assert [i.reference for i in cache.pulled.images()] == [f"{host}/corral/big:1"]

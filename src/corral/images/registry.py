@@ -301,30 +301,34 @@ class RegistryClient:
         (``ConfigInvalidError``); a transfer cut off keeps it for the next try and
         raises ``ProviderError``."""
         final = os.path.join(blobs_dir, desc.hex)
-        if os.path.isfile(final):
-            return False
         part = os.path.join(partial_dir, desc.hex)
-        fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if os.path.isfile(final):  # another puller finished it while we waited
-                os.unlink(part)
+        for _ in range(4):
+            if os.path.isfile(final):
                 return False
+            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
-                self._download(repository, desc, fd)
-            except ConfigInvalidError:
-                os.unlink(part)  # wrong bytes, or no such blob: nothing to resume
-                raise
-            except BaseException:
-                if os.fstat(fd).st_size == 0:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if not _still_at(fd, part):
+                    continue  # renamed into place by another puller, or collected: again
+                if os.path.isfile(final):  # another puller finished it while we waited
                     os.unlink(part)
-                raise
-            os.fsync(fd)
-            os.chmod(part, 0o644)
-            os.rename(part, final)
-            return True
-        finally:
-            os.close(fd)
+                    return False
+                try:
+                    self._download(repository, desc, fd)
+                except ConfigInvalidError:
+                    os.unlink(part)  # wrong bytes, or no such blob: nothing to resume
+                    raise
+                except BaseException:
+                    if os.fstat(fd).st_size == 0:
+                        os.unlink(part)
+                    raise
+                os.fsync(fd)
+                os.chmod(part, 0o644)
+                os.rename(part, final)
+                return True
+            finally:
+                os.close(fd)
+        raise ProviderError(f"the partial download of {desc.digest} keeps changing hands")
 
     def _download(self, repository: str, desc: Descriptor, fd: int) -> None:
         have = os.fstat(fd).st_size
@@ -381,6 +385,16 @@ class RegistryClient:
             raise ConfigInvalidError("image", f"blob {desc.digest} from registry "
                                      f"{self.registry!r} does not match its digest: refused "
                                      "(the download is discarded)")
+
+
+def _still_at(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def _range_start(resp: httpx.Response) -> int | None:

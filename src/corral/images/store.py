@@ -120,15 +120,16 @@ class PulledStore:
             os.makedirs(d, 0o755 if d == self.blobs else 0o700, exist_ok=True)
         os.chmod(self.layout, 0o755)
         marker = os.path.join(self.layout, "oci-layout")
-        if not os.path.exists(marker):
+        if os.path.exists(marker):
+            return
+        with self.cache._locked():  # two first pulls: one makes the (empty) index
+            if not os.path.exists(os.path.join(self.layout, "index.json")):
+                self._save_index([])
             self._write(marker, {"imageLayoutVersion": "1.0.0"})
-        if not os.path.exists(os.path.join(self.layout, "index.json")):
-            self._write(os.path.join(self.layout, "index.json"),
-                        {"schemaVersion": 2, "manifests": []})
 
     @staticmethod
     def _write(path: str, doc: Any) -> None:
-        tmp = f"{path}.{os.getpid()}.tmp"
+        tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=1)
             f.flush()
@@ -245,7 +246,7 @@ class PulledStore:
         if os.path.isfile(final):
             os.utime(final)
             return
-        tmp = os.path.join(self.partial, f"{digest[7:]}.{os.getpid()}.m")
+        tmp = os.path.join(self.partial, f"{digest[7:]}.{uuid.uuid4().hex}.m")
         with open(tmp, "wb") as f:
             f.write(body)
         os.chmod(tmp, 0o644)
@@ -338,13 +339,14 @@ class PulledStore:
             try:
                 pid = int(name.split("-")[0])
                 os.kill(pid, 0)
-                with open(path) as f:
-                    keep.update(d[7:] for d in json.load(f) if isinstance(d, str))
-            except (ValueError, ProcessLookupError):
+            except (ValueError, ProcessLookupError):  # its puller is gone
                 with contextlib.suppress(OSError):
                     os.unlink(path)
-            except (OSError, PermissionError):
-                pass
+                continue
+            except PermissionError:
+                pass  # alive, another user's
+            with contextlib.suppress(OSError, ValueError), open(path) as f:
+                keep.update(d[7:] for d in json.load(f) if isinstance(d, str))
         now = time.time()
         for name in os.listdir(self.blobs):
             if name in keep:
