@@ -204,12 +204,14 @@ class RegistryClient:
             self._auth = "Basic " + base64.b64encode(
                 f"{self.credentials.username}:{self.credentials.password}".encode()).decode()
         elif scheme == "bearer":
-            self._auth = "Bearer " + self._token(params, params.get("scope") or scope)
+            # a token we sent was refused (expired, or too narrow): ask for a new one
+            self._auth = "Bearer " + self._token(params, params.get("scope") or scope,
+                                                 fresh=self._auth is not None)
         else:
             raise ProviderError(f"registry {self.registry!r} asks for authentication this "
                                 f"client does not speak: {challenge[:100]!r}")
 
-    def _token(self, params: dict[str, str], scope: str) -> str:
+    def _token(self, params: dict[str, str], scope: str, *, fresh: bool = False) -> str:
         realm = params.get("realm", "")
         split = urllib.parse.urlsplit(realm)
         host = split.netloc.lower()
@@ -221,7 +223,7 @@ class RegistryClient:
                 "registry", f"token server {realm!r} is {split.scheme}; the policy says "
                 f"{self.policy.scheme(host)} for {host!r}")
         key = f"{realm} {params.get('service', '')} {scope}"
-        if key in self._tokens:
+        if key in self._tokens and not fresh:
             return self._tokens[key]
         query = {k: v for k, v in (("service", params.get("service", "")),
                                    ("scope", scope)) if v}
@@ -351,6 +353,11 @@ class RegistryClient:
                 if resp.status_code == 404:
                     raise ConfigInvalidError("image", f"registry {self.registry!r} has no "
                                              f"blob {desc.digest} in {repository}")
+                if resp.status_code == 416 and headers:  # the partial file is no prefix
+                    os.ftruncate(fd, 0)
+                    raise ProviderError(f"registry {self.registry!r} refused to resume "
+                                        f"{desc.digest} at byte {have} (HTTP 416); the "
+                                        "partial file is discarded, the next pull starts over")
                 if resp.status_code == 206 and _range_start(resp) == have:
                     pass  # resumed
                 elif resp.status_code == 200:
