@@ -287,8 +287,9 @@ def serve(handler: type[http.server.BaseHTTPRequestHandler], **attrs: Any) -> It
 class Proxy(http.server.BaseHTTPRequestHandler):
     """Forwards GETs to ``server.upstream`` (host:port). ``server.mode``: ``pass``,
     ``cut`` (a blob answer stops after ``server.cut_at`` bytes and the connection
-    closes), ``flip`` (one byte of every blob changed). ``server.seen`` records
-    (path, Range header) of each request."""
+    closes), ``flip`` (one byte of every blob changed), ``manifest`` (a space before
+    every manifest: valid JSON, other bytes; the registry's digest header kept).
+    ``server.seen`` records (path, Range header) of each request."""
 
     protocol_version = "HTTP/1.1"
 
@@ -307,6 +308,8 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         blob = "/blobs/" in self.path and up.status in (200, 206)
         if blob and srv.mode == "flip" and body:
             body = bytes([body[0] ^ 0xFF]) + body[1:]
+        if "/manifests/" in self.path and up.status == 200 and srv.mode == "manifest":
+            body = b" " + body  # the same JSON, other bytes: another digest
         self.send_response(up.status)
         for k, v in up.getheaders():
             if k.lower() not in ("content-length", "connection", "transfer-encoding"):

@@ -112,6 +112,17 @@ def test_an_index_resolves_to_this_hosts_platform(tmp_path: Path, pushed: Pushed
     assert by_index.manifest_digest == pushed.host_img.digest
 
 
+def test_an_index_without_this_platform_is_refused(tmp_path: Path, pushed: Pushed) -> None:
+    host = pushed.reg.host
+    pushed.reg.put_manifest("corral/multi", "foreign",
+                            rs.index_of([(pushed.other_img, OTHER_ARCH)]), rs.OCI_INDEX)
+    cache = _cache(tmp_path)
+    with pytest.raises(ConfigInvalidError,
+                       match=f"no image for linux/{rs.ARCH} .it has: linux/{OTHER_ARCH}."):
+        cache.pull(f"{host}/corral/multi:foreign", policy=_policy(host))
+    assert _files(cache, "blobs", "sha256") == set()
+
+
 def test_wrong_digests_are_refused(tmp_path: Path, pushed: Pushed) -> None:
     host = pushed.reg.host
     cache = _cache(tmp_path)
@@ -126,6 +137,14 @@ def test_wrong_digests_are_refused(tmp_path: Path, pushed: Pushed) -> None:
     assert cache.pulled.images() == []
     assert _files(cache, "blobs", "sha256") == set()  # nothing of it kept
     assert _files(cache, ".partial") == set()
+    # a manifest whose bytes are not the digest asked for, or not the one the registry names
+    with rs.proxy(pushed.reg.host, mode="manifest") as px:
+        bad = f"127.0.0.1:{px.port}"
+        with pytest.raises(ConfigInvalidError, match=r"with bytes of digest .*: refused"):
+            cache.pull(f"{bad}/corral/busybox@{pushed.one.digest}", policy=_policy(bad))
+        with pytest.raises(ConfigInvalidError, match=r"not the .* it claims: refused"):
+            cache.pull(f"{bad}/corral/busybox:1", policy=_policy(bad))
+    assert cache.pulled.images() == []
     with pytest.raises(ConfigInvalidError, match="the digest must be sha256"):
         cache.pull(f"{host}/corral/busybox@sha256:abc", policy=_policy(host))
 

@@ -21,7 +21,7 @@ from typing import IO, Any, Final, cast, final
 
 from corral.core.errors import ConfigInvalidError
 
-__all__ = ["HOST_ARCH", "REF_NAME", "Hashing", "ImageConfig", "Source", "bad", "decompressed",
+__all__ = ["HOST_ARCH", "Hashing", "ImageConfig", "REF_NAME", "Source", "bad", "decompressed",
            "docker_manifest", "image_manifest", "oci_manifest", "parse_config"]
 
 _CHUNK: Final = 1 << 20

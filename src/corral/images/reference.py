@@ -22,7 +22,7 @@ from typing import Any, Final, final
 
 from corral.core.errors import ConfigInvalidError
 
-__all__ = ["AUTH_ENV", "POLICY_ENV", "POLICY_FILE_ENV", "Credentials", "Reference",
+__all__ = ["AUTH_ENV", "Credentials", "POLICY_ENV", "POLICY_FILE_ENV", "Reference",
            "RegistryPolicy", "credentials_for", "parse_reference"]
 
 #: registries the operator allows: ``host[:port]`` entries, comma or space separated;

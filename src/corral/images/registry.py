@@ -37,7 +37,7 @@ from corral.images.reference import Credentials, Reference, RegistryPolicy
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["INDEX_TYPES", "MANIFEST_ACCEPT", "MANIFEST_TYPES", "Descriptor", "RegistryClient",
+__all__ = ["Descriptor", "INDEX_TYPES", "MANIFEST_ACCEPT", "MANIFEST_TYPES", "RegistryClient",
            "parse_challenge"]
 
 OCI_INDEX: Final = "application/vnd.oci.image.index.v1+json"
