@@ -288,8 +288,9 @@ class Proxy(http.server.BaseHTTPRequestHandler):
     """Forwards GETs to ``server.upstream`` (host:port). ``server.mode``: ``pass``,
     ``cut`` (a blob answer stops after ``server.cut_at`` bytes and the connection
     closes), ``flip`` (one byte of every blob changed), ``manifest`` (a space before
-    every manifest: valid JSON, other bytes; the registry's digest header kept).
-    ``server.seen`` records (path, Range header) of each request."""
+    every manifest: valid JSON, other bytes; the registry's digest header kept),
+    ``slow`` (blobs trickle, 64 KiB per 50 ms). ``server.seen`` records (path, Range
+    header) of each request."""
 
     protocol_version = "HTTP/1.1"
 
@@ -297,6 +298,12 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        try:
+            self._forward()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client gave up (a test's point, often)
+
+    def _forward(self) -> None:
         srv: Any = self.server
         srv.seen.append((self.path, self.headers.get("Range")))
         conn = http.client.HTTPConnection(srv.upstream, timeout=30)
@@ -323,6 +330,12 @@ class Proxy(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.end_headers()
+        if blob and srv.mode == "slow":  # a trickle: 64 KiB every 50 ms
+            for i in range(0, len(body), 1 << 16):
+                self.wfile.write(body[i:i + (1 << 16)])
+                self.wfile.flush()
+                time.sleep(0.05)
+            return
         self.wfile.write(body)
 
 

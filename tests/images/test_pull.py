@@ -325,3 +325,16 @@ def test_two_concurrent_pulls_of_one_image_share_the_downloads(tmp_path: Path,
     assert sum(layer in path for path, _ in px.seen) == 1  # one download, three pulls
     assert _files(cache, ".partial") == set()
     assert [i.reference for i in cache.pulled.images()] == [f"{host}/corral/big:1"]
+
+
+def test_a_registry_that_trickles_is_stopped_at_max_time(tmp_path: Path,
+                                                         pushed: Pushed) -> None:
+    """3 MiB at 64 KiB per 50 ms takes about 2.4 s; the pull may take 0.5 s."""
+    cache = _cache(tmp_path)
+    with rs.proxy(pushed.reg.host, mode="slow") as px:
+        host = f"127.0.0.1:{px.port}"
+        with pytest.raises(ProviderError, match=r"longer than max_time_s=0.5 s"):
+            cache.pull(f"{host}/corral/big:1", policy=_policy(host), max_time_s=0.5)
+    assert cache.pulled.images() == []
+    layer = rs.sha(pushed.big.layers[0])[7:]
+    assert layer not in _files(cache, "blobs", "sha256")

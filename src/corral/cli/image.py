@@ -34,7 +34,9 @@ def add_parser(subparsers: Any) -> None:
     pull.add_argument("reference", help="[REGISTRY/]REPOSITORY[:TAG][@sha256:HEX]")
     pull.add_argument("--json", action="store_true", help="print JSON")
     pull.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                      help="seconds a request may stall (default 60)")
+                      help="seconds a connection or a read may stall (default 60)")
+    pull.add_argument("--max-time", type=float, default=3600.0, metavar="S",
+                      help="seconds the whole pull may take (default 3600)")
     ls = sub.add_parser("ls", help="list pulled images")
     ls.add_argument("--json", action="store_true", help="print JSON")
     rm = sub.add_parser("rm", help="remove pulled images")
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     cache = ImageCache(args.cache_dir)
     store = cache.pulled
     if args.image_verb == "pull":
-        img = cache.pull(args.reference, timeout_s=args.timeout)
+        img = cache.pull(args.reference, timeout_s=args.timeout, max_time_s=args.max_time)
         if args.json:
             print(json.dumps(img.to_dict(), indent=2))
         else:

@@ -33,7 +33,8 @@ def pull(reference: str, *, cache: ImageCache | None = None, **kw: Any) -> Pulle
     """Pull ``reference`` (``[registry/]repository[:tag][@sha256:...]``) for this host's
     platform into the cache's OCI layout; every digest is checked. Keywords: ``policy``
     (a :class:`~corral.images.reference.RegistryPolicy`; default the operator's),
-    ``credentials``, ``timeout_s``. A registry the policy does not allow:
+    ``credentials``, ``timeout_s`` (each connect or read), ``max_time_s`` (the whole pull,
+    default 3600). A registry the policy does not allow:
     ``ConfigInvalidError("registry")`` before any connection."""
     return _cache(cache).pull(reference, **kw)
 

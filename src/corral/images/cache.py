@@ -240,7 +240,7 @@ class ImageCache:
 
     def pull(self, reference: str, **kw: Any) -> PulledImage:
         """Pull ``reference`` from its registry into the cache (:meth:`PulledStore.pull`:
-        ``policy``, ``credentials``, ``timeout_s``)."""
+        ``policy``, ``credentials``, ``timeout_s``, ``max_time_s``)."""
         try:
             return self.pulled.pull(reference, **kw)
         except OSError as e:

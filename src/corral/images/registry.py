@@ -26,8 +26,9 @@ import hashlib
 import json
 import os
 import re
+import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -112,8 +113,10 @@ class RegistryClient:
 
     def __init__(self, registry: str, policy: RegistryPolicy, *,
                  credentials: Credentials | None = None, timeout_s: float = 60.0,
-                 api_host: str | None = None) -> None:
+                 max_time_s: float | None = None, api_host: str | None = None) -> None:
         policy.check(registry)
+        self.max_time_s = max_time_s
+        self._deadline = None if max_time_s is None else time.monotonic() + max_time_s
         self.registry, self.policy, self.credentials = registry, policy, credentials
         self.host = api_host or registry
         if self.host != registry:
@@ -141,6 +144,12 @@ class RegistryClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _in_time(self, doing: str) -> None:
+        """Raise ``ProviderError`` past the pull's ``max_time_s``."""
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise ProviderError(f"registry {self.registry!r}: the pull took longer than "
+                                f"max_time_s={self.max_time_s:g} s, stopped while {doing}")
+
     # -- requests, challenges, redirects ---------------------------------------------
     @contextlib.contextmanager
     def _get(self, path: str, headers: dict[str, str], scope: str) -> Iterator[httpx.Response]:
@@ -150,6 +159,7 @@ class RegistryClient:
         url = self.base + path
         tried_auth = False
         for _hop in range(8):
+            self._in_time(f"starting GET {path}")
             host = urllib.parse.urlsplit(url).netloc.lower()
             self.policy.check(host, "redirect target" if host != self.host else "registry")
             same = host == self.host
@@ -233,7 +243,7 @@ class RegistryClient:
             auth = httpx.BasicAuth(self.credentials.username, self.credentials.password)
         try:
             with self._http.stream("GET", realm, params=query, auth=auth) as resp:
-                body = _read_capped(resp, 1 << 20, "token answer")
+                body = _read_capped(resp, 1 << 20, "token answer", self._in_time)
                 status = resp.status_code
         except httpx.HTTPError as e:
             raise ProviderError(f"token server {host!r}: {type(e).__name__}: {e}", e) from e
@@ -271,7 +281,7 @@ class RegistryClient:
             if resp.status_code != 200:
                 raise ProviderError(f"registry {self.registry!r}: GET {path}: HTTP "
                                     f"{resp.status_code}")
-            body = _read_capped(resp, MAX_MANIFEST, "manifest")
+            body = _read_capped(resp, MAX_MANIFEST, "manifest", self._in_time)
             media_type = resp.headers.get("content-type", "").split(";")[0].strip()
             claimed = resp.headers.get("docker-content-digest")
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
@@ -370,6 +380,8 @@ class RegistryClient:
                 httpx = _httpx()
                 try:
                     for chunk in resp.iter_raw(_CHUNK):
+                        self._in_time(f"the download of {desc.digest} (the partial file is "
+                                      "kept to resume)")
                         have += len(chunk)
                         if have > desc.size:
                             os.ftruncate(fd, 0)
@@ -415,9 +427,11 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_capped(resp: httpx.Response, cap: int, what: str) -> bytes:
+def _read_capped(resp: httpx.Response, cap: int, what: str,
+                 in_time: Callable[[str], None]) -> bytes:
     out = bytearray()
     for chunk in resp.iter_bytes(_CHUNK):
+        in_time(f"reading the registry's {what}")
         out += chunk
         if len(out) > cap:
             raise ConfigInvalidError("image", f"the registry's {what} is larger than "

@@ -169,11 +169,14 @@ class PulledStore:
 
     # -- pulling ------------------------------------------------------------------------
     def pull(self, reference: str, *, policy: RegistryPolicy | None = None,
-             credentials: Credentials | None = None, timeout_s: float = 60.0) -> PulledImage:
+             credentials: Credentials | None = None, timeout_s: float = 60.0,
+             max_time_s: float | None = 3600.0) -> PulledImage:
         """Pull ``reference`` (tag or digest) for this host's platform; see the module
         doc. The registry must be allowed by ``policy`` (default
         :meth:`RegistryPolicy.load`), else ``ConfigInvalidError("registry")`` before
-        any connection. Credentials default to :func:`credentials_for`."""
+        any connection. Credentials default to :func:`credentials_for`. ``timeout_s``
+        bounds each connect and each wait for bytes, ``max_time_s`` the whole pull
+        (``ProviderError`` past it; partial downloads are kept to resume)."""
         ref = parse_reference(reference)
         policy = RegistryPolicy.load() if policy is None else policy
         policy.check(ref.registry)
@@ -183,7 +186,8 @@ class PulledStore:
             credentials = credentials_for(ref.registry)
         self._ensure()
         with RegistryClient.for_reference(ref, policy, credentials=credentials,
-                                          timeout_s=timeout_s) as client:
+                                          timeout_s=timeout_s,
+                                          max_time_s=max_time_s) as client:
             return self._pull(ref, client)
 
     def _pull(self, ref: Reference, client: RegistryClient) -> PulledImage:
