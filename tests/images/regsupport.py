@@ -289,8 +289,8 @@ class Proxy(http.server.BaseHTTPRequestHandler):
     ``cut`` (a blob answer stops after ``server.cut_at`` bytes and the connection
     closes), ``flip`` (one byte of every blob changed), ``manifest`` (a space before
     every manifest: valid JSON, other bytes; the registry's digest header kept),
-    ``slow`` (blobs trickle, 64 KiB per 50 ms). ``server.seen`` records (path, Range
-    header) of each request."""
+    ``slow`` (blobs trickle, 64 KiB per 50 ms), ``redirect`` (blobs: 307 to upstream).
+    ``server.seen`` records (path, Range header) of each request."""
 
     protocol_version = "HTTP/1.1"
 
@@ -306,6 +306,12 @@ class Proxy(http.server.BaseHTTPRequestHandler):
     def _forward(self) -> None:
         srv: Any = self.server
         srv.seen.append((self.path, self.headers.get("Range")))
+        if srv.mode == "redirect" and "/blobs/" in self.path:  # as registries send to CDNs
+            self.send_response(307)
+            self.send_header("Location", f"http://{srv.upstream}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         conn = http.client.HTTPConnection(srv.upstream, timeout=30)
         headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
         conn.request("GET", self.path, headers=headers)

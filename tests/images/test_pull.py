@@ -338,3 +338,15 @@ def test_a_registry_that_trickles_is_stopped_at_max_time(tmp_path: Path,
     assert cache.pulled.images() == []
     layer = rs.sha(pushed.big.layers[0])[7:]
     assert layer not in _files(cache, "blobs", "sha256")
+
+
+def test_redirects_go_only_to_allowed_hosts(tmp_path: Path, pushed: Pushed) -> None:
+    cache = _cache(tmp_path)
+    with rs.proxy(pushed.reg.host, mode="redirect") as px:
+        host = f"127.0.0.1:{px.port}"
+        with pytest.raises(ConfigInvalidError,
+                           match=f"redirect target '{pushed.reg.host}' is not one"):
+            cache.pull(f"{host}/corral/busybox:1", policy=_policy(host))
+        assert cache.pulled.images() == []
+        p = cache.pull(f"{host}/corral/busybox:1", policy=_policy(host, pushed.reg.host))
+    assert p.manifest_digest == pushed.one.digest

@@ -160,8 +160,13 @@ class RegistryClient:
         tried_auth = False
         for _hop in range(8):
             self._in_time(f"starting GET {path}")
-            host = urllib.parse.urlsplit(url).netloc.lower()
+            split = urllib.parse.urlsplit(url)
+            host = split.netloc.lower()
             self.policy.check(host, "redirect target" if host != self.host else "registry")
+            if split.scheme != self.policy.scheme(host):  # no downgrade to plain HTTP
+                raise ConfigInvalidError(
+                    "registry", f"registry {self.registry!r} sent the client to {url[:200]!r}; "
+                    f"the operator's policy says {self.policy.scheme(host)} for {host!r}")
             same = host == self.host
             hdrs = dict(headers)
             if same and self._auth:
