@@ -5,6 +5,7 @@ blob never used and resumed, the cache's size bound with pulled images."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import regsupport as rs
 
@@ -350,3 +352,32 @@ def test_redirects_go_only_to_allowed_hosts(tmp_path: Path, pushed: Pushed) -> N
         assert cache.pulled.images() == []
         p = cache.pull(f"{host}/corral/busybox:1", policy=_policy(host, pushed.reg.host))
     assert p.manifest_digest == pushed.one.digest
+
+
+def test_docker_schema2_manifests_and_lists(tmp_path: Path, pushed: Pushed) -> None:
+    """Docker's media types (schema 2 manifest, manifest list) pull like OCI's."""
+    reg, host = pushed.reg, pushed.reg.host
+    img = rs.busybox_image({"app/hello.txt": "docker"})
+    doc = json.loads(img.manifest)
+    doc["mediaType"] = "application/vnd.docker.distribution.manifest.v2+json"
+    doc["config"]["mediaType"] = "application/vnd.docker.container.image.v1+json"
+    for layer in doc["layers"]:
+        layer["mediaType"] = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+    img.manifest = json.dumps(doc).encode()
+    with httpx.Client(base_url=reg.url, timeout=30, trust_env=False) as c:
+        for digest, data in img.blobs.items():
+            reg._blob(c, "corral/docker", digest, data)
+    reg.put_manifest("corral/docker", "1", img.manifest, doc["mediaType"])
+    listing = json.dumps({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.list.v2+json",
+        "manifests": [{"mediaType": doc["mediaType"], "digest": img.digest,
+                       "size": len(img.manifest),
+                       "platform": {"architecture": rs.ARCH, "os": "linux"}}]}).encode()
+    reg.put_manifest("corral/docker", "list", listing,
+                     "application/vnd.docker.distribution.manifest.list.v2+json")
+    cache = _cache(tmp_path)
+    for tag in ("1", "list"):
+        p = cache.pull(f"{host}/corral/docker:{tag}", policy=_policy(host))
+        assert p.manifest_digest == img.digest
+        assert Path(cache.unpack_pulled(p).rootfs, "app/hello.txt").read_text() == "docker"
