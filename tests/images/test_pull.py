@@ -381,3 +381,13 @@ def test_docker_schema2_manifests_and_lists(tmp_path: Path, pushed: Pushed) -> N
         p = cache.pull(f"{host}/corral/docker:{tag}", policy=_policy(host))
         assert p.manifest_digest == img.digest
         assert Path(cache.unpack_pulled(p).rootfs, "app/hello.txt").read_text() == "docker"
+
+
+def test_an_image_larger_than_one_image_may_be_is_refused_before_evicting(
+        tmp_path: Path, pushed: Pushed) -> None:
+    host = pushed.reg.host
+    cache = _cache(tmp_path, max_bytes=2 << 20)
+    small = cache.pull(f"{host}/corral/busybox:1", policy=_policy(host))
+    with pytest.raises(ConfigInvalidError, match="more than one image may take"):
+        cache.pull(f"{host}/corral/big:1", policy=_policy(host))
+    assert [i.reference for i in cache.pulled.images()] == [small.reference]

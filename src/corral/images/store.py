@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, final
 
-from corral.core.errors import ConfigInvalidError
+from corral.core.errors import ConfigInvalidError, ProviderError
 from corral.images.layers import HOST_ARCH, REF_NAME
 from corral.images.reference import (
     Credentials,
@@ -213,6 +213,12 @@ class PulledStore:
             raise ConfigInvalidError("image", f"{ref} has {len(layers)} layers, more than "
                                      f"{_MAX_LAYERS}")
         wanted = [config, *layers]
+        declared = sum(d.size for d in wanted)
+        cap = min(self.cache.max_bytes, self.cache.max_cache_bytes)
+        if declared > cap:
+            raise ConfigInvalidError("image", f"{ref} declares {declared} bytes of blobs, more "
+                                     f"than one image may take ({cap}: the cache's max_bytes "
+                                     "and max_cache_bytes)")
         name = str(ref)
         ticket = os.path.join(self.pulling, f"{os.getpid()}-{uuid.uuid4().hex}")
         with open(ticket, "w") as f:
@@ -235,14 +241,16 @@ class PulledStore:
                      "platform": {"os": "linux", "architecture": HOST_ARCH},
                      "annotations": ann}
             with self.cache._locked():
-                entries = [e for e in self._index() if _name(e) != name]
-                self._save_index([*entries, entry])
+                index = self._index()
+                if not any(_name(e) == name and e.get("digest") == digest for e in index):
+                    self._save_index([*(e for e in index if _name(e) != name), entry])
             self.touch(name)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(ticket)
         got = self.get(name)
-        assert got is not None
+        if got is None:
+            raise ProviderError(f"{name} was removed from the cache as it was pulled")
         return got
 
     def _put_manifest(self, digest: str, body: bytes) -> None:
