@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Final, Literal, cast, final
+from typing import TYPE_CHECKING, Any, Final, Literal, cast, final
 
 from corral.core.errors import ConfigInvalidError, ProviderError
 from corral.images.child import (
@@ -57,10 +57,14 @@ from corral.images.child import (
 from corral.images.extract import disk_usage
 from corral.images.layers import ImageConfig, bad
 
+if TYPE_CHECKING:
+    from corral.images.store import PulledImage, PulledStore
+
 __all__ = ["CACHE_LIMIT_ENV", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_CACHE_BYTES",
            "DEFAULT_MAX_CPU_S", "DEFAULT_MAX_MEMBERS", "DEFAULT_MAX_MEMORY",
            "DEFAULT_MAX_WALL_S", "DEFAULT_MIN_AGE_S", "ImageCache", "ImageConfig",
-           "UnpackedImage", "default_cache_dir", "mounted_digests", "unreachable_part"]
+           "UnpackedImage", "default_cache_dir", "mounted_digests", "split_local",
+           "unreachable_part"]
 
 DEFAULT_MAX_BYTES: Final = 1 << 30
 DEFAULT_MAX_MEMBERS: Final = 200_000
@@ -222,32 +226,65 @@ class ImageCache:
         return []
 
     def usage(self) -> int:
-        """Bytes of disk the cache's entries take (as counted against ``max_cache_bytes``)."""
+        """Bytes of disk the cache's unpacked entries and pulled images take (as counted
+        against ``max_cache_bytes``)."""
         with contextlib.suppress(FileNotFoundError):
-            return sum(size for _, _, size in self._usage())
+            return sum(size for _, _, size in self._usage()) + self.pulled.usage()
         return 0
 
-    def unpack(self, image: str) -> UnpackedImage:
-        """The root filesystem of ``image`` (unpacked on first use, then from the cache)."""
-        if not isinstance(image, str) or not image or not os.path.exists(image):
+    @property
+    def pulled(self) -> PulledStore:
+        """The images pulled from registries into this cache (its ``oci`` layout)."""
+        from corral.images.store import PulledStore
+        return PulledStore(self)
+
+    def pull(self, reference: str, **kw: Any) -> PulledImage:
+        """Pull ``reference`` from its registry into the cache (:meth:`PulledStore.pull`:
+        ``policy``, ``credentials``, ``timeout_s``, ``max_time_s``)."""
+        try:
+            return self.pulled.pull(reference, **kw)
+        except OSError as e:
+            raise ProviderError(f"cannot pull {reference!r} into {self.root!r}: {e}", e) from e
+
+    def unpack_pulled(self, image: PulledImage) -> UnpackedImage:
+        """The root filesystem of a pulled image (marks it used)."""
+        self.pulled.touch(image.ref_name)
+        return self.unpack(image.layout, ref=image.ref_name)
+
+    def unpack(self, image: str, ref: str | None = None) -> UnpackedImage:
+        """The root filesystem of ``image`` (unpacked on first use, then from the cache).
+
+        A layout or tar holding several images needs ``ref``: a tag (the
+        ``org.opencontainers.image.ref.name`` annotation; in a ``docker save`` tar a
+        ``RepoTags`` entry) or a ``sha256:`` manifest digest. It can also be spelled in
+        ``image`` itself: ``LAYOUT:TAG`` or ``LAYOUT@sha256:...`` (see :func:`split_local`).
+        """
+        if not isinstance(image, str) or not image:
+            raise bad(f"no local image at {image!r}")
+        if ref is None:
+            image, ref = split_local(image)
+        if not os.path.exists(image):
             raise bad(f"no local image at {image!r}")
         path = os.path.realpath(image)
         if os.path.isdir(path) and not any(
                 os.path.exists(os.path.join(path, n)) for n in ("index.json", "manifest.json")):
+            if ref is not None:
+                raise bad(f"{image!r} is a root filesystem directory, not an image that "
+                          f"holds {ref!r}")
             return UnpackedImage(key=f"dir:{path}", rootfs=path, config=ImageConfig(),
                                  source="rootfs")
         try:
             seen = _fingerprint(path)
-            known = self._recalled(path, seen)
+            known = self._recalled(path, ref, seen)
             if known is not None and self._handout(known):
                 return known  # unchanged since a child read it: no child this time
-            result = self._unpack(path)
-            self._remember(path, seen, result)
+            result = self._unpack(path, ref)
+            self._remember(path, ref, seen, result)
         except OSError as e:  # the cache's own disk or permissions, not the image
             raise ProviderError(f"cannot unpack {image!r} into {self.root!r}: {e}", e) from e
         return result
 
-    def _unpack(self, path: str) -> UnpackedImage:
+    def _unpack(self, path: str, ref: str | None) -> UnpackedImage:
         os.makedirs(self.root, 0o711, exist_ok=True)  # searchable: sandboxes bind entries
         _reap_stale(self.root)
         for look in (True, False):  # a hit evicted before we took it: unpack after all
@@ -255,13 +292,14 @@ class ImageCache:
             try:
                 got = unpack_bounded(path, tmp, cache_root=self.root if look else None,
                                      max_bytes=min(self.max_bytes, self.max_cache_bytes),
-                                     max_members=self.max_members, caps=self.caps)
+                                     max_members=self.max_members, caps=self.caps,
+                                     ref=ref)
                 result = self._result(got)
                 if got.size is None:
                     if self._handout(result):
                         return result
                     continue
-                self._admit(tmp, got.digest, got.size)
+                self._admit(tmp, got.digest, got.size, ref)
                 return result
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)  # gone when renamed into place
@@ -269,19 +307,20 @@ class ImageCache:
                             "unpacked")
 
     # -- what a child found, by image path (.seen/<sha256 of the path>) ---------------
-    def _record(self, path: str) -> str:
-        name = hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()
+    def _record(self, path: str, ref: str | None) -> str:
+        key = path if ref is None else f"{path}\0{ref}"
+        name = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
         return os.path.join(self.root, ".seen", name)
 
-    def _recalled(self, path: str, seen: list[Any]) -> UnpackedImage | None:
+    def _recalled(self, path: str, ref: str | None, seen: list[Any]) -> UnpackedImage | None:
         """What unpacking ``path`` gave last time, if its files are the same since."""
         try:
-            fd = os.open(self._record(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(self._record(path, ref), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return None
         try:
             doc = json.loads(os.read(fd, 1 << 20))
-            if doc.get("path") != path or doc.get("seen") != seen:
+            if doc.get("path") != path or doc.get("ref") != ref or doc.get("seen") != seen:
                 return None
             got = parse_answer(doc)
         except (ValueError, AttributeError, OSError):
@@ -290,13 +329,14 @@ class ImageCache:
             os.close(fd)
         return self._result(got)
 
-    def _remember(self, path: str, seen: list[Any], result: UnpackedImage) -> None:
-        record = self._record(path)
+    def _remember(self, path: str, ref: str | None, seen: list[Any],
+                  result: UnpackedImage) -> None:
+        record = self._record(path, ref)
         os.makedirs(os.path.dirname(record), 0o700, exist_ok=True)
         c = result.config
-        doc = {"path": path, "seen": seen, "digest": result.key[7:], "source": result.source,
-               "size": None, "entrypoint": list(c.entrypoint), "cmd": list(c.cmd),
-               "env": list(c.env), "working_dir": c.working_dir}
+        doc = {"path": path, "ref": ref, "seen": seen, "digest": result.key[7:],
+               "source": result.source, "size": None, "entrypoint": list(c.entrypoint),
+               "cmd": list(c.cmd), "env": list(c.env), "working_dir": c.working_dir}
         tmp = f"{record}.{os.getpid()}.{threading.get_ident()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
@@ -331,7 +371,7 @@ class ImageCache:
             os.utime(os.path.dirname(result.rootfs))
         return True
 
-    def _admit(self, tmp: str, digest: str, size: int) -> None:
+    def _admit(self, tmp: str, digest: str, size: int, ref: str | None = None) -> None:
         """Rename the unpacked ``tmp`` into place as entry ``digest``, evicting to make room."""
         if size > self.max_cache_bytes:
             raise bad(f"the image takes {size} bytes of disk unpacked, more than the whole "
@@ -346,26 +386,38 @@ class ImageCache:
             if not os.path.isdir(os.path.join(entry, "rootfs")):  # else: a concurrent unpack won
                 if os.path.lexists(entry):  # a broken entry
                     self._evict(digest)
-                self._make_room(size)
+                self._make_room(size, keep=frozenset({ref} if ref else ()))
                 os.rename(tmp, entry)
             os.utime(entry)
 
-    def _make_room(self, need: int) -> None:
-        """Evict least recently used entries until ``need`` more bytes fit (lock held)."""
-        held = self._usage()
-        total = sum(size for _, _, size in held)
+    def _make_room(self, need: int, keep: frozenset[str] = frozenset()) -> None:
+        """Evict least recently used unpacked entries and pulled images (not those named
+        in ``keep``) until ``need`` more bytes fit (lock held)."""
+        held: list[tuple[float, str, str, int]] = [
+            (used, "entry", digest, size) for used, digest, size in self._usage()]
+        store = self.pulled
+        held += [(p.last_used, "pulled", p.ref_name, 0) for p in store.images()
+                 if p.ref_name not in keep]
+        stored = store.usage()
+        total = sum(h[3] for h in held) + stored
         mounted: set[str] | None = None
         now = time.time()
-        for used, digest, size in sorted(held):
+        for used, kind, key, size in sorted(held):
             if total + need <= self.max_cache_bytes:
                 return
             if now - used < self.min_age_s:
-                continue  # a sandbox may be starting on it
+                continue  # a sandbox may be starting on it, or a pull just made it
+            if kind == "pulled":
+                store.drop(key)
+                after = store.usage()
+                total -= stored - after
+                stored = after
+                continue
             if mounted is None:
                 mounted = mounted_digests()
-            if digest in mounted:
+            if key in mounted:
                 continue
-            self._evict(digest)
+            self._evict(key)
             total -= size
         if total + need > self.max_cache_bytes:
             raise ProviderError(
@@ -392,6 +444,23 @@ class ImageCache:
         gone = os.path.join(self.root, f".evict-{os.getpid()}-{digest}")
         os.rename(os.path.join(self.root, digest), gone)
         shutil.rmtree(gone, ignore_errors=True)
+
+
+def split_local(image: str) -> tuple[str, str | None]:
+    """``LAYOUT:NAME`` -> (LAYOUT, NAME) and ``LAYOUT@sha256:HEX`` -> (LAYOUT, sha256:HEX)
+    when ``image`` itself does not exist but LAYOUT does (the first ``:`` after which
+    that holds; NAME may be a full reference, as pulled images are named); else
+    (``image``, None)."""
+    if os.path.exists(image):
+        return image, None
+    path, at, digest = image.rpartition("@")
+    if at and path and re.fullmatch(r"sha256:[0-9a-f]{64}", digest) and os.path.exists(path):
+        return path, digest
+    for m in re.finditer(":", image):
+        path, name = image[:m.start()], image[m.end():]
+        if path and name and os.path.exists(path):
+            return path, name
+    return image, None
 
 
 def _fingerprint(path: str) -> list[Any]:

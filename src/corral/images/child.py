@@ -91,14 +91,15 @@ class ChildResult:
 
 
 def unpack_bounded(image: str, tmp: str, *, cache_root: str | None, max_bytes: int,
-                   max_members: int, caps: UnpackCaps) -> ChildResult:
-    """Read ``image`` in a bounded child and, unless ``cache_root`` already holds
-    its entry, unpack it into ``tmp``/rootfs. ``tmp`` is an empty dir the caller
-    owns and removes; the child is reaped before this returns or raises."""
+                   max_members: int, caps: UnpackCaps, ref: str | None = None) -> ChildResult:
+    """Read ``image`` (the image in it ``ref`` names, when given) in a bounded child
+    and, unless ``cache_root`` already holds its entry, unpack it into ``tmp``/rootfs.
+    ``tmp`` is an empty dir the caller owns and removes; the child is reaped before
+    this returns or raises."""
     exe = os.path.realpath(sys.executable) if sys.executable else ""
     if not exe or not os.access(exe, os.X_OK):
         raise ProviderError(f"no interpreter to unpack images with ({sys.executable!r})")
-    req = {"image": image, "tmp": tmp, "root": cache_root, "max_bytes": max_bytes,
+    req = {"image": image, "ref": ref, "tmp": tmp, "root": cache_root, "max_bytes": max_bytes,
            "max_members": max_members, "memory": caps.memory, "cpu_s": caps.cpu_s,
            "file_bytes": caps.file_bytes, "ppid": os.getpid()}
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -228,7 +229,7 @@ def _work(req: dict[str, Any]) -> dict[str, Any]:
     from corral.images.layers import Source, image_manifest, parse_config
     src = Source(req["image"])
     try:
-        source, config_path, layers = image_manifest(src)
+        source, config_path, layers = image_manifest(src, req.get("ref"))
         raw = src.read(config_path)
         digest = hashlib.sha256(raw).hexdigest()
         if config_path.startswith("blobs/sha256/") and config_path[13:] != digest:

@@ -21,8 +21,8 @@ from typing import IO, Any, Final, cast, final
 
 from corral.core.errors import ConfigInvalidError
 
-__all__ = ["Hashing", "ImageConfig", "Source", "bad", "decompressed", "docker_manifest",
-           "image_manifest", "oci_manifest", "parse_config"]
+__all__ = ["HOST_ARCH", "Hashing", "ImageConfig", "REF_NAME", "Source", "bad", "decompressed",
+           "docker_manifest", "image_manifest", "oci_manifest", "parse_config"]
 
 _CHUNK: Final = 1 << 20
 _DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -142,19 +142,75 @@ def _blob(digest: Any) -> str:
     return f"blobs/sha256/{hexpart}"
 
 
-def oci_manifest(src: Source) -> tuple[str, list[str]]:
-    """(config blob path, layer blob paths) of the one image in an OCI layout."""
+#: the annotation an OCI layout's ``index.json`` names its images (tags) with
+REF_NAME: Final = "org.opencontainers.image.ref.name"
+
+
+def _for_host(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m for m in entries
+            if (m.get("platform") or {}).get("os", "linux") == "linux"
+            and (m.get("platform") or {}).get("architecture", _ARCH) == _ARCH]
+
+
+def _ref_name(entry: dict[str, Any]) -> str | None:
+    ann = entry.get("annotations")
+    name = ann.get(REF_NAME) if isinstance(ann, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _select(entries: list[dict[str, Any]], ref: str | None) -> dict[str, Any]:
+    """The one top-level ``index.json`` entry ``ref`` names (a ``ref.name``
+    annotation, or a ``sha256:`` digest), or the only one for this host."""
+    if ref is not None:
+        if ref.startswith("sha256:"):
+            chosen = [m for m in entries if m.get("digest") == ref]
+        else:
+            chosen = [m for m in entries if _ref_name(m) == ref]
+        if len(chosen) > 1:
+            chosen = _for_host(chosen)
+        if not chosen:
+            names = sorted({n for m in entries if (n := _ref_name(m)) is not None})
+            raise bad(f"index.json has no manifest named {ref!r} (names: "
+                      f"{', '.join(map(repr, names)) or 'none'})")
+        if len(chosen) > 1:
+            raise bad(f"index.json has {len(chosen)} manifests named {ref!r} for "
+                      f"linux/{_ARCH}; need one")
+        return chosen[0]
+    chosen = _for_host(entries)
+    if len(chosen) > 1:
+        names = sorted({n for m in chosen if (n := _ref_name(m)) is not None})
+        raise bad(f"index.json has {len(chosen)} manifests for linux/{_ARCH}; select one by "
+                  "tag (LAYOUT:TAG, the org.opencontainers.image.ref.name annotation) or "
+                  f"by digest (LAYOUT@sha256:...); tags here: "
+                  f"{', '.join(map(repr, names)) or 'none'}")
+    if not chosen:
+        raise bad(f"index.json has no manifest for linux/{_ARCH}")
+    return chosen[0]
+
+
+def oci_manifest(src: Source, ref: str | None = None) -> tuple[str, list[str]]:
+    """(config blob path, layer blob paths) of an image in an OCI layout: the one
+    ``ref`` names (a tag in the ``org.opencontainers.image.ref.name`` annotation,
+    or a ``sha256:`` manifest digest), else the layout's only image for this host."""
     index = _json(src, "index.json")
+    top = True
     for _ in range(4):  # an index may point to a nested index
         manifests = index.get("manifests") if isinstance(index, dict) else None
+        if top and ref is not None and manifests == []:
+            raise bad(f"index.json has no manifest named {ref!r} (it lists none)")
         if not isinstance(manifests, list) or not manifests:
             raise bad("index.json lists no manifests")
-        chosen = [m for m in manifests if isinstance(m, dict)
-                  and (m.get("platform") or {}).get("os", "linux") == "linux"
-                  and (m.get("platform") or {}).get("architecture", _ARCH) == _ARCH]
-        if len(chosen) != 1:
-            raise bad(f"index.json has {len(chosen)} manifests for linux/{_ARCH}; need one")
-        doc = _json(src, _blob(chosen[0].get("digest")))
+        entries = [m for m in manifests if isinstance(m, dict)]
+        if top:
+            chosen = _select(entries, ref)
+        else:
+            host = _for_host(entries)
+            if len(host) != 1:
+                raise bad(f"an image index has {len(host)} manifests for linux/{_ARCH}; "
+                          "need one")
+            chosen = host[0]
+        top = False
+        doc = _json(src, _blob(chosen.get("digest")))
         if isinstance(doc, dict) and "layers" in doc:
             layers = doc["layers"]
             if not isinstance(layers, list):
@@ -166,10 +222,17 @@ def oci_manifest(src: Source) -> tuple[str, list[str]]:
     raise bad("index.json nests indexes too deep")
 
 
-def docker_manifest(src: Source) -> tuple[str, list[str]]:
+def docker_manifest(src: Source, ref: str | None = None) -> tuple[str, list[str]]:
     doc = _json(src, "manifest.json")
+    if ref is not None and isinstance(doc, list):
+        doc = [d for d in doc if isinstance(d, dict) and isinstance(d.get("RepoTags"), list)
+               and ref in d["RepoTags"]]
+        if not doc:
+            raise bad(f"manifest.json has no image tagged {ref!r}")
     if not isinstance(doc, list) or len(doc) != 1 or not isinstance(doc[0], dict):
-        raise bad("manifest.json must describe exactly one image")
+        raise bad("manifest.json must describe exactly one image (select one by tag: "
+                  "TAR:REPO:TAG)" if isinstance(doc, list) and len(doc) > 1 else
+                  "manifest.json must describe exactly one image")
     config, layers = doc[0].get("Config"), doc[0].get("Layers")
     if not isinstance(config, str) or not isinstance(layers, list) or not all(
             isinstance(x, str) for x in layers):
@@ -177,16 +240,20 @@ def docker_manifest(src: Source) -> tuple[str, list[str]]:
     return config, list(layers)
 
 
-def image_manifest(src: Source) -> tuple[str, str, list[str]]:
-    """(source kind, config blob path, layer blob paths) of the image ``src`` holds."""
+def image_manifest(src: Source, ref: str | None = None) -> tuple[str, str, list[str]]:
+    """(source kind, config blob path, layer blob paths) of the image ``src`` holds
+    (the one ``ref`` names, when it holds several)."""
     if src.has("index.json") and src.has("oci-layout"):
-        return ("oci-layout" if src.dir is not None else "oci-archive", *oci_manifest(src))
+        return ("oci-layout" if src.dir is not None else "oci-archive",
+                *oci_manifest(src, ref))
     if src.has("manifest.json"):
-        return ("docker-archive", *docker_manifest(src))
+        return ("docker-archive", *docker_manifest(src, ref))
     raise bad("not an image: no index.json + oci-layout, and no manifest.json")
 
 
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+#: this host's architecture as OCI spells it (``amd64``, ``arm64``, ...)
+HOST_ARCH: Final = _ARCH
 
 
 # ---------------------------------------------------------------- layer streams
