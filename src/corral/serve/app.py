@@ -636,7 +636,7 @@ class _Api:
         return _json({"result": final["result"]})
 
     @operation("handler dispatch in a fresh sandbox for spec: its output, or a suspension",
-               body=m.InvokeRequest, ok=m.Reply, errors=(404, 422, 501, 502, 504),
+               body=m.InvokeRequest, ok=m.Reply, errors=(404, 422, 501, 502),
                tag="handlers")
     async def invoke(self, request: Request, tenant: TenantState, body: m.InvokeRequest
                      ) -> Response:
@@ -644,7 +644,7 @@ class _Api:
         return _json(await self._invoke(tenant, None, spec, body))
 
     @operation("handler dispatch in this sandbox (in-context is refused)",
-               body=m.InvokeRequest, ok=m.Reply, errors=(422, 501, 502, 504),
+               body=m.InvokeRequest, ok=m.Reply, errors=(422, 501, 502),
                tag="handlers")
     async def invoke_in(self, request: Request, tenant: TenantState, body: m.InvokeRequest
                         ) -> Response:

@@ -381,6 +381,7 @@ class RunResult(_Out):
     strays_killed: int = 0
     spawn_errno: int | None = None
     denials: list[Denial] = []
+    level: LevelName | None = None
 
 
 class ResultBody(_Out):
@@ -506,11 +507,14 @@ class HandleBody(_Out):
 
 
 class Reply(_Out):
-    """A handler's answer: its output, or a suspension to resume."""
+    """A handler's answer: its output, a suspension to resume, or ``ended``: the handler
+    ran and ended otherwise (past its ``timeout_ms``), ``result`` saying how (the one
+    rule: a run that ran answers 200 with its outcome)."""
 
-    kind: Literal["output", "suspended"]
+    kind: Literal["output", "suspended", "ended"]
     value: Any = None
     token_id: str | None = None
+    result: RunResult | None = None
 
 
 class Health(_Out):

@@ -18,7 +18,7 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from corral.core.contract import (
@@ -36,8 +36,9 @@ from corral.core.errors import (
     CreateCancelledError,
     InvalidSnapshotHandleError,
     LevelNotSupportedError,
+    SandboxTimeoutError,
 )
-from corral.core.result import RunResult
+from corral.core.result import Outcome, RunResult
 from corral.core.spec import (
     ExecOpts,
     HandlerRef,
@@ -475,7 +476,7 @@ class Service:
         opts = self._admitted(tenant, tenancy.admit_exec, opts)
         with self.run_slot(tenant), entry.in_use():
             try:
-                r = await entry.sandbox.exec(argv, opts)
+                r = await _leveled(entry.sandbox.exec(argv, opts), entry.sandbox.spec.level)
             except BaseException as e:
                 self._count_run("exec", None, e)
                 raise
@@ -492,7 +493,7 @@ class Service:
 
         async def run(on_output: Callable[[int, bytes], None]) -> RunResult:
             with entry.in_use():
-                return await _exec_with(sb, argv, opts, on_output)
+                return await _leveled(_exec_with(sb, argv, opts, on_output), sb.spec.level)
 
         return self._streamed(tenant, "exec", run)
 
@@ -672,6 +673,8 @@ class Service:
             timeout_ms = min(DEFAULT_INVOKE_TIMEOUT_MS, most or DEFAULT_INVOKE_TIMEOUT_MS)
         timeout_ms = self._admitted(tenant, tenancy.admit_timeout, timeout_ms)
         kw: dict[str, Any] = dict(resumed=resumed, files=files, timeout_ms=timeout_ms)
+        level = (spec.level if spec is not None
+                 else self.entry(tenant, sandbox_id or "").sandbox.spec.level)
         with self.run_slot(tenant):
             try:
                 if sandbox_id is not None:
@@ -687,6 +690,9 @@ class Service:
                     with self.sandbox_slot(tenant, self._mem(spec)):
                         reply = await invoke(self.provider_for(spec.level), spec, ref, payload,
                                              **kw)
+            except SandboxTimeoutError as e:  # the handler ran, and ended by its timeout
+                self._count_run("invoke", None, e)
+                return {"kind": "ended", "result": wire.result_to_json(_timed_out(e, level))}
             except BaseException as e:
                 self._count_run("invoke", None, e)
                 raise
@@ -694,6 +700,16 @@ class Service:
         if reply.kind == "output":
             return {"kind": "output", "value": reply.value}
         return {"kind": "suspended", "token_id": reply.token_id}
+
+
+def _timed_out(err: SandboxTimeoutError, level: Level) -> RunResult:
+    """How a handler that ran past its timeout ended, as a result (the one rule: a run
+    that ran answers its outcome, docs/errors.md)."""
+    if err.result is not None:
+        return err.result.at_level(level)
+    return RunResult(outcome=Outcome.TIMEOUT, limit_value=err.timeout_ms,
+                     stdout=bytes(err.stdout or b""), stderr=bytes(err.stderr or b""),
+                     detail=str(err), level=level.value)
 
 
 def _is_host_address(ip: str) -> bool:
@@ -722,6 +738,16 @@ def _output_event(fd: int, chunk: bytes) -> Event:
     return ev
 
 
+async def _leveled(work: Awaitable[RunResult], level: Level) -> RunResult:
+    """``work``'s result, or the result its error carries, saying at which level it ran."""
+    try:
+        return (await work).at_level(level)
+    except CorralError as e:
+        if e.result is not None:
+            e.result = e.result.at_level(level)
+        raise
+
+
 async def _exec_with(sb: Sandbox, argv: Sequence[str], opts: ExecOpts,
                      on_output: Callable[[int, bytes], None]) -> RunResult:
     """exec, streaming where the sandbox can (``streaming-exec``); elsewhere the output
@@ -745,7 +771,7 @@ async def _one_run(provider: SandboxProvider, spec: SandboxSpec, argv: Sequence[
         for path, data in files.items():
             await sb.write_file(path, data)
         try:
-            return await _exec_with(sb, argv, opts, on_output)
+            return await _leveled(_exec_with(sb, argv, opts, on_output), spec.level)
         except CorralError as e:
             if e.result is not None:
                 return e.result
