@@ -169,3 +169,15 @@ def test_strict_is_the_default_and_holds() -> None:
         r = sb.commands.run("cat in.txt; ls / | grep -c . >/dev/null; cat /etc/shadow")
         assert r.level == "strict" and r.stdout_text == "x"
         assert r.exit_code != 0  # the host's /etc/shadow is not there to read
+
+
+@needs_strict(host_can_sandbox())
+def test_the_readme_block_runs_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    """README's "A taste" shows the sync Sandbox: its block runs and prints what its
+    comments say."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    block = next(b for b in blocks if "from corral.sandbox import Sandbox" in b)
+    exec(compile(block, "README.md", "exec"), {})  # the README's own code
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["exit strict apple", "", "done", ""]
