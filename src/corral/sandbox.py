@@ -110,7 +110,11 @@ def _shared_provider(name: str | None, level: Level, options: Mapping[str, Any]
             opts = dict(options)
             if name in (None, "linux"):
                 opts.setdefault("limits_by", "auto")  # cgroups where this user has them
-            made = _shared[key] = run_sync(_make(lambda: provider(name, level=level, **opts)))
+            if name == "remote":  # asks the server at once (blocking): not on the loop
+                made = provider(name, level=level, **opts)
+            else:  # made on the loop it will be used on (some bind state to it)
+                made = run_sync(_make(lambda: provider(name, level=level, **opts)))
+            _shared[key] = made
         return made
 
 
@@ -423,24 +427,21 @@ class Sandbox:
             ProviderError: no such sandbox (destroyed, expired, or another tenant's).
         """
         from corral.providers.remote import RemoteProvider
-
-        async def go() -> tuple[RemoteProvider, AsyncSandbox]:
-            p = RemoteProvider(url, token, **provider_options)
-            try:
-                return p, await p.connect(sandbox_id)
-            except BaseException:
-                await p.aclose()
-                raise
-        p, inner = run_sync(go())
+        p = RemoteProvider(url, token, **provider_options)  # asks the server (blocking)
+        try:
+            inner = run_sync(p.connect(sandbox_id))
+        except BaseException:
+            run_sync(p.aclose())
+            raise
         return cls(inner, owned_provider=p, destroy_on_gc=False)
 
     @staticmethod
     def list(*, url: str, token: str, **provider_options: Any) -> list[SandboxInfo]:
         """The live sandboxes this token's tenant has on the server at ``url``."""
         from corral.providers.remote import RemoteProvider
+        p = RemoteProvider(url, token, **provider_options)
 
         async def go() -> list[dict[str, Any]]:
-            p = RemoteProvider(url, token, **provider_options)
             try:
                 return await p.list_sandboxes()
             finally:
