@@ -186,3 +186,34 @@ def test_sync_create_over_serve_at_strict(both: Server, tmp_path: Path) -> None:
         assert sb.level == "strict"
         r = sb.commands.run("echo in > f; cat f; id -u")
         assert r.level == "strict" and r.stdout_text.startswith("in\n")
+
+
+def test_an_exec_on_a_paused_sandbox_honours_its_timeout(both: Server,
+                                                         alice: httpx.Client) -> None:
+    """Before: an exec sent to a paused sandbox waited until resume, whatever its
+    timeout_ms. Now it ends as a ``timeout`` result at its deadline (it never started)."""
+    if STRICT_REASON:
+        pytest.skip(STRICT_REASON)
+    r = alice.post("/v1/sandboxes", json={"spec": {"level": "strict"}})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    assert alice.post(f"/v1/sandboxes/{sid}/pause").status_code == 204
+    r = alice.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo ran > f",
+                                                      "opts": {"timeout_ms": 400}},
+                   timeout=30)
+    assert r.status_code == 200, r.text
+    res = r.json()["result"]
+    assert (res["outcome"], res["limit_value"], res["level"]) == ("timeout", 400, "strict")
+    assert "paused" in res["detail"]
+    # streamed the same
+    r = alice.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "stream": True,
+                                                      "opts": {"timeout_ms": 300}},
+                   timeout=30)
+    last = json.loads(r.text.splitlines()[-1])
+    assert last["event"] == "result" and last["result"]["outcome"] == "timeout"
+    assert alice.post(f"/v1/sandboxes/{sid}/resume").status_code == 204
+    r = alice.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "ls f 2>&1; echo now",
+                                                      "opts": {"timeout_ms": 5000}})
+    res = r.json()["result"]
+    assert res["outcome"] == "exit" and res["stdout"].endswith("now\n")
+    assert "No such file" in res["stdout"]  # the timed-out command never ran

@@ -18,7 +18,7 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from corral.core.contract import (
@@ -476,7 +476,8 @@ class Service:
         opts = self._admitted(tenant, tenancy.admit_exec, opts)
         with self.run_slot(tenant), entry.in_use():
             try:
-                r = await _leveled(entry.sandbox.exec(argv, opts), entry.sandbox.spec.level)
+                r = await _leveled(_when_running(entry, opts, entry.sandbox.exec(argv, opts)),
+                                   entry.sandbox.spec.level)
             except BaseException as e:
                 self._count_run("exec", None, e)
                 raise
@@ -493,7 +494,8 @@ class Service:
 
         async def run(on_output: Callable[[int, bytes], None]) -> RunResult:
             with entry.in_use():
-                return await _leveled(_exec_with(sb, argv, opts, on_output), sb.spec.level)
+                return await _leveled(_when_running(entry, opts, _exec_with(
+                    sb, argv, opts, on_output)), sb.spec.level)
 
         return self._streamed(tenant, "exec", run)
 
@@ -575,11 +577,14 @@ class Service:
         """pause / resume / snapshot / restore, through the contract's functions (which
         raise the matching not-supported error where the provider has none). A handle is
         restored only into a sandbox of the tenant whose sandbox made it."""
-        sb = self.entry(tenant, sandbox_id, touch=True).sandbox
+        entry = self.entry(tenant, sandbox_id, touch=True)
+        sb = entry.sandbox
         if op == "pause":
             await pause(sb)
+            entry.running.clear()
         elif op == "resume":
             await resume(sb)
+            entry.running.set()
         elif op == "snapshot":
             h = await snapshot(sb)
             tenant.handles.add(_handle_key(h))
@@ -736,6 +741,24 @@ def _output_event(fd: int, chunk: bytes) -> Event:
     except UnicodeDecodeError:
         ev["b64"] = wire.b64(chunk)
     return ev
+
+
+async def _when_running(entry: SandboxEntry, opts: ExecOpts,
+                        work: Coroutine[Any, Any, RunResult]) -> RunResult:
+    """``work`` (an exec) once the sandbox runs: an exec sent to a paused sandbox waits
+    for its resume within its own ``timeout_ms`` (the command cannot start while every
+    process is frozen), and past it ends as a ``timeout`` result that never started."""
+    if entry.running.is_set() or opts.timeout_ms is None:
+        return await work
+    try:
+        async with asyncio.timeout(opts.timeout_ms / 1000):
+            await entry.running.wait()
+    except TimeoutError:
+        work.close()
+        return RunResult(outcome=Outcome.TIMEOUT, limit_value=opts.timeout_ms,
+                         detail=f"the sandbox stayed paused for the command's whole "
+                         f"timeout ({opts.timeout_ms} ms): it never started")
+    return await work
 
 
 async def _leveled(work: Awaitable[RunResult], level: Level) -> RunResult:
