@@ -181,3 +181,16 @@ def test_the_readme_block_runs_as_written(capsys: pytest.CaptureFixture[str]) ->
     exec(compile(block, "README.md", "exec"), {})  # the README's own code
     out = capsys.readouterr().out.splitlines()
     assert out == ["exit strict apple", "", "done", ""]
+
+
+@needs_strict(host_can_sandbox())
+def test_a_command_on_a_paused_sandbox_honours_its_timeout() -> None:
+    """Before: a command sent to a paused sandbox waited for the resume, whatever its
+    timeout. Now it is a ``timeout`` result at its deadline, and never ran."""
+    with Sandbox.create() as sb:
+        sb.pause()
+        r = sb.commands.run("echo ran > f", timeout_ms=300)
+        assert (r.outcome, r.limit_value, r.level) == ("timeout", 300, "strict")
+        sb.resume()
+        r = sb.commands.run("ls f 2>&1; echo now")
+        assert r.outcome == "exit" and "No such file" in r.stdout_text

@@ -49,7 +49,7 @@ from corral.core.contract import (
     SupportsPause,
 )
 from corral.core.errors import ConfigInvalidError, CorralError, PauseNotSupportedError
-from corral.core.result import RunResult
+from corral.core.result import Outcome, RunResult
 from corral.core.spec import (
     ExecOpts,
     Level,
@@ -277,6 +277,13 @@ class Commands:
             popts = ProcessOpts(stdin=True, env=envs, cwd=cwd, timeout_ms=timeout_ms)
             handle = run_sync(sb.start_process(argv, popts))
             return CommandHandle(handle, on_stdout, on_stderr, sb.spec.level)
+        running = self._sb._running
+        if timeout_ms is not None and not running.wait(timeout_ms / 1000):
+            # paused for the command's whole timeout: it never started (as corral serve)
+            return RunResult(outcome=Outcome.TIMEOUT, limit_value=timeout_ms,
+                             detail=f"the sandbox stayed paused for the command's whole "
+                             f"timeout ({timeout_ms} ms): it never started",
+                             level=sb.spec.level.value)
         data = stdin.encode() if isinstance(stdin, str) else stdin
         opts = ExecOpts(timeout_ms=timeout_ms, cwd=cwd, env=envs, stdin=data,
                         max_stdout_bytes=max_output_bytes, max_stderr_bytes=max_output_bytes)
@@ -373,6 +380,9 @@ class Sandbox:
         self.commands = Commands(self)
         self.files = Files(self)
         self._owned = owned_provider
+        #: set unless paused: a command waits for the resume within its timeout
+        self._running = threading.Event()
+        self._running.set()
         self._fin = weakref.finalize(self, _release, inner, destroy_on_gc, owned_provider)
         self._fin.atexit = False  # _shutdown destroys (and waits) at exit
         _alive.add(self)
@@ -474,16 +484,21 @@ class Sandbox:
 
     # -- lifecycle --------------------------------------------------------------------
     def pause(self) -> None:
+        """Freeze every process of the sandbox (where its provider can: ``pause``). A
+        command run meanwhile (from another thread) waits for :meth:`resume` within its
+        timeout, and past it is a ``timeout`` result that never started."""
         sb = self._live()
         if not isinstance(sb, SupportsPause):
             raise PauseNotSupportedError(f"{type(sb).__name__} cannot be paused")
         run_sync(sb.pause())
+        self._running.clear()
 
     def resume(self) -> None:
         sb = self._live()
         if not isinstance(sb, SupportsPause):
             raise PauseNotSupportedError(f"{type(sb).__name__} cannot be resumed")
         run_sync(sb.resume())
+        self._running.set()
 
     def kill(self) -> None:
         """Destroy the sandbox: every process, file and limit of it is released.
