@@ -217,3 +217,22 @@ def test_an_exec_on_a_paused_sandbox_honours_its_timeout(both: Server,
     res = r.json()["result"]
     assert res["outcome"] == "exit" and res["stdout"].endswith("now\n")
     assert "No such file" in res["stdout"]  # the timed-out command never ran
+
+
+def test_every_field_of_a_result_is_documented() -> None:
+    """docs/service.md's "The result's fields" names every key of a result as the API
+    sends it, the internal ones (cwd_owned, node_heap_mb_applied, strays_killed,
+    spawn_errno) included; the OpenAPI model has each one too."""
+    from pathlib import Path as P
+
+    from corral.core.result import RunResult
+    from corral.providers.remote import wire
+    from corral.serve import models as m
+    text = (P(__file__).resolve().parents[2] / "docs" / "service.md").read_text()
+    part = text.split("**The result's fields.**", 1)[1].split("\n\n", 1)[0]
+    keys = set(wire.result_to_json(RunResult(level="strict", stdout=b"\xff")))
+    prefixes = {k.split("_")[0] for k in keys if k.startswith(("stdout", "stderr"))}
+    missing = [k for k in sorted(keys) if f"`{k}`" not in part
+               and not (k.split("_")[0] in prefixes and f"`*_{k.split('_', 1)[1]}`" in part)]
+    assert missing == [], f"not documented in docs/service.md: {missing}"
+    assert keys <= set(m.RunResult.__struct_fields__)
