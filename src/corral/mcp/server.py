@@ -382,8 +382,8 @@ def _network(doc: dict[str, Any] | None) -> NetworkPolicy | None:
 
 
 def _host_address(ip: str) -> bool:
-    from corral.serve.service import _is_host_address
-    return _is_host_address(ip)
+    from corral.serve.tenancy import is_host_address
+    return is_host_address(ip)
 
 
 def _spec_network(tenant: McpTenant, lv: Level, asked: NetworkPolicy | None) -> NetworkPolicy:

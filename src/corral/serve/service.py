@@ -56,6 +56,7 @@ from corral.serve.config import ServeConfig
 from corral.serve.logs import JsonLog
 from corral.serve.metrics import Metrics
 from corral.serve.state import ProcessEntry, SandboxEntry, TenantState, new_id
+from corral.serve.tenancy import is_host_address as _is_host_address
 
 if TYPE_CHECKING:
     from corral.snippets.host.transcript import LogLine
@@ -715,19 +716,6 @@ def _timed_out(err: SandboxTimeoutError, level: Level) -> RunResult:
     return RunResult(outcome=Outcome.TIMEOUT, limit_value=err.timeout_ms,
                      stdout=bytes(err.stdout or b""), stderr=bytes(err.stderr or b""),
                      detail=str(err), level=level.value)
-
-
-def _is_host_address(ip: str) -> bool:
-    """Whether ``ip`` is an address of this host's own interfaces: a UDP socket
-    "connected" to it (which sends nothing) gets it as its own source address."""
-    import socket
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.connect((ip, 9))
-            return bool(s.getsockname()[0] == ip)
-    except OSError:
-        return False
 
 
 def _exit(cm: Any) -> None:
