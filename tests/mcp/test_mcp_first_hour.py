@@ -146,6 +146,19 @@ def test_a_background_process_is_started_and_polled() -> None:
 
 
 @STRICT
+def test_a_name_at_strict_is_found_on_the_sandbox_path() -> None:
+    """At strict a name resolves on the sandbox's PATH (the host's /usr), not to a shim
+    the sandbox cannot see (a pyenv ``python3`` under ~ gave exit 127)."""
+    async def main() -> None:
+        async with Client(stdio_params()) as c:
+            d = doc(await c.call_tool("run_command", {"argv": ["python3", "-c",
+                                                               "print(6 * 7)"]}))
+            assert (d["outcome"], d["exit_code"], d["stdout"]) == ("exit", 0, "42\n"), d
+            assert d["level"] == "strict"
+    run(main())
+
+
+@STRICT
 def test_a_network_policy_within_the_ceiling() -> None:
     """A tool takes a network policy; an entry past the tenant's ceiling (a private
     address the operator did not list) is refused naming it; at context-isolated a

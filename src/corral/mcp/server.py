@@ -349,13 +349,20 @@ def _argv(argv: list[str] | None, command: str | None = None) -> list[str]:
     return list(argv)
 
 
+#: the PATH of a strict sandbox (the linux provider's base environment): its /usr is the
+#: host's, read-only, so a name is found there as the sandbox would find it
+STRICT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
 def _on_path(argv: list[str], level: Level) -> list[str] | RunResult:
-    """argv with argv[0] resolved as ``corral run`` does: a name is looked up on PATH (the
-    server's; the strict sandbox sees the host's /usr), a symlink followed to the file the
-    sandbox sees; a name not found is the ``spawn-error`` result the run would give."""
+    """argv with argv[0] resolved as ``corral run`` does: a name is looked up on PATH (at
+    strict the sandbox's own, :data:`STRICT_PATH`, whose files are the host's /usr: a
+    shim under ~ would not be there; below strict the server's), a symlink followed to
+    the file the sandbox sees; a name not found is the ``spawn-error`` result the run
+    would give."""
     cmd = argv[0]
     if "/" not in cmd:
-        found = shutil.which(cmd)
+        found = shutil.which(cmd, path=STRICT_PATH if level == Level.STRICT else None)
         if found is None:
             return RunResult(outcome=Outcome.SPAWN_ERROR, spawn_errno=errno.ENOENT,
                              detail=f"command not found on PATH: {cmd!r}", level=level.value)
