@@ -338,33 +338,39 @@ class Files:
         data = run_sync(self._sb._live().read_file(path))
         return data if format == "bytes" else data.decode("utf-8", "replace")
 
-    def _op(self, name: str, *args: Any) -> Any:
+    def _op(self, name: str, *args: Any, **kw: Any) -> Any:
+        """The provider contract's file operation ``name`` (the ``files`` capability,
+        issue 27 item 4: ``list_files``, ``get_info``, ``exists``, ``make_dir``,
+        ``remove``), run to its end; a sandbox without it raises ``ProviderError``."""
         sb = self._sb._live()
         fn = getattr(sb, name, None)
         if fn is None:
-            raise ConfigInvalidError(name, f"this sandbox ({type(sb).__name__}) has no "
-                                     f"{name} yet")
-        return run_sync(fn(*args))
+            from corral.core.errors import ProviderError
+            raise ProviderError(f"{name}: {type(sb).__name__} has no file operations "
+                                "(capability 'files')")
+        return run_sync(fn(*args, **kw))
 
-    def list(self, path: str = ".") -> Any:
-        """The entries of a directory (the provider contract's ``list``)."""
-        return self._op("list", path)
+    def list(self, path: str = "") -> Any:
+        """The entries of a directory (default the work dir), sorted by name, one level
+        deep: ``FileInfo`` values (E2B: ``files.list``)."""
+        return self._op("list_files", path)
 
-    def remove(self, path: str) -> None:
-        self._op("remove", path)
-
-    def make_dir(self, path: str) -> Any:
-        return self._op("make_dir", path)
-
-    def stat(self, path: str) -> Any:
-        return self._op("stat", path)
+    def get_info(self, path: str) -> Any:
+        """What is at ``path`` (a ``FileInfo``); ``FileNotFoundError`` if nothing."""
+        return self._op("get_info", path)
 
     def exists(self, path: str) -> bool:
-        try:
-            self.stat(path)
-        except FileNotFoundError:
-            return False
-        return True
+        """Whether anything is at ``path``."""
+        return bool(self._op("exists", path))
+
+    def make_dir(self, path: str, *, parents: bool = True) -> bool:
+        """Make the directory (and its missing parents); False if one was there."""
+        return bool(self._op("make_dir", path, parents=parents))
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Remove the file, symlink or directory (a directory that is not empty needs
+        ``recursive``)."""
+        self._op("remove", path, recursive=recursive)
 
 
 # -- the sandbox ----------------------------------------------------------------------
