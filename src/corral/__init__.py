@@ -6,7 +6,9 @@ provider contract (:mod:`corral.core.contract`), the cancel token, a way to get
 a provider (:func:`provider`), and the front doors: ``run_bounded``,
 ``run_strict``, ``run_snippet``, ``invoke``. Everything else lives in its own
 module (the wire codec in :mod:`corral.wire.protocol`, the snippet pool's knobs
-in :mod:`corral.snippets`, the handler side in :mod:`corral.handler`).
+in :mod:`corral.snippets`, the handler side in :mod:`corral.handler`). From sync code,
+:mod:`corral.sandbox` gives a ``Sandbox`` in E2B's shape (``Sandbox.create()``,
+``sb.commands.run("ls | wc -l")``) over the same contract.
 
 Every name loads on first use (PEP 562 ``__getattr__``): importing corral runs
 no other module, so the sandbox's fork server and the CLI's one-shot path

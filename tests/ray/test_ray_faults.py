@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import time
@@ -23,6 +24,10 @@ from corral.core.errors import ProviderError
 from corral.core.spec import ProcessOpts, SandboxSpec
 
 PY = sys.executable
+
+#: figures for a reader (shown with -o log_cli=true --log-cli-level=INFO, and on a
+#: failure), never printed between pytest's progress dots
+LOG = logging.getLogger("corral.tests.ray")
 
 
 def _alive(pid: int) -> bool:
@@ -43,7 +48,7 @@ async def _gone(pids: list[int], seconds: float) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
-def test_node_loss(ray_cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_node_loss(ray_cluster: Any) -> None:
     cluster = ray_cluster
     victim_node = cluster.workers[-1]
 
@@ -72,11 +77,10 @@ def test_node_loss(ray_cluster: Any, capsys: pytest.CaptureFixture[str]) -> None
             took_proc = time.monotonic() - t0
             assert victim_node.ip in str(ei.value), ei.value
             assert took < 10.0, f"the typed error came after {took:.1f} s"
-            with capsys.disabled():
-                how = str(ei.value).rsplit(": ", 1)[-1]
-                print(f"\n  node loss: exec in flight failed with {type(ei.value).__name__} "
-                      f"after {took:.2f} s, a started process's wait() after {took_proc:.2f} s "
-                      f"({how})")
+            how = str(ei.value).rsplit(": ", 1)[-1]
+            LOG.info("node loss: exec in flight failed with %s after %.2f s, a started "
+                     "process's wait() after %.2f s (%s)", type(ei.value).__name__, took,
+                     took_proc, how)
             # new sandboxes go to the survivor; the survivor's sandbox still serves
             r = await survivor.exec([PY, "-c", "print('still here')"])
             assert r.stdout == b"still here\n"
@@ -130,8 +134,7 @@ asyncio.run(main())
 """
 
 
-def test_dead_driver_sandboxes_reaped(ray_cluster: Any,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_dead_driver_sandboxes_reaped(ray_cluster: Any) -> None:
     env = {**ray_cluster.env, "PYTHONWARNINGS": "ignore"}
     drv = subprocess.Popen([PY, "-c", _DRIVER, ray_cluster.address], stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, env=env, text=True)
@@ -172,9 +175,7 @@ def test_dead_driver_sandboxes_reaped(ray_cluster: Any,
 
     took = asyncio.run(go())
     assert took >= 1.0, f"reaped after {took:.1f} s, before its 2 s lease could expire"
-    with capsys.disabled():
-        print(f"\n  dead driver: its sandbox was destroyed {took:.2f} s after the kill "
-              "(lease 2 s)")
+    LOG.info("dead driver: its sandbox was destroyed %.2f s after the kill (lease 2 s)", took)
 
 
 

@@ -6,6 +6,7 @@ one without limits may. ``corral doctor --ray`` says so for that node."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import Any
 
@@ -16,10 +17,14 @@ from corral.core.spec import SandboxLimits, SandboxSpec
 
 WEAK_UID = 65534
 
+#: figures for a reader (shown with -o log_cli=true --log-cli-level=INFO, and on a
+#: failure), never printed between pytest's progress dots
+LOG = logging.getLogger("corral.tests.ray")
+
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="starting a node as another user needs root")
 def test_a_node_without_a_memory_cgroup_never_gets_a_mem_mb_sandbox(
-        ray_cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+        ray_cluster: Any) -> None:
     weak = ray_cluster.add_worker(uid=WEAK_UID)
     try:
         async def go() -> None:
@@ -29,9 +34,9 @@ def test_a_node_without_a_memory_cgroup_never_gets_a_mem_mb_sandbox(
                 assert weak.ip in views, f"the unprivileged node was not attached: " \
                     f"{p.attach_errors}"
                 wv = views[weak.ip]
-                with capsys.disabled():
-                    print(f"\n  node run as uid {WEAK_UID}: levels {sorted(wv.levels)}, limits "
-                          f"{sorted(wv.limits)}{'; ' + wv.why_not if wv.why_not else ''}")
+                LOG.info("node run as uid %d: levels %s, limits %s%s", WEAK_UID,
+                         sorted(wv.levels), sorted(wv.limits),
+                         "; " + wv.why_not if wv.why_not else "")
                 assert "mem_mb" not in wv.limits, wv
                 others = [v for a, v in views.items() if a != weak.ip]
                 assert all("mem_mb" in v.limits for v in others), others

@@ -145,6 +145,11 @@ class RunResult:
         denials: connections the sandbox's network policy refused while the run
             went on (by any process of the sandbox), oldest first; empty where
             the policy is ``none`` (nothing is asked: nothing leaves).
+        level: the isolation level the run had (``strict``, ``context-isolated``,
+            ``none``), set by the front door that knew it (``run_strict``,
+            ``run_bounded``, ``corral.sandbox``, ``corral serve``, MCP, the CLI);
+            ``None`` from a provider's ``exec`` called directly (its sandbox's
+            ``spec.level`` says it).
     """
 
     outcome: Outcome = Outcome.EXIT
@@ -164,6 +169,14 @@ class RunResult:
     node_heap_mb_applied: bool = False
     strays_killed: int = 0
     denials: tuple[NetworkDenial, ...] = ()
+    level: str | None = None
+
+    def at_level(self, level: object) -> RunResult:
+        """This result with ``level`` set (a ``Level`` or its name), unless it has one."""
+        if self.level is not None or level is None:
+            return self
+        import dataclasses
+        return dataclasses.replace(self, level=str(getattr(level, "value", level)))
 
     @property
     def stdout_text(self) -> str:
@@ -261,6 +274,8 @@ class RunResult:
             "denials": [{"host": d.host, "port": d.port, "kind": d.kind, "reason": d.reason}
                         for d in self.denials],
         })
+        if self.level is not None:
+            doc["level"] = self.level
         return doc
 
 

@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from corral.core.contract import Sandbox
 from corral.core.errors import ConfigInvalidError
@@ -54,6 +54,8 @@ class Entry:
     busy: int = 0
     #: set once destroy began: new calls are refused
     ending: bool = field(default=False)
+    #: background processes started in it (``process_start``), by id; they end with it
+    processes: dict[str, Any] = field(default_factory=dict)
 
 
 class SandboxRegistry:
@@ -196,6 +198,13 @@ class SandboxRegistry:
         finally:
             entry.busy -= 1
             entry.last_used = self._clock()
+
+    def processes(self, scope: Scope, name: str) -> dict[str, Any]:
+        """The background processes of the sandbox ``name`` of ``scope`` (by id)."""
+        entry = self._entries.get((scope, name))
+        if entry is None or entry.ending:
+            raise ConfigInvalidError("name", f"no sandbox named {name!r} in this session")
+        return entry.processes
 
     async def destroy(self, scope: Scope, name: str, why: str = "destroyed") -> bool:
         """Destroy ``name`` in ``scope``; False when there was none."""

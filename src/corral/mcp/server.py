@@ -32,28 +32,38 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import errno
+import inspect
 import json
 import os
+import shutil
 import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
-from corral.core.contract import Sandbox, SandboxProvider, SupportsStreamingExec
-from corral.core.errors import ConfigInvalidError, CorralError
-from corral.core.result import RunResult
+from corral.core.contract import (
+    ProcessHandle,
+    Sandbox,
+    SandboxProvider,
+    SupportsStreamingExec,
+)
+from corral.core.errors import ConfigInvalidError, CorralError, LevelNotSupportedError
+from corral.core.result import Outcome, RunResult
 from corral.core.spec import (
     Capability,
     ExecOpts,
     Level,
     NetworkPolicy,
+    ProcessOpts,
     SandboxLimits,
     SandboxSpec,
 )
 from corral.mcp.config import LEVEL_ORDER, McpConfig, level_at_least, offered_levels
 from corral.mcp.gate import HttpGate, tenant_of_scope
 from corral.mcp.registry import SandboxRegistry, Scope
+from corral.mcp.schemas import OUTPUT_SCHEMAS
 from corral.mcp.tenants import LOCAL, McpTenant, TenantTable
 from corral.serve.tenancy import TenantPolicy, admit_spec, admit_timeout, check_level
 
@@ -63,8 +73,9 @@ if TYPE_CHECKING:
 
 try:
     from mcp.server.mcpserver import Context, MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
     from mcp.types import CallToolResult, TextContent, ToolAnnotations
-    from pydantic import Field
+    from pydantic import Field, ValidationError
 except ImportError as exc:  # pragma: no cover - the extra is installed with the tests
     raise ConfigInvalidError(
         "mcp", f"corral mcp needs the MCP SDK (v2): pip install corral[mcp] ({exc})") from None
@@ -78,13 +89,18 @@ DEFAULT_COMMAND_TIMEOUT_MS = 10_000
 INSTRUCTIONS = (
     "corral runs code nobody trusts behind a real boundary (by default the strict level: "
     "namespaces, seccomp, cgroup limits, no network). run_in_sandbox runs a Python snippet "
-    "(allow-listed stdlib imports; the last expression is the result) and returns its "
-    "transcript: logs, facts (top-level names), result, errors. run_command runs one "
-    "command (an absolute path, e.g. /usr/bin/python3) in a fresh sandbox. For work "
-    "across calls, sandbox_create a named sandbox, then sandbox_exec / sandbox_write_file "
-    "/ sandbox_read_file in it (paths relative to its /work), and sandbox_destroy it; "
-    "idle sandboxes are destroyed after a timeout. Errors carry a stable code "
-    "(config-invalid, timeout, limits-exceeded, level-not-supported, ...).")
+    "in a restricted dialect (allow-listed stdlib imports, no open/eval/getattr, no os or "
+    "sys, no dunders: snippet_rules lists them; the last expression is the result) and "
+    "returns its transcript: logs, facts (top-level names), result, errors. run_command "
+    "runs one command in a fresh sandbox: argv (argv[0] a name on PATH or a path) or "
+    "command, one shell line run by /bin/sh -c. For work across calls, sandbox_create a "
+    "named sandbox, then sandbox_exec / sandbox_write_file / sandbox_read_file in it "
+    "(paths relative to its /work), process_start a background command there and "
+    "process_poll it, and sandbox_destroy it; idle sandboxes are destroyed after a "
+    "timeout. A command that ran answers how it ended (outcome exit, timeout, a limit), "
+    "with output past 1 MiB cut and said in notes; a call that could not run is an error "
+    "with a stable code (config-invalid, not-found, limits-exceeded, "
+    "level-not-supported, ...).")
 
 
 #: tool calls that run something at once for the stdio client
@@ -237,14 +253,48 @@ async def _guard(call: Callable[[], Awaitable[CallToolResult]]) -> CallToolResul
         return _error(err)
 
 
-def _run_doc(result: RunResult) -> CallToolResult:
-    """A finished command: its result; one that did not end by exiting (timeout, a limit,
-    output cap) is a tool error with the contract's error for it and the result."""
-    err = result.error()
-    if err is None:
-        return _result(result.to_dict())
-    doc = {"error": err.to_dict(), "result": result.to_dict()}
-    return _result(doc, is_error=True)
+def _run_doc(result: RunResult, cap: int | None = None) -> CallToolResult:
+    """A command that ran: how it ended, whatever the outcome (the rule of every door,
+    docs/errors.md: a timeout or a limit is the result's ``outcome``, not a tool error),
+    each stream cut at ``cap`` bytes with a note saying so."""
+    return _result(_cut(result, cap))
+
+
+def _text_fields(name: str, data: bytes) -> dict[str, Any]:
+    """One stream as the result's JSON gives it: UTF-8 text (a character the cut split
+    is left out), else base64."""
+    for trim in range(4):
+        try:
+            return {name: data[:len(data) - trim].decode("utf-8"),
+                    f"{name}_encoding": "utf-8"}
+        except UnicodeDecodeError:
+            continue
+    return {name: None, f"{name}_b64": base64.b64encode(data).decode("ascii"),
+            f"{name}_encoding": "base64"}
+
+
+def _cut(result: RunResult, cap: int | None) -> dict[str, Any]:
+    """``result.to_dict()``, each stream at most ``cap`` bytes; ``notes`` say what was cut
+    (and when the command wrote so much that the hard bound stopped it)."""
+    doc = result.to_dict()
+    notes: list[str] = []
+    for name, data, over in (("stdout", result.stdout, Outcome.OVERFLOW_STDOUT),
+                             ("stderr", result.stderr, Outcome.OVERFLOW_STDERR)):
+        if cap is not None and len(data) > cap:
+            for k in (name, f"{name}_b64", f"{name}_encoding"):
+                doc.pop(k, None)
+            doc.update(_text_fields(name, data[:cap]))
+            doc[f"{name}_truncated"] = True
+            more = "+" if result.outcome is over or getattr(result, f"{name}_truncated") \
+                else ""
+            notes.append(f"{name} cut to its first {cap} bytes of {len(data)}{more}: "
+                         "write less, or to a file in a named sandbox and read a part")
+        if result.outcome is over:
+            notes.append(f"the command wrote more than {result.limit_value} bytes to "
+                         f"{name} and was stopped there")
+    if notes:
+        doc["notes"] = notes
+    return doc
 
 
 def _timeout(config: McpConfig, tenant: McpTenant, timeout_ms: int | None) -> int:
@@ -263,19 +313,98 @@ def _timeout(config: McpConfig, tenant: McpTenant, timeout_ms: int | None) -> in
 
 
 def _output_cap(config: McpConfig, tenant: McpTenant) -> int:
-    """The stdout and stderr caps of a command: the server's, or the tenant's default
-    when lower."""
+    """What an answer shows of stdout and of stderr: the server's cap, or the tenant's
+    default when lower."""
     own = tenant.policy.limits["output_bytes"].default
     return min(config.max_output_bytes, own) if own is not None else config.max_output_bytes
 
 
-def _argv(argv: list[str]) -> list[str]:
+def _hard_cap(config: McpConfig, tenant: McpTenant) -> int:
+    """Where a command's output stops it: :data:`HARD_OUTPUT_FACTOR` times what is
+    shown, within the tenant's maximum."""
+    shown = _output_cap(config, tenant)
+    most = tenant.policy.limits["output_bytes"].maximum
+    hard = shown * HARD_OUTPUT_FACTOR
+    return max(shown, min(hard, most)) if most is not None else hard
+
+
+#: the shell a command line runs through
+SHELL = "/bin/sh"
+#: the hard bound of a command's output, as a multiple of what an answer shows: past it
+#: the command is stopped (outcome overflow-*); up to it, the answer is cut with a note
+HARD_OUTPUT_FACTOR = 8
+
+
+def _argv(argv: list[str] | None, command: str | None = None) -> list[str]:
+    """The argv of a call: ``argv`` as given, or ``/bin/sh -c command``; exactly one."""
+    if (argv is None) == (command is None):
+        raise ConfigInvalidError("argv", "give exactly one of argv (a list of strings) or "
+                                 "command (one shell line)")
+    if command is not None:
+        if not command.strip():
+            raise ConfigInvalidError("command", "an empty command line")
+        return [SHELL, "-c", command]
     if not argv or not all(isinstance(a, str) for a in argv):
         raise ConfigInvalidError("argv", "a non-empty list of strings")
-    if not argv[0].startswith("/"):
-        raise ConfigInvalidError("argv", f"argv[0] must be an absolute path (e.g. "
-                                 f"/usr/bin/python3), got {argv[0]!r}")
-    return argv
+    return list(argv)
+
+
+#: the PATH of a strict sandbox (the linux provider's base environment): its /usr is the
+#: host's, read-only, so a name is found there as the sandbox would find it
+STRICT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def _on_path(argv: list[str], level: Level) -> list[str] | RunResult:
+    """argv with argv[0] resolved as ``corral run`` does: a name is looked up on PATH (at
+    strict the sandbox's own, :data:`STRICT_PATH`, whose files are the host's /usr: a
+    shim under ~ would not be there; below strict the server's), a symlink followed to
+    the file the sandbox sees; a name not found is the ``spawn-error`` result the run
+    would give."""
+    cmd = argv[0]
+    if "/" not in cmd:
+        found = shutil.which(cmd, path=STRICT_PATH if level == Level.STRICT else None)
+        if found is None:
+            return RunResult(outcome=Outcome.SPAWN_ERROR, spawn_errno=errno.ENOENT,
+                             detail=f"command not found on PATH: {cmd!r}", level=level.value)
+        cmd = found
+    if os.path.isabs(cmd) and level == Level.STRICT:
+        cmd = os.path.realpath(cmd)
+    return [cmd, *argv[1:]]
+
+
+def _network(doc: dict[str, Any] | None) -> NetworkPolicy | None:
+    """A network policy argument: ``{"kind": "none" | "allowlist" | "unrestricted",
+    "hosts": [...]}``."""
+    if doc is None:
+        return None
+    extra = sorted(set(doc) - {"kind", "hosts"})
+    if extra:
+        raise ConfigInvalidError(f"network.{extra[0]}", "unknown field (known: kind, hosts)")
+    kind, hosts = doc.get("kind", "none"), doc.get("hosts", [])
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        raise ConfigInvalidError("network.hosts", "a list of strings")
+    if kind not in ("none", "allowlist", "unrestricted"):
+        raise ConfigInvalidError("network.kind", "none, allowlist or unrestricted")
+    return NetworkPolicy(kind=kind, hosts=tuple(hosts))
+
+
+def _host_address(ip: str) -> bool:
+    from corral.serve.tenancy import is_host_address
+    return is_host_address(ip)
+
+
+def _spec_network(tenant: McpTenant, lv: Level, asked: NetworkPolicy | None) -> NetworkPolicy:
+    """The network a sandbox gets: the one asked, within the tenant's ceiling (at a
+    boundary level), or the level's default (none at strict; below it the host's network,
+    which those levels share: any other ask is refused, never run weaker)."""
+    if lv != Level.STRICT:
+        if asked is not None and asked.kind != "unrestricted":
+            raise LevelNotSupportedError(
+                lv.value, (Level.STRICT.value,), "a network policy other than unrestricted "
+                f"needs the strict level ({lv.value} shares the host's network)",
+                missing="network isolation", field="network")
+        return NetworkPolicy.unrestricted()
+    return asked if asked is not None else NetworkPolicy()
 
 
 def _decode(content: str, encoding: str) -> bytes:
@@ -299,9 +428,11 @@ class _LiveOutput:
     to a client that asked for progress (a ``progressToken``); the final result carries
     all the output anyway."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, cap: int | None = None) -> None:
         import codecs
         self._ctx = ctx
+        #: bytes of each stream sent at most (the answer's cut; the rest is not sent)
+        self._room = {1: cap, 2: cap}
         #: (what it adds to ``progress``, the message); None ends the pump
         self._queue: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
         self._decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in (1, 2)}
@@ -310,6 +441,10 @@ class _LiveOutput:
 
     def on_output(self, fd: int, chunk: bytes) -> None:
         """The provider's ``on_output(fd, chunk)`` (called on the loop, in order)."""
+        room = self._room.get(fd)
+        if room is not None:
+            chunk = chunk[:max(room, 0)]
+            self._room[fd] = room - len(chunk)
         if chunk and fd in self._decoders:
             text = self._decoders[fd].decode(chunk)
             self._queue.put_nowait((len(chunk), json.dumps(
@@ -363,6 +498,135 @@ def playground_link(page: str | None, source: str | None) -> str | None:
 # -- the server -----------------------------------------------------------------------
 FileItem = dict[str, str]
 
+_NETWORK_DOC = ('network policy: {"kind": "none"} (default at strict), {"kind": '
+                '"allowlist", "hosts": ["pypi.org", "*.example.com:443"]} (only those, '
+                'through the egress proxy) or {"kind": "unrestricted"}; within what this '
+                'server lets the caller ask (a private address needs the operator)')
+
+#: pydantic's error types, in JSON's words (never the value the caller sent)
+_TYPE_WORDS = {
+    "int_type": "must be an integer", "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer", "string_type": "must be a string",
+    "bool_type": "must be true or false", "bool_parsing": "must be true or false",
+    "list_type": "must be a list", "dict_type": "must be an object",
+    "float_type": "must be a number", "float_parsing": "must be a number",
+    "missing": "is required", "extra_forbidden": "is not an argument of this tool",
+}
+
+
+def _invalid_arguments(exc: ValidationError) -> CallToolResult:
+    """Arguments the tool's input schema refuses, as corral's ``config-invalid`` (the
+    field, in JSON's words), not the validation library's text."""
+    first = exc.errors()[0] if exc.errors() else {"loc": ("arguments",), "type": ""}
+    loc = [p for p in first.get("loc", ()) if not isinstance(p, str) or
+           p not in ("function-after", "function-before")]
+    where = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p))
+                    for i, p in enumerate(loc)) or "arguments"
+    reason = _TYPE_WORDS.get(str(first.get("type", "")), "has the wrong type or value")
+    return _error(ConfigInvalidError(where, reason))
+
+
+class _CorralServer(MCPServer[Any]):
+    """The SDK's server, with corral's error shape for arguments its schema refuses, each
+    tool's ``outputSchema`` (:mod:`corral.mcp.schemas`), and descriptions without the
+    docstrings' indentation."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                return _invalid_arguments(exc.__cause__)
+            raise
+
+    async def list_tools(self) -> list[Any]:
+        return [t.model_copy(update={"output_schema": OUTPUT_SCHEMAS.get(t.name)})
+                if t.output_schema is None and t.name in OUTPUT_SCHEMAS else t
+                for t in await super().list_tools()]
+
+
+def snippet_rules_doc() -> dict[str, Any]:
+    """What the snippet validator allows and refuses, as ``snippet_rules`` answers."""
+    from corral.snippets.validator import policy
+    return {
+        "allowed_imports": sorted(policy.DEFAULT_ALLOWED_IMPORTS),
+        "forbidden_names": sorted(policy.FORBIDDEN_NAMES),
+        "forbidden_attributes": sorted(policy.FORBIDDEN_ATTRIBUTES),
+        "forbidden_attribute_prefixes": list(policy.FORBIDDEN_ATTRIBUTE_PREFIXES),
+        "module_members_forbidden": {k: sorted(v) for k, v in
+                                     policy.MODULE_MEMBERS_FORBIDDEN.items()},
+        "rules": [
+            "import only the allowed_imports (and their members, except "
+            "module_members_forbidden)",
+            "no forbidden_names (open, eval, exec, getattr, globals, input, ...)",
+            "no dunder names or attributes (__class__, __dict__, ...) and none of "
+            "forbidden_attributes or a name starting with forbidden_attribute_prefixes",
+            "print() goes to the transcript's logs; the last expression is its result; "
+            "top-level names are its facts",
+            "no file, network or process access: use run_command or a named sandbox",
+        ],
+    }
+
+
+class _Background:
+    """A command started by ``process_start``: its output read as it comes (the first
+    ``cap`` bytes of each stream kept), then how it ended."""
+
+    def __init__(self, pid: str, handle: ProcessHandle, cap: int, level: Level) -> None:
+        import codecs
+        self.id, self.handle, self.cap, self.level = pid, handle, cap, level
+        self.bufs = (bytearray(), bytearray())
+        self.totals = [0, 0]
+        self.sent = [0, 0]
+        self.decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in range(2)]
+        self.result: RunResult | None = None
+        self.task = asyncio.ensure_future(self._pump())
+
+    async def _read(self, i: int, it: Any) -> None:
+        async for chunk in it:
+            self.totals[i] += len(chunk)
+            room = self.cap - len(self.bufs[i])
+            if room > 0:
+                self.bufs[i].extend(chunk[:room])
+
+    async def _pump(self) -> None:
+        await asyncio.gather(self._read(0, self.handle.stdout),
+                             self._read(1, self.handle.stderr), return_exceptions=True)
+        try:
+            result = await self.handle.wait()
+        except CorralError as err:
+            result = err.result or RunResult(outcome=Outcome.CANCELLED, detail=str(err))
+        self.result = result.at_level(self.level)
+
+    def poll_doc(self, name: str) -> dict[str, Any]:
+        """What is new since the last poll, and how it ended once it has."""
+        doc: dict[str, Any] = {"name": name, "process": self.id,
+                               "running": self.result is None}
+        notes: list[str] = []
+        for i, stream in enumerate(("stdout", "stderr")):
+            new = bytes(self.bufs[i][self.sent[i]:])
+            self.sent[i] += len(new)
+            doc[stream] = self.decoders[i].decode(new, final=self.result is not None)
+            doc[f"{stream}_offset"] = self.sent[i]
+            if self.totals[i] > self.cap:
+                notes.append(f"{stream} cut to its first {self.cap} bytes of "
+                             f"{self.totals[i]}")
+        if self.result is not None:
+            res = _cut(self.result, 0)  # the output went out in the polls above
+            for stream in ("stdout", "stderr"):
+                res[stream], res[f"{stream}_encoding"] = "", "utf-8"
+                res.pop(f"{stream}_b64", None)
+            res.pop("notes", None)
+            doc["result"] = res
+        if notes:
+            doc["notes"] = notes
+        return doc
+
+
+#: background processes one named sandbox keeps at once
+MAX_BACKGROUND = 16
+
 
 def build_server(config: McpConfig | None = None, tenants: TenantTable | None = None
                  ) -> tuple[MCPServer[Any], Backend]:
@@ -381,7 +645,7 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
         finally:
             await asyncio.shield(backend.aclose())
 
-    server: MCPServer[Any] = MCPServer(
+    server: MCPServer[Any] = _CorralServer(
         "corral", title="corral sandboxes", version=__version__, instructions=INSTRUCTIONS,
         lifespan=lifespan, log_level="WARNING")
 
@@ -397,10 +661,18 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
                               ] = 5000,
     ) -> CallToolResult:
         """Validate and run a Python snippet in a strict sandbox; return its transcript
-        (logs, facts, result, errors, duration_ms, timed_out, truncated, level). A snippet
-        the validator refuses is not run: its errors are ValidationError entries. With a
-        progress token, each log line also arrives as a progress notification as the
-        snippet writes it."""
+        (logs, facts, result, errors, duration_ms, timed_out, truncated, level).
+
+        Snippets are a restricted dialect of Python, checked before they run: only
+        allow-listed standard-library imports (math, json, re, datetime, collections,
+        itertools, statistics, ...), no open, eval, exec, getattr or other I/O and
+        reflection builtins, no os, sys or subprocess, no dunder names or attributes.
+        Call snippet_rules (or read the resource corral://snippets/rules) for the full
+        lists. A snippet the validator refuses is not run: its errors are
+        ValidationError entries naming the line and the rule. print() goes to logs; the
+        last expression is the result. For files, packages or other languages use
+        run_command or a named sandbox. With a progress token, each log line also
+        arrives as a progress notification as the snippet writes it."""
         async def call() -> CallToolResult:
             from corral.snippets.host.runner import run_snippet
             tenant, _ = backend.caller(ctx)
@@ -422,7 +694,12 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
 
     async def run_command(
         ctx: Context,
-        argv: Annotated[list[str], Field(description="the command: argv[0] an absolute path")],
+        argv: Annotated[list[str] | None, Field(
+            description="the command and its arguments; argv[0] a name looked up on PATH "
+            "(as corral run does) or a path")] = None,
+        command: Annotated[str | None, Field(
+            description="instead of argv: one shell command line, run as /bin/sh -c "
+            "COMMAND (pipes, redirections, &&)")] = None,
         level: Annotated[str | None, Field(
             description="strict or context-isolated (default: the server's level)")] = None,
         timeout_ms: Annotated[int | None, Field(description="wall clock in ms (default 10000)")
@@ -430,21 +707,29 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
         stdin: Annotated[str | None, Field(description="text written to stdin")] = None,
         env: Annotated[dict[str, str] | None, Field(description="environment (allowlist)")
                        ] = None,
+        network: Annotated[dict[str, Any] | None, Field(
+            description=_NETWORK_DOC)] = None,
     ) -> CallToolResult:
         """Run one bounded command in a fresh sandbox at a level and return how it ended:
-        outcome, exit_code, stdout, stderr, duration and usage. With a progress token,
+        outcome (exit, timeout, a limit), exit_code, stdout, stderr, duration and usage.
+        Output past 1 MiB per stream is cut, and notes say so. With a progress token,
         its output also arrives as progress notifications while it runs."""
         async def call() -> CallToolResult:
             tenant, _ = backend.caller(ctx)
             lv = backend.level_for(tenant, level)
-            args, timeout = _argv(argv), _timeout(cfg, tenant, timeout_ms)
+            args, timeout = _argv(argv, command), _timeout(cfg, tenant, timeout_ms)
+            net = _spec_network(tenant, lv, _network(network))
+            resolved = _on_path(args, lv)
+            if isinstance(resolved, RunResult):
+                return _run_doc(resolved)
             cap = _output_cap(cfg, tenant)
             with backend.run_slot(tenant):
-                return await run(tenant, lv, args, timeout, cap)
+                return await run(tenant, lv, resolved, timeout, cap, net)
 
         async def run(tenant: McpTenant, lv: Level, args: list[str], timeout: int,
-                      cap: int) -> CallToolResult:
-            async with _LiveOutput(ctx) as live:
+                      cap: int, net: NetworkPolicy) -> CallToolResult:
+            hard = _hard_cap(cfg, tenant)
+            async with _LiveOutput(ctx, cap) as live:
                 def out(chunk: bytes) -> None:
                     live.on_output(1, chunk)
 
@@ -453,19 +738,20 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
 
                 if lv == Level.STRICT:
                     from corral.run.strict import run_strict_async
+                    spec = admit_spec(tenant.policy, SandboxSpec(level=lv, network=net),
+                                      host_address=_host_address)
                     result = await run_strict_async(
                         args[0], args[1:], timeout_ms=timeout, env=env, stdin=stdin,
-                        max_stdout_bytes=cap, max_stderr_bytes=cap, on_stdout=out,
+                        max_stdout_bytes=hard, max_stderr_bytes=hard, on_stdout=out,
                         on_stderr=err, provider=await backend.provider(lv),
-                        tenant_id=tenant.name,
-                        limits=admit_spec(tenant.policy, SandboxSpec(level=lv)).limits)
+                        tenant_id=tenant.name, limits=spec.limits, network=spec.network)
                 else:
                     from corral.run.bounded import run_bounded_async
                     result = await run_bounded_async(
                         args[0], args[1:], timeout_ms=timeout, env=env, stdin=stdin,
-                        max_stdout_bytes=cap, max_stderr_bytes=cap, on_stdout=out,
+                        max_stdout_bytes=hard, max_stderr_bytes=hard, on_stdout=out,
                         on_stderr=err)
-            return _run_doc(result)
+            return _run_doc(result.at_level(lv), cap)
         return await _guard(call)
 
     async def sandbox_create(
@@ -478,6 +764,8 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
         disk_mb: Annotated[int | None, Field(description="size of /work and /tmp, MiB")
                            ] = None,
         cpu_ms: Annotated[int | None, Field(description="CPU time limit, ms")] = None,
+        network: Annotated[dict[str, Any] | None, Field(
+            description=_NETWORK_DOC)] = None,
     ) -> CallToolResult:
         """Create a named sandbox that lives across calls in this session (until
         sandbox_destroy, the session's end, or the idle timeout)."""
@@ -487,26 +775,32 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
             limits = SandboxLimits(mem_mb=mem_mb, max_processes=max_processes,
                                    disk_mb=disk_mb, cpu_ms=cpu_ms)
             # context-isolated is no network boundary: say so instead of asking for none
-            network = (NetworkPolicy.unrestricted() if lv == Level.CONTEXT_ISOLATED
-                       else NetworkPolicy())
+            net = _spec_network(tenant, lv, _network(network))
             # the tenant's ceiling: maxima refused, defaults filled in at a boundary level
             # (what is counted is what is enforced)
             spec = admit_spec(tenant.policy, SandboxSpec(
                 tenant_id=tenant.name, run_id=uuid.uuid4().hex, level=lv, limits=limits,
-                network=network))
+                network=net), host_address=_host_address)
             provider = await backend.provider(lv)
             entry = await backend.registry.create(
                 scope, name, spec, provider.create, tenant_max=tenant.max_sandboxes,
                 tenant_memory_mb=tenant.max_memory_mb)
             return _result({"name": entry.name, "id": entry.sandbox.id, "level": lv.value,
                             "provider": provider.name,
-                            "idle_timeout_s": cfg.idle_timeout_s})
+                            "idle_timeout_s": cfg.idle_timeout_s,
+                            "network": {"kind": spec.network.kind,
+                                        "hosts": list(spec.network.hosts)}})
         return await _guard(call)
 
     async def sandbox_exec(
         ctx: Context,
         name: Annotated[str, Field(description="a sandbox made by sandbox_create")],
-        argv: Annotated[list[str], Field(description="the command: argv[0] an absolute path")],
+        argv: Annotated[list[str] | None, Field(
+            description="the command and its arguments (argv[0] a name on the sandbox's "
+            "PATH or a path)")] = None,
+        command: Annotated[str | None, Field(
+            description="instead of argv: one shell line, run as /bin/sh -c COMMAND")
+                           ] = None,
         timeout_ms: Annotated[int | None, Field(description="wall clock in ms (default 10000)")
                               ] = None,
         stdin: Annotated[str | None, Field(description="text written to stdin")] = None,
@@ -515,20 +809,22 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
         env: Annotated[dict[str, str] | None, Field(description="environment (allowlist)")
                        ] = None,
     ) -> CallToolResult:
-        """Run a command to completion in a named sandbox; its files persist between calls.
-        With a progress token, its output also arrives as progress notifications."""
+        """Run a command to completion in a named sandbox (its files persist between
+        calls) and return how it ended, as run_command does. With a progress token, its
+        output also arrives as progress notifications."""
         async def call() -> CallToolResult:
             tenant, scope = backend.caller(ctx)
-            args, timeout = _argv(argv), _timeout(cfg, tenant, timeout_ms)
-            cap = _output_cap(cfg, tenant)
+            args, timeout = _argv(argv, command), _timeout(cfg, tenant, timeout_ms)
+            cap, hard = _output_cap(cfg, tenant), _hard_cap(cfg, tenant)
             opts = ExecOpts(timeout_ms=timeout, env=env, cwd=cwd,
                             stdin=None if stdin is None else stdin.encode(),
-                            max_stdout_bytes=cap, max_stderr_bytes=cap)
+                            max_stdout_bytes=hard, max_stderr_bytes=hard)
             with backend.run_slot(tenant):
-                return await run(scope, args, opts)
+                return await run(scope, args, opts, cap)
 
-        async def run(scope: Scope, args: list[str], opts: ExecOpts) -> CallToolResult:
-            async with backend.registry.use(scope, name) as sb, _LiveOutput(ctx) as live:
+        async def run(scope: Scope, args: list[str], opts: ExecOpts, cap: int
+                      ) -> CallToolResult:
+            async with backend.registry.use(scope, name) as sb, _LiveOutput(ctx, cap) as live:
                 try:
                     if backend.streams(sb):
                         assert isinstance(sb, SupportsStreamingExec)
@@ -539,7 +835,7 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
                     if err.result is None:
                         raise
                     result = err.result
-            return _run_doc(result)
+            return _run_doc(result.at_level(sb.spec.level), cap)
         return await _guard(call)
 
     async def sandbox_write_file(
@@ -571,8 +867,10 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
             async with backend.registry.use(scope, name) as sb:
                 try:
                     data = await sb.read_file(path)
-                except FileNotFoundError:
-                    raise ConfigInvalidError("path", f"no such file: {path!r}") from None
+                except FileNotFoundError:  # as over HTTP: not-found, what: file
+                    return _result({"error": {
+                        "code": "not-found", "what": "file", "path": path,
+                        "message": f"no such file: {path!r}"}}, is_error=True)
             if len(data) > cfg.max_file_bytes:
                 raise ConfigInvalidError("path", f"the file has {len(data)} bytes; this "
                                          f"server moves at most {cfg.max_file_bytes}")
@@ -606,18 +904,117 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
             return _result({"name": name, "destroyed": True})
         return await _guard(call)
 
+    async def snippet_rules(ctx: Context) -> CallToolResult:
+        """What run_in_sandbox's restricted dialect allows: the imports, and the names,
+        attributes and module members the validator refuses (also the resource
+        corral://snippets/rules)."""
+        return _result(snippet_rules_doc())
+
+    async def process_start(
+        ctx: Context,
+        name: Annotated[str, Field(description="a sandbox made by sandbox_create")],
+        argv: Annotated[list[str] | None, Field(
+            description="the command and its arguments")] = None,
+        command: Annotated[str | None, Field(
+            description="instead of argv: one shell line, run as /bin/sh -c COMMAND")
+                           ] = None,
+        timeout_ms: Annotated[int | None, Field(
+            description="wall clock in ms, then it is killed (default: none, it runs "
+            "until it ends, process_kill, or the sandbox ends)")] = None,
+        cwd: Annotated[str | None, Field(description="working dir, relative to /work")
+                       ] = None,
+        env: Annotated[dict[str, str] | None, Field(description="environment (allowlist)")
+                       ] = None,
+    ) -> CallToolResult:
+        """Start a command in the background in a named sandbox (a server, a long build)
+        and return its process id at once; read its output and how it ended with
+        process_poll, stop it with process_kill."""
+        async def call() -> CallToolResult:
+            tenant, scope = backend.caller(ctx)
+            args = _argv(argv, command)
+            if timeout_ms is not None:
+                _timeout(cfg, tenant, timeout_ms)  # within the maxima
+            async with backend.registry.use(scope, name) as sb:
+                procs = backend.registry.processes(scope, name)
+                for pid in [p for p, b in procs.items() if b.result is not None]:
+                    if len(procs) < MAX_BACKGROUND:
+                        break
+                    del procs[pid]  # the oldest that ended make room
+                if len(procs) >= MAX_BACKGROUND:
+                    raise ConfigInvalidError("name", f"sandbox {name!r} has "
+                                             f"{MAX_BACKGROUND} background processes "
+                                             "running: process_kill one first")
+                handle = await sb.start_process(args, ProcessOpts(
+                    stdin=False, env=env, cwd=cwd, timeout_ms=timeout_ms))
+                pid = f"p{uuid.uuid4().hex[:12]}"
+                procs[pid] = _Background(pid, handle, _output_cap(cfg, tenant),
+                                         sb.spec.level)
+            return _result({"name": name, "process": pid})
+        return await _guard(call)
+
+    def _background(scope: Scope, name: str, process: str) -> _Background:
+        found = backend.registry.processes(scope, name).get(process)
+        if not isinstance(found, _Background):
+            raise ConfigInvalidError("process", f"no process {process!r} in sandbox {name!r}")
+        return found
+
+    async def process_poll(
+        ctx: Context,
+        name: Annotated[str, Field(description="the sandbox the process runs in")],
+        process: Annotated[str, Field(description="the id process_start gave")],
+        wait_ms: Annotated[int, Field(
+            description="wait up to this long for it to end (0: answer at once; at most "
+            "30000)")] = 0,
+    ) -> CallToolResult:
+        """The output the process wrote since the last poll (stdout, stderr), whether it
+        still runs, and, once it has ended, how (result)."""
+        async def call() -> CallToolResult:
+            if not 0 <= wait_ms <= 30_000:
+                raise ConfigInvalidError("wait_ms", "from 0 to 30000")
+            _, scope = backend.caller(ctx)
+            async with backend.registry.use(scope, name):
+                bg = _background(scope, name, process)
+                if wait_ms and bg.result is None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(bg.task), wait_ms / 1000)
+                return _result(bg.poll_doc(name))
+        return await _guard(call)
+
+    async def process_kill(
+        ctx: Context,
+        name: Annotated[str, Field(description="the sandbox the process runs in")],
+        process: Annotated[str, Field(description="the id process_start gave")],
+    ) -> CallToolResult:
+        """Kill a background process and what it started; answers as process_poll."""
+        async def call() -> CallToolResult:
+            _, scope = backend.caller(ctx)
+            async with backend.registry.use(scope, name):
+                bg = _background(scope, name, process)
+                await bg.handle.kill()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(bg.task), 10)
+                return _result(bg.poll_doc(name))
+        return await _guard(call)
+
+    @server.resource("corral://snippets/rules", name="snippet-rules",
+                     mime_type="application/json",
+                     description="what run_in_sandbox's restricted dialect allows")
+    def snippet_rules_resource() -> str:
+        return json.dumps(snippet_rules_doc(), indent=1)
+
     writes = ToolAnnotations(read_only_hint=False, destructive_hint=False,
                              open_world_hint=False)
     reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    kills = ToolAnnotations(read_only_hint=False, destructive_hint=True,
+                            idempotent_hint=False, open_world_hint=False)
     tools: list[tuple[Callable[..., Awaitable[CallToolResult]], ToolAnnotations]] = [
-        (run_in_sandbox, writes), (run_command, writes), (sandbox_create, writes),
-        (sandbox_exec, writes), (sandbox_write_file, writes), (sandbox_read_file, reads),
-        (sandbox_list, reads)]
+        (run_in_sandbox, writes), (snippet_rules, reads), (run_command, writes),
+        (sandbox_create, writes), (sandbox_exec, writes), (sandbox_write_file, writes),
+        (sandbox_read_file, reads), (sandbox_list, reads), (process_start, writes),
+        (process_poll, reads), (process_kill, kills), (sandbox_destroy, kills)]
     for fn, notes in tools:
-        server.add_tool(fn, annotations=notes)
-    server.add_tool(sandbox_destroy, annotations=ToolAnnotations(
-        read_only_hint=False, destructive_hint=True, idempotent_hint=False,
-        open_world_hint=False))
+        # the description without the docstring's indentation
+        server.add_tool(fn, annotations=notes, description=inspect.cleandoc(fn.__doc__ or ""))
     return server, backend
 
 

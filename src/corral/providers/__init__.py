@@ -51,7 +51,9 @@ def provider(name: str | None = None, *, level: Level | str | None = None,
     With both, the named provider must give ``level`` on this host. Providers are
     async context managers (``async with corral.provider() as p:``; leaving it calls
     ``aclose``). For options, construct the provider's class yourself (for example
-    ``corral.providers.linux.LinuxProvider(ro_binds=...)``). ``limits_by="auto"`` (the
+    ``corral.providers.linux.LinuxProvider(ro_binds=...)``). The remote provider takes
+    ``level`` as its own: it offers only that level of the server's, with that level's
+    capabilities. ``limits_by="auto"`` (the
     linux provider) takes the strongest way this user has to enforce memory, process
     and CPU limits: ``"cgroup"`` (for the whole sandbox) where its cgroups give memory
     and pids, else ``"rlimit"`` (per process), as ``corral doctor`` reports it.
@@ -81,6 +83,10 @@ def provider(name: str | None = None, *, level: Level | str | None = None,
         if name == "linux":
             from corral.providers.linux.host.hostinfo import strongest_limits_by
             options["limits_by"] = strongest_limits_by()
+    if name == "remote" and want is not None:
+        # the remote provider narrows itself to one level of the server's (its levels
+        # and that level's full capabilities: docs/service.md)
+        options = {**options, "level": want}
     made: SandboxProvider = get_provider_class(name)(**options)
     if want is not None and want not in made.levels:
         raise LevelNotSupportedError(

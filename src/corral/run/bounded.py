@@ -121,7 +121,8 @@ async def run_bounded_async(
         on_stdout=on_stdout, on_stderr=on_stderr, spawner=spawner)
     run = BoundedRun(opts)
     run.start()
-    return await run.wait()
+    # the level a bounded run has: a process tree with limits, no boundary (docs/levels)
+    return (await run.wait()).at_level("context-isolated")
 
 
 #: the synchronous twin (same options): its own short-lived event loop, so it works in

@@ -220,7 +220,8 @@ async def run_strict_async(
                 on_output(fd, data_)
     return dataclasses.replace(result, duration_ms=(time.monotonic() - started) * 1000,
                                cwd=result.cwd or posixpath.normpath(
-                                   posixpath.join("/work", cwd or "")))
+                                   posixpath.join("/work", cwd or "")),
+                               level=Level.STRICT.value)
 
 
 async def _make_dir(sandbox: Sandbox, cwd: str, timeout_ms: int) -> None:

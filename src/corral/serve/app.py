@@ -621,7 +621,7 @@ class _Api:
                    ) -> Response:
         stream = self.s.run_stream(
             tenant, Level(body.level), body.limits.to_core() if body.limits else
-            _NO_LIMITS, None if body.network is None else body.network.to_core(), body.argv,
+            _NO_LIMITS, None if body.network is None else body.network.to_core(), body.command(),
             _opts(body.opts), m.files_to_core(body.files))
         if _stream_wanted(request, body.stream):
             return self._stream(stream)
@@ -636,7 +636,7 @@ class _Api:
         return _json({"result": final["result"]})
 
     @operation("handler dispatch in a fresh sandbox for spec: its output, or a suspension",
-               body=m.InvokeRequest, ok=m.Reply, errors=(404, 422, 501, 502, 504),
+               body=m.InvokeRequest, ok=m.Reply, errors=(404, 422, 501, 502),
                tag="handlers")
     async def invoke(self, request: Request, tenant: TenantState, body: m.InvokeRequest
                      ) -> Response:
@@ -644,7 +644,7 @@ class _Api:
         return _json(await self._invoke(tenant, None, spec, body))
 
     @operation("handler dispatch in this sandbox (in-context is refused)",
-               body=m.InvokeRequest, ok=m.Reply, errors=(422, 501, 502, 504),
+               body=m.InvokeRequest, ok=m.Reply, errors=(422, 501, 502),
                tag="handlers")
     async def invoke_in(self, request: Request, tenant: TenantState, body: m.InvokeRequest
                         ) -> Response:
@@ -700,9 +700,9 @@ class _Api:
                    ) -> Response:
         sid, opts = request.path_params["sid"], _opts(body.opts)
         if _stream_wanted(request, body.stream):
-            return self._stream(self.s.exec_stream(tenant, sid, body.argv, opts))
+            return self._stream(self.s.exec_stream(tenant, sid, body.command(), opts))
         try:
-            r = wire.result_to_json(await self.s.exec(tenant, sid, body.argv, opts))
+            r = wire.result_to_json(await self.s.exec(tenant, sid, body.command(), opts))
         except CorralError as e:  # a run that ended otherwise than by exiting: its result
             ran = _ran(e)
             if ran is None:
@@ -732,7 +732,7 @@ class _Api:
     async def start_process(self, request: Request, tenant: TenantState,
                             body: m.ProcessRequest) -> Response:
         opts = (body.opts or _DEFAULT_POPTS).to_core()
-        proc = await self.s.start_process(tenant, request.path_params["sid"], body.argv, opts)
+        proc = await self.s.start_process(tenant, request.path_params["sid"], body.command(), opts)
         return _json({"id": proc.id}, 201)
 
     def _proc(self, request: Request, tenant: TenantState) -> Any:

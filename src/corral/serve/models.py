@@ -259,10 +259,38 @@ class SnippetRequest(_In):
         return None if isinstance(self.files, msgspec.UnsetType) else self.files
 
 
-class RunRequest(_In):
+#: the shell a command line (``cmd``) runs through: ``/bin/sh -c CMD``
+SHELL: Final = "/bin/sh"
+Cmd: TypeAlias = Annotated[str, msgspec.Meta(
+    min_length=1, description="instead of argv: one shell command line, run as "
+    "/bin/sh -c CMD (pipes, redirections, &&)")]
+_ARGV_OR_CMD: Final = {"oneOf": [{"required": ["argv"]}, {"required": ["cmd"]}]}
+
+
+class _Command(_In):
+    """A command: ``argv`` (a list), or ``cmd`` (one shell line): exactly one."""
+
+    argv: Argv | None = None
+    cmd: Cmd | None = None
+
+    __extra_schema__ = _ARGV_OR_CMD
+
+    def check(self) -> None:
+        if (self.argv is None) == (self.cmd is None):
+            raise ConfigInvalidError("argv", "give exactly one of argv (a list) or cmd "
+                                     "(a shell command line)")
+
+    def command(self) -> list[str]:
+        """The argv to run: ``argv``, or ``/bin/sh -c cmd``."""
+        if self.cmd is not None:
+            return [SHELL, "-c", self.cmd]
+        assert self.argv is not None
+        return self.argv
+
+
+class RunRequest(_Command):
     """One command in a fresh sandbox at ``level`` (destroyed after)."""
 
-    argv: Argv
     level: LevelName = "strict"
     limits: Limits | None = None
     network: Network | None = None
@@ -271,18 +299,16 @@ class RunRequest(_In):
     stream: Stream = False
 
 
-class ExecRequest(_In):
+class ExecRequest(_Command):
     """One command in a live sandbox."""
 
-    argv: Argv
     opts: ExecOpts | None = None
     stream: Stream = False
 
 
-class ProcessRequest(_In):
+class ProcessRequest(_Command):
     """A command started in a live sandbox, driven by its id."""
 
-    argv: Argv
     opts: ProcessOpts | None = None
 
 
@@ -381,6 +407,7 @@ class RunResult(_Out):
     strays_killed: int = 0
     spawn_errno: int | None = None
     denials: list[Denial] = []
+    level: LevelName | None = None
 
 
 class ResultBody(_Out):
@@ -506,11 +533,14 @@ class HandleBody(_Out):
 
 
 class Reply(_Out):
-    """A handler's answer: its output, or a suspension to resume."""
+    """A handler's answer: its output, a suspension to resume, or ``ended``: the handler
+    ran and ended otherwise (past its ``timeout_ms``), ``result`` saying how (the one
+    rule: a run that ran answers 200 with its outcome)."""
 
-    kind: Literal["output", "suspended"]
+    kind: Literal["output", "suspended", "ended"]
     value: Any = None
     token_id: str | None = None
+    result: RunResult | None = None
 
 
 class Health(_Out):

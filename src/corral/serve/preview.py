@@ -73,7 +73,7 @@ def _check_allowed(tenant: TenantState, level: str, entry: str) -> None:
     kinds, public destinations and non-public ranges), for one more allowlist entry."""
     from corral.core.spec import NetworkPolicy
     from corral.serve import tenancy
-    from corral.serve.service import _is_host_address
+    from corral.serve.tenancy import is_host_address as _is_host_address
     try:
         tenancy.check_network(tenant.config.policy, level, NetworkPolicy.allowlist(entry),
                               host_address=_is_host_address)

@@ -18,7 +18,7 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from corral.core.contract import (
@@ -36,8 +36,9 @@ from corral.core.errors import (
     CreateCancelledError,
     InvalidSnapshotHandleError,
     LevelNotSupportedError,
+    SandboxTimeoutError,
 )
-from corral.core.result import RunResult
+from corral.core.result import Outcome, RunResult
 from corral.core.spec import (
     ExecOpts,
     HandlerRef,
@@ -55,6 +56,7 @@ from corral.serve.config import ServeConfig
 from corral.serve.logs import JsonLog
 from corral.serve.metrics import Metrics
 from corral.serve.state import ProcessEntry, SandboxEntry, TenantState, new_id
+from corral.serve.tenancy import is_host_address as _is_host_address
 
 if TYPE_CHECKING:
     from corral.snippets.host.transcript import LogLine
@@ -475,7 +477,8 @@ class Service:
         opts = self._admitted(tenant, tenancy.admit_exec, opts)
         with self.run_slot(tenant), entry.in_use():
             try:
-                r = await entry.sandbox.exec(argv, opts)
+                r = await _leveled(_when_running(entry, opts, entry.sandbox.exec(argv, opts)),
+                                   entry.sandbox.spec.level)
             except BaseException as e:
                 self._count_run("exec", None, e)
                 raise
@@ -492,7 +495,8 @@ class Service:
 
         async def run(on_output: Callable[[int, bytes], None]) -> RunResult:
             with entry.in_use():
-                return await _exec_with(sb, argv, opts, on_output)
+                return await _leveled(_when_running(entry, opts, _exec_with(
+                    sb, argv, opts, on_output)), sb.spec.level)
 
         return self._streamed(tenant, "exec", run)
 
@@ -574,11 +578,14 @@ class Service:
         """pause / resume / snapshot / restore, through the contract's functions (which
         raise the matching not-supported error where the provider has none). A handle is
         restored only into a sandbox of the tenant whose sandbox made it."""
-        sb = self.entry(tenant, sandbox_id, touch=True).sandbox
+        entry = self.entry(tenant, sandbox_id, touch=True)
+        sb = entry.sandbox
         if op == "pause":
             await pause(sb)
+            entry.running.clear()
         elif op == "resume":
             await resume(sb)
+            entry.running.set()
         elif op == "snapshot":
             h = await snapshot(sb)
             tenant.handles.add(_handle_key(h))
@@ -672,6 +679,8 @@ class Service:
             timeout_ms = min(DEFAULT_INVOKE_TIMEOUT_MS, most or DEFAULT_INVOKE_TIMEOUT_MS)
         timeout_ms = self._admitted(tenant, tenancy.admit_timeout, timeout_ms)
         kw: dict[str, Any] = dict(resumed=resumed, files=files, timeout_ms=timeout_ms)
+        level = (spec.level if spec is not None
+                 else self.entry(tenant, sandbox_id or "").sandbox.spec.level)
         with self.run_slot(tenant):
             try:
                 if sandbox_id is not None:
@@ -687,6 +696,9 @@ class Service:
                     with self.sandbox_slot(tenant, self._mem(spec)):
                         reply = await invoke(self.provider_for(spec.level), spec, ref, payload,
                                              **kw)
+            except SandboxTimeoutError as e:  # the handler ran, and ended by its timeout
+                self._count_run("invoke", None, e)
+                return {"kind": "ended", "result": wire.result_to_json(_timed_out(e, level))}
             except BaseException as e:
                 self._count_run("invoke", None, e)
                 raise
@@ -696,17 +708,14 @@ class Service:
         return {"kind": "suspended", "token_id": reply.token_id}
 
 
-def _is_host_address(ip: str) -> bool:
-    """Whether ``ip`` is an address of this host's own interfaces: a UDP socket
-    "connected" to it (which sends nothing) gets it as its own source address."""
-    import socket
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.connect((ip, 9))
-            return bool(s.getsockname()[0] == ip)
-    except OSError:
-        return False
+def _timed_out(err: SandboxTimeoutError, level: Level) -> RunResult:
+    """How a handler that ran past its timeout ended, as a result (the one rule: a run
+    that ran answers its outcome, docs/errors.md)."""
+    if err.result is not None:
+        return err.result.at_level(level)
+    return RunResult(outcome=Outcome.TIMEOUT, limit_value=err.timeout_ms,
+                     stdout=bytes(err.stdout or b""), stderr=bytes(err.stderr or b""),
+                     detail=str(err), level=level.value)
 
 
 def _exit(cm: Any) -> None:
@@ -720,6 +729,34 @@ def _output_event(fd: int, chunk: bytes) -> Event:
     except UnicodeDecodeError:
         ev["b64"] = wire.b64(chunk)
     return ev
+
+
+async def _when_running(entry: SandboxEntry, opts: ExecOpts,
+                        work: Coroutine[Any, Any, RunResult]) -> RunResult:
+    """``work`` (an exec) once the sandbox runs: an exec sent to a paused sandbox waits
+    for its resume within its own ``timeout_ms`` (the command cannot start while every
+    process is frozen), and past it ends as a ``timeout`` result that never started."""
+    if entry.running.is_set() or opts.timeout_ms is None:
+        return await work
+    try:
+        async with asyncio.timeout(opts.timeout_ms / 1000):
+            await entry.running.wait()
+    except TimeoutError:
+        work.close()
+        return RunResult(outcome=Outcome.TIMEOUT, limit_value=opts.timeout_ms,
+                         detail=f"the sandbox stayed paused for the command's whole "
+                         f"timeout ({opts.timeout_ms} ms): it never started")
+    return await work
+
+
+async def _leveled(work: Awaitable[RunResult], level: Level) -> RunResult:
+    """``work``'s result, or the result its error carries, saying at which level it ran."""
+    try:
+        return (await work).at_level(level)
+    except CorralError as e:
+        if e.result is not None:
+            e.result = e.result.at_level(level)
+        raise
 
 
 async def _exec_with(sb: Sandbox, argv: Sequence[str], opts: ExecOpts,
@@ -745,7 +782,7 @@ async def _one_run(provider: SandboxProvider, spec: SandboxSpec, argv: Sequence[
         for path, data in files.items():
             await sb.write_file(path, data)
         try:
-            return await _exec_with(sb, argv, opts, on_output)
+            return await _leveled(_exec_with(sb, argv, opts, on_output), spec.level)
         except CorralError as e:
             if e.result is not None:
                 return e.result

@@ -106,6 +106,9 @@ class SandboxEntry:
     #: when a request last touched it (epoch s), and requests on it being answered
     last_used: float = field(default_factory=time.time)
     busy: int = 0
+    #: set while the sandbox runs, cleared while it is paused (an exec waits on it, within
+    #: its own timeout: a paused sandbox's command cannot start)
+    running: asyncio.Event = field(default_factory=lambda: _set(asyncio.Event()))
 
     def touch(self) -> None:
         self.last_used = time.time()
@@ -155,6 +158,11 @@ class SandboxEntry:
                        idle_timeout_s=self.lifetime.idle_timeout_s,
                        max_lifetime_s=self.lifetime.max_lifetime_s)
         return doc
+
+
+def _set(ev: asyncio.Event) -> asyncio.Event:
+    ev.set()
+    return ev
 
 
 def _rfc3339(t: float) -> str:

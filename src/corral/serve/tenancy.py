@@ -50,7 +50,7 @@ from corral.core.spec import (
 __all__ = ["BOUNDARY_LEVELS", "LIMIT_NAMES", "NON_PUBLIC_RANGES", "POLICY_KEYS", "Bound",
            "Lifetime", "NetworkCeiling", "TenantPolicy", "admit_exec", "admit_lifetime",
            "admit_process", "admit_spec", "admit_timeout", "check_level", "check_network",
-           "not_boundaries", "parse_policy"]
+           "is_host_address", "not_boundaries", "parse_policy"]
 
 #: the levels that are a security boundary; the others run as the server's user (level
 #: ``none``: in its process) and share its network
@@ -499,6 +499,19 @@ def check_network(policy: TenantPolicy, level: Level | str, network: NetworkPoli
             raise ConfigInvalidError(where, f"{text} is not among the destinations this "
                                      f"tenant may name ({', '.join(ceiling.hosts)})")
     return network
+
+
+def is_host_address(ip: str) -> bool:
+    """Whether ``ip`` is an address of this host's own interfaces: a UDP socket
+    "connected" to it (which sends nothing) gets it as its own source address."""
+    import socket
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect((ip, 9))
+            return bool(s.getsockname()[0] == ip)
+    except OSError:
+        return False
 
 
 def admit_spec(policy: TenantPolicy, spec: SandboxSpec, *,

@@ -200,6 +200,34 @@ class RemoteProvider(SandboxProvider):
         self._live[sid] = sb
         return sb
 
+    async def list_sandboxes(self) -> list[dict[str, Any]]:
+        """The live sandboxes of this token's tenant on the server (``GET /v1/sandboxes``):
+        each ``{id, level, created, ...}``, made by this provider or not."""
+        r = await self.call("GET", "/sandboxes")
+        return list(r.json()["sandboxes"])
+
+    async def connect(self, sandbox_id: str) -> Sandbox:
+        """The live sandbox ``sandbox_id`` of this tenant (made by any client, e.g. one
+        that went away), driven from here as if this provider had made it; ``aclose``
+        leaves it alive (it is not this provider's), ``destroy`` ends it.
+
+        Raises:
+            ProviderError: the server has no such sandbox for this tenant.
+            LevelNotSupportedError: its level is not one this provider was narrowed to.
+        """
+        if not isinstance(sandbox_id, str) or not sandbox_id or "/" in sandbox_id:
+            raise ConfigInvalidError("sandbox_id", f"not a sandbox id: {sandbox_id!r}")
+        if self._closed:
+            raise ProviderError("the remote provider is closed")
+        doc = (await self.call("GET", f"/sandboxes/{sandbox_id}")).json()
+        spec = wire.spec_from_json(doc["spec"])
+        if spec.level not in self.levels:
+            raise LevelNotSupportedError(spec.level.value, tuple(lv.value for lv in self.levels),
+                                         f"sandbox {sandbox_id} runs at {spec.level.value}")
+        caps = frozenset(self.info["providers"].get(spec.level.value, {}).get(
+            "capabilities", ())) & _RELAYED
+        return _sandbox_class(caps)(self, str(doc["id"]), spec)
+
     async def _forget(self, sid: str) -> None:
         """Destroy ``sid`` on the server, made or not (the server remembers the id, so a
         create still in flight is rolled back when it lands)."""

@@ -256,6 +256,7 @@ def result_from_json(doc: object) -> RunResult:
         cwd=str(d.get("cwd") or ""), cwd_owned=bool(d.get("cwd_owned")),
         node_heap_mb_applied=bool(d.get("node_heap_mb_applied")),
         strays_killed=int(d.get("strays_killed") or 0),
+        level=None if d.get("level") is None else str(d["level"]),
         denials=tuple(NetworkDenial(host=str(x.get("host", "")), port=int(x.get("port") or 0),
                                     kind=str(x.get("kind", "")), reason=str(x.get("reason", "")))
                       for x in d.get("denials") or ()))
