@@ -149,13 +149,20 @@ def test_refusals_are_typed(make_oci: Callable[..., Any]) -> None:
     asyncio.run(go())
 
 
-def test_runsc_missing_is_a_typed_refusal() -> None:
+def test_runsc_is_a_typed_refusal(tmp_path: Any) -> None:
+    """runsc absent: refused naming it; present (a stand-in binary here): refused naming
+    what the provider cannot do with it yet, never run weaker."""
     from corral.providers.oci import OciProvider
-    if shutil.which("runsc"):
-        pytest.skip("runsc is installed here: the conformance test runs it")
+    if shutil.which("runsc") is None:
+        with pytest.raises(LevelNotSupportedError) as ei:
+            OciProvider("runsc")
+        assert "runsc is not installed" in ei.value.missing
+    fake = tmp_path / "runsc"
+    fake.write_text("#!/bin/sh\necho 'runsc version 0.0~stand-in'\n")
+    fake.chmod(0o755)
     with pytest.raises(LevelNotSupportedError) as ei:
-        OciProvider("runsc")
-    assert "runsc" in ei.value.missing
+        OciProvider("runsc", runtime_path=str(fake))
+    assert "128+N" in ei.value.missing and "stand-in" in ei.value.missing
     with pytest.raises(ConfigInvalidError):
         OciProvider("docker")
 

@@ -539,8 +539,6 @@ class OciProvider(SandboxProvider):
         base = [rt.path, "--root", self.runtime_root]
         if rt.name == "crun":
             base.append("--cgroup-manager=cgroupfs")
-        else:  # runsc: no network but loopback, the portable platform
-            base += ["--network=none", "--platform=ptrace"]
         argv = [*base, *args]
         f = self.facts
         if start and rt.name == "crun" and f.hybrid:
@@ -748,6 +746,13 @@ def unusable_reason(rt: RuntimeInfo, facts: HostFacts) -> str:
     """'' when the provider can run ``rt`` here, else what is missing."""
     if not rt.usable:
         return rt.missing
+    if rt.name == "runsc":
+        return (f"the oci provider's runsc support (runsc found: {rt.path}, "
+                f"{rt.version or 'version unknown'}): runsc reports a command killed by "
+                "signal N as exit 128+N, with no way to tell it from that exit code, and "
+                "keeps a sandbox's tmpfs inside gVisor, out of the host's file access; "
+                "until both are solved runtime='runsc' is refused rather than run weaker "
+                "(use runtime='crun')")
     if os.geteuid() != 0:
         return ("root: the oci provider starts rootful containers (rootless crun cannot "
                 "start on hybrid cgroup hosts; use the 'linux' provider)")
