@@ -204,3 +204,47 @@ def test_aclose_destroys_live_sandboxes(make_oci: Callable[..., Any]) -> None:
         assert not p.leaks()
 
     asyncio.run(go())
+
+
+def test_output_cap_and_timeout_leave_it_usable(make_oci: Callable[..., Any]) -> None:
+    """Output past the cap and a timeout end the command (typed), the sandbox serves on,
+    and a process that left the command's group lives only until destroy."""
+    from corral.core.errors import LimitsExceededError, SandboxTimeoutError
+    from corral.core.spec import ExecOpts
+
+    async def go() -> None:
+        p = make_oci("crun")
+        try:
+            sb = await p.create(SandboxSpec())
+            with pytest.raises(LimitsExceededError) as ei:
+                await sb.exec([PY, "-c", "import sys\nwhile True: sys.stdout.write('x' * 65536)"],
+                              ExecOpts(max_stdout_bytes=1000))
+            assert ei.value.limit == "output"
+            assert ei.value.result is not None and len(ei.value.result.stdout) == 1000
+            daemon = ("import os, time\n"
+                      "if os.fork() == 0:\n    os.setsid(); time.sleep(60); os._exit(0)\n"
+                      "time.sleep(60)\n")
+            with pytest.raises(SandboxTimeoutError):
+                await sb.exec([PY, "-c", daemon], ExecOpts(timeout_ms=500))
+            assert sb.process_count() >= 1  # the setsid'd child, adopted by the init
+            r = await sb.exec([PY, "-c", "print('alive')"])
+            assert r.stdout == b"alive\n"
+            await sb.destroy()
+            assert not p.leaks(), p.leaks()
+        finally:
+            await p.aclose()
+
+    asyncio.run(go())
+
+
+def test_registry_name_and_levels() -> None:
+    import corral
+    from corral.providers.oci import OciProvider
+    try:
+        p = corral.provider("oci", runtime="crun", level="strict")
+    except LevelNotSupportedError as e:
+        pytest.skip(f"oci/crun unusable here: {e.missing}")
+    assert isinstance(p, OciProvider) and p.name == "oci/crun"
+    asyncio.run(p.aclose())
+    with pytest.raises(LevelNotSupportedError):
+        corral.provider("oci", runtime="crun", level="context-isolated")

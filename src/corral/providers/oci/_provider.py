@@ -517,9 +517,8 @@ class OciProvider(SandboxProvider):
         self.shutdown_signal = shutdown_signal
         self.grace_period_ms = grace_period_ms
         self._own_state = state_dir is None
-        self.state_dir = os.path.abspath(state_dir or tempfile.mkdtemp(prefix="corral-oci-"))
-        os.makedirs(self.state_dir, 0o700, exist_ok=True)
-        self.runtime_root = os.path.join(self.state_dir, "runtime")
+        self._tag = secrets.token_hex(3)  # in every sandbox id of this provider
+        self._state_dir = None if state_dir is None else os.path.abspath(state_dir)
         self._image_cache_dir = image_cache_dir
         self._images: Any = None
         self._roots: dict[str, _bundle.Root] = {}
@@ -528,6 +527,19 @@ class OciProvider(SandboxProvider):
         self.sandboxes: dict[str, OciSandbox] = {}
         self.sys_unsafe = _sys_unsafe_path()
         self._closed = False
+
+    @property
+    def state_dir(self) -> str:
+        """Bundles, roots and the runtime's state (made on first use, so a provider that
+        never creates a sandbox leaves nothing behind)."""
+        if self._state_dir is None:
+            self._state_dir = tempfile.mkdtemp(prefix="corral-oci-")
+        os.makedirs(self._state_dir, 0o700, exist_ok=True)
+        return self._state_dir
+
+    @property
+    def runtime_root(self) -> str:
+        return os.path.join(self.state_dir, "runtime")
 
     # -- the runtime ---------------------------------------------------------------------
     def runtime_argv(self, args: Sequence[str], *, start: bool = False) -> list[str]:
@@ -662,7 +674,7 @@ class OciProvider(SandboxProvider):
         if cancel is not None and cancel.cancelled:
             raise CreateCancelledError(f"create cancelled: {cancel.reason}")
         root = await self._root_for(spec)
-        sid = f"oci-{secrets.token_hex(8)}"
+        sid = f"oci-{self._tag}-{secrets.token_hex(6)}"
         bundle = os.path.join(self.state_dir, "bundles", sid)
         uid = self._new_uid()
         os.makedirs(bundle, 0o700)
@@ -708,19 +720,23 @@ class OciProvider(SandboxProvider):
     def leaks(self) -> list[str]:
         """What of this provider's sandboxes is still on the host (containers in the
         runtime's state, bundles, cgroup dirs) beyond its live sandboxes."""
-        out = []
+        out: list[str] = []
         live = set(self.sandboxes)
-        with contextlib.suppress(FileNotFoundError):
-            out += [f"container {n}" for n in os.listdir(self.runtime_root)
-                    if n.startswith("oci-") and n not in live]
-        with contextlib.suppress(FileNotFoundError):
-            out += [f"bundle {n}" for n in os.listdir(os.path.join(self.state_dir, "bundles"))
-                    if n not in live]
+        mine = f"oci-{self._tag}-"
         for point in self.facts.v1.values():
             with contextlib.suppress(FileNotFoundError):
                 out += [f"cgroup {point}/{_CG_PARENT}/{n}"
                         for n in os.listdir(os.path.join(point, _CG_PARENT))
-                        if n.startswith("oci-") and n not in live]
+                        if n.startswith(mine) and n not in live]
+        state = self._state_dir
+        if state is None:
+            return out
+        with contextlib.suppress(FileNotFoundError):
+            out += [f"container {n}" for n in os.listdir(os.path.join(state, "runtime"))
+                    if n.startswith(mine) and n not in live]
+        with contextlib.suppress(FileNotFoundError):
+            out += [f"bundle {n}" for n in os.listdir(os.path.join(state, "bundles"))
+                    if n not in live]
         return out
 
     async def aclose(self) -> None:
@@ -730,8 +746,8 @@ class OciProvider(SandboxProvider):
         for sb in list(self.sandboxes.values()):
             with contextlib.suppress(Exception):
                 await sb.destroy()
-        if self._own_state:
-            await asyncio.to_thread(shutil.rmtree, self.state_dir, True)
+        if self._own_state and self._state_dir is not None:
+            await asyncio.to_thread(shutil.rmtree, self._state_dir, True)
 
 
 def _procs_in(cgroup_dir: str) -> list[int]:
