@@ -248,3 +248,53 @@ def test_registry_name_and_levels() -> None:
     asyncio.run(p.aclose())
     with pytest.raises(LevelNotSupportedError):
         corral.provider("oci", runtime="crun", level="context-isolated")
+
+
+_CRASHER = r"""
+import asyncio, json, os, sys, time
+from corral.providers.oci import OciProvider
+from corral.core.spec import SandboxSpec
+async def main():
+    p = OciProvider("crun")
+    sb = await p.create(SandboxSpec())
+    proc = await sb.start_process(["/usr/bin/python3", "-c", "import time; time.sleep(120)"])
+    with open(os.path.join(sb.bundle, "init.pid")) as f:
+        init = int(f.read())
+    print(json.dumps({"tag": p._tag, "state": p.state_dir, "init": init,
+                      "cg": sb.counters.dirs}), flush=True)
+    time.sleep(120)
+asyncio.run(main())
+"""
+
+
+def test_provider_process_killed_leaves_nothing(make_oci: Callable[..., Any]) -> None:
+    """The process holding the provider is SIGKILLed with a container running: its
+    guardian deletes the container, its cgroups and the state dir."""
+    import json
+    import time
+    make_oci("crun")  # skip where crun cannot run
+    child = subprocess.Popen([sys.executable, "-c", _CRASHER], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout is not None
+        facts = json.loads(child.stdout.readline())
+        assert os.path.isdir(facts["state"]) and all(os.path.isdir(d) for d in facts["cg"])
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = [d for d in facts["cg"] if os.path.exists(d)]
+        if not left and not os.path.exists(facts["state"]):
+            break
+        time.sleep(0.1)
+    assert not [d for d in facts["cg"] if os.path.exists(d)], "cgroups left"
+    assert not os.path.exists(facts["state"]), "state dir left"
+    try:
+        with open(f"/proc/{facts['init']}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        cmdline = b""
+    assert b"init" not in cmdline, "the container's init still runs"

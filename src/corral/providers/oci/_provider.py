@@ -26,6 +26,7 @@ import secrets
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -68,7 +69,9 @@ __all__ = ["OciProvider", "OciSandbox"]
 _NAME: Final = "oci"
 _CG_PARENT: Final = "corral-oci"
 _DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_REAPER: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
+_HERE: Final = os.path.dirname(os.path.abspath(__file__))
+_REAPER: Final = os.path.join(_HERE, "_reaper.py")
+_GUARDIAN: Final = os.path.join(_HERE, "_guardian.py")
 #: the runtime's own commands (run, kill, delete) must end within this
 _RUNTIME_TIMEOUT_S: Final = 60.0
 _CPU_POLL_S: Final = 0.02
@@ -219,9 +222,7 @@ class OciSandbox(Sandbox):
             with contextlib.suppress(Exception):
                 await proc.kill()
         try:
-            if self._started:
-                with contextlib.suppress(ProviderError):
-                    await self._p.runtime_cmd(["kill", self.id, "KILL"])
+            if self._started:  # --force: SIGKILL the container if it runs, then delete it
                 await self._p.runtime_cmd(["delete", "--force", self.id], quiet=True)
         finally:
             for run in runs:
@@ -527,6 +528,8 @@ class OciProvider(SandboxProvider):
         self.sandboxes: dict[str, OciSandbox] = {}
         self.sys_unsafe = _sys_unsafe_path()
         self._closed = False
+        self._guardian: subprocess.Popen[bytes] | None = None
+        self._guardian_pipe = -1
 
     @property
     def state_dir(self) -> str:
@@ -586,6 +589,41 @@ class OciProvider(SandboxProvider):
                 errf.seek(0)
                 raise ProviderError(f"{self.runtime.name} {args[0]} failed "
                                     f"(exit {proc.returncode}): {_tail(errf.read(1 << 16))}")
+
+    def _ensure_guardian(self) -> None:
+        """Start the guardian (:mod:`._guardian`) before the first container: when this
+        process ends, however, it deletes every container of this provider."""
+        if self._guardian is not None:
+            return
+        state = self.state_dir
+        rd, wr = os.pipe()  # both close-on-exec: no child of ours holds the write end
+        try:
+            rt = self.runtime.path
+            assert rt is not None
+            self._guardian = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", _GUARDIAN, state, self._tag,
+                 "1" if self._own_state else "0", ":".join(sorted(set(self.facts.v1.values()))),
+                 rt, "--root", self.runtime_root],
+                stdin=rd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, cwd="/", env={})
+        except BaseException:
+            os.close(wr)
+            raise
+        finally:
+            os.close(rd)
+        self._guardian_pipe = wr
+
+    def _stop_guardian(self) -> None:
+        if self._guardian_pipe >= 0:
+            os.close(self._guardian_pipe)
+            self._guardian_pipe = -1
+        if self._guardian is not None:
+            try:
+                self._guardian.wait(60)
+            except subprocess.TimeoutExpired:
+                self._guardian.kill()
+                self._guardian.wait()
+            self._guardian = None
 
     # -- create ----------------------------------------------------------------------------
     def disk_mb(self, spec: SandboxSpec) -> int:
@@ -673,6 +711,7 @@ class OciProvider(SandboxProvider):
         self._validate(spec)
         if cancel is not None and cancel.cancelled:
             raise CreateCancelledError(f"create cancelled: {cancel.reason}")
+        self._ensure_guardian()
         root = await self._root_for(spec)
         sid = f"oci-{self._tag}-{secrets.token_hex(6)}"
         bundle = os.path.join(self.state_dir, "bundles", sid)
@@ -746,6 +785,7 @@ class OciProvider(SandboxProvider):
         for sb in list(self.sandboxes.values()):
             with contextlib.suppress(Exception):
                 await sb.destroy()
+        await asyncio.to_thread(self._stop_guardian)  # it sweeps what destroy could not
         if self._own_state and self._state_dir is not None:
             await asyncio.to_thread(shutil.rmtree, self._state_dir, True)
 
