@@ -298,3 +298,37 @@ def test_provider_process_killed_leaves_nothing(make_oci: Callable[..., Any]) ->
     except OSError:
         cmdline = b""
     assert b"init" not in cmdline, "the container's init still runs"
+
+
+def test_cpu_ms_holds_for_the_whole_sandbox(make_oci: Callable[..., Any]) -> None:
+    """``cpu_ms`` is the sandbox's total: a spinner that left the command's group (so no
+    exec is running) is killed at the cap too, and later commands are refused."""
+    from corral.core.errors import LimitsExceededError
+
+    spinner = ("import os, time\n"
+               "if os.fork() == 0:\n    os.setsid()\n    while True: pass\n"
+               "print('started')\n")
+
+    async def go() -> None:
+        p = make_oci("crun")
+        try:
+            sb = await p.create(SandboxSpec(limits=SandboxLimits(cpu_ms=300)))
+            r = await sb.exec([PY, "-c", spinner])
+            assert r.stdout == b"started\n"
+            for _ in range(200):  # the detached spinner burns the budget, then dies
+                if sb.process_count() == 0 and sb._cpu_spent:
+                    break
+                await asyncio.sleep(0.05)
+            assert sb._cpu_spent and sb.process_count() == 0
+            with pytest.raises(LimitsExceededError) as ei:
+                await sb.exec([PY, "-c", "print('more')"])
+            assert ei.value.limit == "cpu"
+            proc = await sb.start_process([PY, "-c", "import time; time.sleep(30)"])
+            st = await asyncio.wait_for(proc.wait(), 20)
+            assert st.exit_code != 0
+            await sb.destroy()
+            assert not p.leaks()
+        finally:
+            await p.aclose()
+
+    asyncio.run(go())

@@ -74,7 +74,7 @@ _REAPER: Final = os.path.join(_HERE, "_reaper.py")
 _GUARDIAN: Final = os.path.join(_HERE, "_guardian.py")
 #: the runtime's own commands (run, kill, delete) must end within this
 _RUNTIME_TIMEOUT_S: Final = 60.0
-_CPU_POLL_S: Final = 0.02
+_CPU_POLL_S: Final = 0.025
 _FULL_BYTES: Final = 64 << 10
 #: per-sandbox uids come from here (never a host user's; no two live sandboxes share one)
 _UID_BASE: Final = 1_700_000_000
@@ -132,7 +132,11 @@ class _Counters:
         self.pids = os.path.join(facts.v1["pids"], rel) if "pids" in facts.v1 else None
         self.cpuacct = os.path.join(facts.v1["cpuacct"], rel) if "cpuacct" in facts.v1 \
             else None
+        self.freezer = os.path.join(facts.v1["freezer"], rel) if "freezer" in facts.v1 \
+            else None
         self.dirs = sorted({os.path.join(p, rel) for p in facts.v1.values()})
+        #: a hierarchy holding every process of the container (pids, else any)
+        self.any_dir = self.pids or (self.dirs[0] if self.dirs else "")
 
     def oom_kills(self) -> int:
         return 0 if self.memory is None else _read_int_field(
@@ -175,6 +179,7 @@ class OciSandbox(Sandbox):
         self._runs: set[BoundedRun] = set()
         self._procs: set[SubprocProcess] = set()
         self._cpu_spent = False
+        self._cpu_task: asyncio.Task[None] | None = None
 
     # -- life ----------------------------------------------------------------------
     async def _start(self, cancel: CancelToken | None) -> None:
@@ -214,6 +219,8 @@ class OciSandbox(Sandbox):
         if self._destroyed:
             return
         self._destroyed = True
+        if self._cpu_task is not None:
+            self._cpu_task.cancel()
         runs = list(self._runs)
         procs, self._procs = list(self._procs), set()
         for run in runs:
@@ -235,8 +242,17 @@ class OciSandbox(Sandbox):
             await asyncio.to_thread(self._p.release, self)
 
     # -- files -----------------------------------------------------------------------
-    def _root(self) -> str:
-        return f"/proc/self/fd/{self._work_fd}/."
+    def _hold_work(self, what: str) -> int:
+        """A private dup of the container's ``/work`` fd for one operation: a destroy
+        running meanwhile closes the original, never the number an operation walks from."""
+        self._alive(what)
+        if self._work_fd < 0:
+            raise ProviderError(f"{what}: sandbox {self.id} has no container")
+        return os.dup(self._work_fd)
+
+    @staticmethod
+    def _root(fd: int) -> str:
+        return f"/proc/self/fd/{fd}/."
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         self._alive("write_file")
@@ -244,22 +260,26 @@ class OciSandbox(Sandbox):
         if len(raw) > self._p.max_file_bytes:
             raise ConfigInvalidError("data", f"more than {self._p.max_file_bytes} bytes")
         parts = split_relative(path, root_alias=_bundle.WORK)
-        await asyncio.to_thread(self._write, parts, path, raw)
-
-    def _write(self, parts: list[str], path: str, raw: bytes) -> None:
+        fd = self._hold_work("write_file")
         try:
-            write_file_under(self._root(), path, raw, root_alias=_bundle.WORK)
+            await asyncio.to_thread(self._write, fd, parts, path, raw)
+        finally:
+            os.close(fd)
+
+    def _write(self, work: int, parts: list[str], path: str, raw: bytes) -> None:
+        try:
+            write_file_under(self._root(work), path, raw, root_alias=_bundle.WORK)
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 raise ProviderError(f"write_file({path!r}): the sandbox's disk is full", e
                                     ) from e
             raise
-        self._give(parts)
+        self._give(work, parts)
 
-    def _give(self, parts: list[str]) -> None:
+    def _give(self, work: int, parts: list[str]) -> None:
         """What the host made on the way to a written file becomes the sandbox user's
         (never following a symlink), so commands may change it."""
-        fd = os.open(self._root(), _DIR)
+        fd = os.open(self._root(work), _DIR)
         try:
             for i, name in enumerate(parts):
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
@@ -275,9 +295,14 @@ class OciSandbox(Sandbox):
 
     async def read_file(self, path: str) -> bytes:
         self._alive("read_file")
-        return await asyncio.to_thread(read_file_under, self._root(), path,
-                                       root_alias=_bundle.WORK,
-                                       max_bytes=self._p.max_file_bytes)
+        split_relative(path, root_alias=_bundle.WORK)  # bad paths: ConfigInvalidError first
+        fd = self._hold_work("read_file")
+        try:
+            return await asyncio.to_thread(read_file_under, self._root(fd), path,
+                                           root_alias=_bundle.WORK,
+                                           max_bytes=self._p.max_file_bytes)
+        finally:
+            os.close(fd)
 
     def _cwd(self, cwd: str | None) -> str:
         """``cwd`` (relative to ``/work`` or under it) as the container's path; it must
@@ -288,7 +313,11 @@ class OciSandbox(Sandbox):
             parts = split_relative(cwd, root_alias=_bundle.WORK)
         except ConfigInvalidError as e:
             raise ConfigInvalidError("cwd", e.reason) from None
-        fd = os.open(self._root(), _DIR)
+        work = self._hold_work("cwd")
+        try:
+            fd = os.open(self._root(work), _DIR)
+        finally:
+            os.close(work)
         try:
             for name in parts:
                 try:
@@ -342,17 +371,40 @@ class OciSandbox(Sandbox):
             with contextlib.suppress(OSError):
                 os.unlink(f)
 
-    async def _watch_cpu(self, run: BoundedRun) -> None:
-        """Kill the command once the sandbox's CPU time passes ``cpu_ms`` (all its
-        processes together, since it was created)."""
-        cap = self.spec.limits.cpu_ms
-        assert cap is not None
-        while True:
-            if self.counters.cpu_ns() >= cap * 1_000_000:
+    def watch_cpu(self) -> None:
+        """With ``limits.cpu_ms``: poll the sandbox's CPU time for its whole life."""
+        if self.spec.limits.cpu_ms is not None and self._cpu_task is None:
+            self._cpu_task = asyncio.ensure_future(self._watch_cpu(self.spec.limits.cpu_ms))
+
+    async def _watch_cpu(self, cap_ms: int) -> None:
+        """At ``cpu_ms`` of CPU time (all the sandbox's processes together, since it was
+        created): kill every command and every other process in the container but its
+        init; later commands are refused the same way (outcome ``cpu-limit``)."""
+        while not self._destroyed:
+            if self.counters.cpu_ns() >= cap_ms * 1_000_000:
                 self._cpu_spent = True
-                run.kill()
+                for run in list(self._runs):
+                    run.kill()
+                await asyncio.to_thread(self._kill_all_but_init)
                 return
             await asyncio.sleep(_CPU_POLL_S)
+
+    def _kill_all_but_init(self) -> None:
+        """SIGKILL every process of the container's cgroup but the init, the cgroup frozen
+        meanwhile (v1 freezer) so none forks past the list."""
+        freezer = self.counters.freezer
+        _write(freezer, "freezer.state", "FROZEN")
+        try:
+            for _ in range(50):
+                pids = [p for p in _procs_in(self.counters.any_dir) if p != self._init_pid]
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.005)
+        finally:
+            _write(freezer, "freezer.state", "THAWED")
 
     def _full(self) -> bool:
         for fd in (self._work_fd, self._tmp_fd):
@@ -401,24 +453,15 @@ class OciSandbox(Sandbox):
             timeout = min(timeout, opts.timeout_ms)
         out_cap, err_cap = opts.output_caps(self._p.max_stdout_bytes, self._p.max_stderr_bytes)
         before = self._before()
-        if self.spec.limits.cpu_ms is not None and \
-                self.counters.cpu_ns() >= self.spec.limits.cpu_ms * 1_000_000:
-            self._cpu_spent = True
         run, files = self._start_run(argv, cwd=opts.cwd, env=opts.env, timeout_ms=timeout,
                                      stdin=opts.stdin, out_cap=out_cap, err_cap=err_cap)
         self._runs.add(run)
-        watch = None
-        if self.spec.limits.cpu_ms is not None:
-            if self._cpu_spent:
-                run.kill()
-            else:
-                watch = asyncio.ensure_future(self._watch_cpu(run))
+        if self._cpu_spent:
+            run.kill()
         try:
             result = await run.wait()
         finally:
             self._runs.discard(run)
-            if watch is not None:
-                watch.cancel()
             self._forget(files)
         return self._judge(result, before).check()
 
@@ -434,10 +477,14 @@ class OciSandbox(Sandbox):
                                      err=err, stdin_pipe=opts.stdin)
         proc = SubprocProcess(run, out, err, stdin_open=opts.stdin)
         self._procs.add(proc)
+        self._runs.add(run)  # the CPU watcher and destroy kill it with the others
+        if self._cpu_spent:
+            run.kill()
 
         def ended(_: object) -> None:
             self._forget(files)
             self._procs.discard(proc)
+            self._runs.discard(run)
 
         asyncio.ensure_future(run.wait_finished()).add_done_callback(ended)
         return proc
@@ -730,6 +777,7 @@ class OciProvider(SandboxProvider):
             if cancel is not None and cancel.cancelled:
                 raise CreateCancelledError(f"create cancelled: {cancel.reason}")
             await sb._start(cancel)
+            sb.watch_cpu()
         except BaseException:
             await asyncio.shield(sb.destroy())
             raise
@@ -788,6 +836,13 @@ class OciProvider(SandboxProvider):
         await asyncio.to_thread(self._stop_guardian)  # it sweeps what destroy could not
         if self._own_state and self._state_dir is not None:
             await asyncio.to_thread(shutil.rmtree, self._state_dir, True)
+
+
+def _write(cgroup_dir: str | None, name: str, value: str) -> None:
+    if cgroup_dir is not None:
+        with contextlib.suppress(OSError), \
+                open(os.path.join(cgroup_dir, name), "w", encoding="ascii") as f:
+            f.write(value)
 
 
 def _procs_in(cgroup_dir: str) -> list[int]:
