@@ -221,6 +221,12 @@ def test_output_cap_and_timeout_leave_it_usable(make_oci: Callable[..., Any]) ->
                               ExecOpts(max_stdout_bytes=1000))
             assert ei.value.limit == "output"
             assert ei.value.result is not None and len(ei.value.result.stdout) == 1000
+            tree = ("import os, time\n"
+                    "if os.fork() == 0:\n    time.sleep(60); os._exit(0)\n"
+                    "time.sleep(60)\n")
+            with pytest.raises(SandboxTimeoutError):
+                await sb.exec([PY, "-c", tree], ExecOpts(timeout_ms=500))
+            assert sb.process_count() == 0  # the child in the command's group died too
             daemon = ("import os, time\n"
                       "if os.fork() == 0:\n    os.setsid(); time.sleep(60); os._exit(0)\n"
                       "time.sleep(60)\n")

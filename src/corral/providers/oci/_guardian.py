@@ -69,20 +69,41 @@ def sweep(state: str, tag: str, own: bool, mounts: list[str], runtime: list[str]
         shutil.rmtree(state, ignore_errors=True)
 
 
+def _left(state: str, tag: str, own: bool) -> bool:
+    if own:
+        return os.path.exists(state)
+    try:
+        return any(n.startswith(f"oci-{tag}-") for n in os.listdir(os.path.join(state, "runtime")))
+    except OSError:
+        return False
+
+
 def main(argv: list[str]) -> None:
     state, tag, own, mounts = argv[0], argv[1], argv[2] == "1", argv[3]
     runtime = argv[4:]
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the provider's group may be signalled
+    clean = False
     while True:
         try:
-            if not os.read(0, 4096):
-                break
+            data = os.read(0, 4096)
         except InterruptedError:
             continue
         except OSError:
             break
-    sweep(state, tag, own, [m for m in mounts.split(":") if m], runtime)
+        if not data:
+            break
+        clean = clean or b"q" in data  # the provider's aclose, after its own destroys
+    cg = [m for m in mounts.split(":") if m]
+    sweep(state, tag, own, cg, runtime)
+    if clean:
+        return
+    # the provider died: a runtime command it had started (an exec starting) may write
+    # into the state dir after the sweep, so look again for a few seconds
+    for _ in range(10):
+        time.sleep(0.3)
+        if _left(state, tag, own):
+            sweep(state, tag, own, cg, runtime)
 
 
 if __name__ == "__main__":

@@ -348,13 +348,15 @@ class OciSandbox(Sandbox):
         self._n += 1
         pjson = os.path.join(self.bundle, f"exec-{self._n}.json")
         pidfile = os.path.join(self.bundle, f"exec-{self._n}.pid")
+        groupfile = os.path.join(self.bundle, f"exec-{self._n}.pgid")
         doc = _bundle.process_config(args, uid=self.uid, cwd=where, env=self._full_env(env))
         with open(pjson, "w", encoding="utf-8") as f:
             json.dump(doc, f)
         runtime = self._p.runtime_argv(["exec", "--detach", "--pid-file", pidfile,
                                         "--process", pjson, self.id])
         opts = make_options(
-            sys.executable, ["-I", "-S", "-B", _REAPER, self._p.sys_unsafe, pidfile, *runtime],
+            sys.executable, ["-I", "-S", "-B", _REAPER, self._p.sys_unsafe, pidfile, groupfile,
+                             *runtime],
             timeout_ms=timeout_ms, cwd=self.bundle, env={},
             shutdown_signal=self._p.shutdown_signal,
             grace_period_ms=min(self._p.grace_period_ms, timeout_ms // 2), stdin=stdin,
@@ -364,9 +366,18 @@ class OciSandbox(Sandbox):
             spawner=spawn_process)
         run = BoundedRun(opts, keep_output=out is None, stdin_pipe=stdin_pipe)
         run.start()
-        return run, [pjson, pidfile]
+        return run, [pjson, pidfile, groupfile]
 
     def _forget(self, files: list[str]) -> None:
+        """After a run: kill what is left of its process group in the container (the
+        command's descendants that did not leave it), then remove its files."""
+        try:
+            with open(files[2], "rb") as fh:
+                group = int(fh.read(32).strip() or b"0")
+        except (OSError, ValueError):
+            group = 0
+        if group > 0:
+            self._kill_group(group)
         for f in files:
             with contextlib.suppress(OSError):
                 os.unlink(f)
@@ -388,6 +399,22 @@ class OciSandbox(Sandbox):
                 await asyncio.to_thread(self._kill_all_but_init)
                 return
             await asyncio.sleep(_CPU_POLL_S)
+
+    def _kill_group(self, group: int) -> None:
+        """SIGKILL the container's processes in process group ``group`` (read from its
+        cgroup, so nothing outside the container is touched whatever the number)."""
+        for _ in range(50):
+            hit = 0
+            for pid in _procs_in(self.counters.any_dir):
+                if pid == self._init_pid:
+                    continue
+                with contextlib.suppress(OSError):
+                    if os.getpgid(pid) == group:
+                        os.kill(pid, signal.SIGKILL)
+                        hit += 1
+            if not hit:
+                return
+            time.sleep(0.002)
 
     def _kill_all_but_init(self) -> None:
         """SIGKILL every process of the container's cgroup but the init, the cgroup frozen
@@ -662,6 +689,8 @@ class OciProvider(SandboxProvider):
 
     def _stop_guardian(self) -> None:
         if self._guardian_pipe >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._guardian_pipe, b"q")  # a clean close: one sweep, no waiting
             os.close(self._guardian_pipe)
             self._guardian_pipe = -1
         if self._guardian is not None:
