@@ -338,3 +338,34 @@ def test_cpu_ms_holds_for_the_whole_sandbox(make_oci: Callable[..., Any]) -> Non
             await p.aclose()
 
     asyncio.run(go())
+
+
+def test_streaming_exec_and_destroy_while_paused(make_oci: Callable[..., Any]) -> None:
+    from corral.core.contract import SupportsPause, SupportsStreamingExec
+
+    async def go() -> None:
+        p = make_oci("crun")
+        try:
+            sb = await p.create(SandboxSpec())
+            assert isinstance(sb, SupportsStreamingExec) and "streaming-exec" in p.capabilities
+            got: list[tuple[int, bytes]] = []
+            r = await sb.exec_streaming(
+                [PY, "-c", "import sys; print('a', flush=True); sys.stderr.write('b')"],
+                on_output=lambda fd, chunk: got.append((fd, chunk)))
+            assert r.stdout == b"a\n" and r.stderr == b"b"
+            assert b"".join(c for fd, c in got if fd == 1) == b"a\n"
+            assert b"".join(c for fd, c in got if fd == 2) == b"b"
+            if "pause" in p.capabilities:
+                assert isinstance(sb, SupportsPause)
+                proc = await sb.start_process([PY, "-c", "import time; time.sleep(60)"])
+                await sb.pause()
+                await sb.destroy()  # frozen processes must still die
+                st = await asyncio.wait_for(proc.wait(), 20)
+                assert st.exit_code != 0
+            else:
+                await sb.destroy()
+            assert not p.leaks(), p.leaks()
+        finally:
+            await p.aclose()
+
+    asyncio.run(go())

@@ -30,16 +30,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final, final
 
 from corral.core.cancel import CancelToken
-from corral.core.contract import ProcessHandle, Sandbox, SandboxProvider
+from corral.core.contract import OutputSink, ProcessHandle, Sandbox, SandboxProvider
 from corral.core.errors import (
     ConfigInvalidError,
     CreateCancelledError,
     LevelNotSupportedError,
+    PauseNotSupportedError,
     ProviderError,
 )
 from corral.core.result import (
@@ -180,6 +181,7 @@ class OciSandbox(Sandbox):
         self._procs: set[SubprocProcess] = set()
         self._cpu_spent = False
         self._cpu_task: asyncio.Task[None] | None = None
+        self._paused = False
 
     # -- life ----------------------------------------------------------------------
     async def _start(self, cancel: CancelToken | None) -> None:
@@ -229,6 +231,10 @@ class OciSandbox(Sandbox):
             with contextlib.suppress(Exception):
                 await proc.kill()
         try:
+            if self._paused:  # a frozen process cannot die: thaw first
+                with contextlib.suppress(ProviderError):
+                    await self._p.runtime_cmd(["resume", self.id])
+                self._paused = False
             if self._started:  # --force: SIGKILL the container if it runs, then delete it
                 await self._p.runtime_cmd(["delete", "--force", self.id], quiet=True)
         finally:
@@ -340,8 +346,8 @@ class OciSandbox(Sandbox):
     def _start_run(self, argv: Sequence[str], *, cwd: str | None,
                    env: Mapping[str, str] | None, timeout_ms: int, stdin: bytes | None,
                    out_cap: int, err_cap: int, out: ChunkQueue | None = None,
-                   err: ChunkQueue | None = None, stdin_pipe: bool = False
-                   ) -> tuple[BoundedRun, list[str]]:
+                   err: ChunkQueue | None = None, stdin_pipe: bool = False,
+                   on_output: OutputSink | None = None) -> tuple[BoundedRun, list[str]]:
         args = _check_argv(argv)
         where = self._cwd(cwd)
         self._check_init()
@@ -362,8 +368,8 @@ class OciSandbox(Sandbox):
             grace_period_ms=min(self._p.grace_period_ms, timeout_ms // 2), stdin=stdin,
             max_stdout_bytes=out_cap, max_stderr_bytes=err_cap, node_heap_mb=None,
             mem_mb=None, cpu_ms=None, cancel=None,
-            on_stdout=out.put if out else None, on_stderr=err.put if err else None,
-            spawner=spawn_process)
+            on_stdout=out.put if out else _sink(on_output, 1),
+            on_stderr=err.put if err else _sink(on_output, 2), spawner=spawn_process)
         run = BoundedRun(opts, keep_output=out is None, stdin_pipe=stdin_pipe)
         run.start()
         return run, [pjson, pidfile, groupfile]
@@ -419,7 +425,7 @@ class OciSandbox(Sandbox):
     def _kill_all_but_init(self) -> None:
         """SIGKILL every process of the container's cgroup but the init, the cgroup frozen
         meanwhile (v1 freezer) so none forks past the list."""
-        freezer = self.counters.freezer
+        freezer = None if self._paused else self.counters.freezer  # paused: leave it so
         _write(freezer, "freezer.state", "FROZEN")
         try:
             for _ in range(50):
@@ -473,6 +479,16 @@ class OciSandbox(Sandbox):
         return self.counters.oom_kills(), self.counters.pids_max_hits()
 
     async def exec(self, argv: Sequence[str], opts: ExecOpts | None = None) -> RunResult:
+        return await self._exec(argv, opts, None)
+
+    async def exec_streaming(self, argv: Sequence[str], opts: ExecOpts | None = None, *,
+                             on_output: OutputSink) -> RunResult:
+        """``exec``, each chunk of output also handed to ``on_output(fd, chunk)`` as it
+        comes (what the caps keep)."""
+        return await self._exec(argv, opts, on_output)
+
+    async def _exec(self, argv: Sequence[str], opts: ExecOpts | None,
+                    on_output: OutputSink | None) -> RunResult:
         self._alive("exec")
         opts = opts or ExecOpts()
         timeout = self._p.exec_timeout_ms
@@ -481,7 +497,8 @@ class OciSandbox(Sandbox):
         out_cap, err_cap = opts.output_caps(self._p.max_stdout_bytes, self._p.max_stderr_bytes)
         before = self._before()
         run, files = self._start_run(argv, cwd=opts.cwd, env=opts.env, timeout_ms=timeout,
-                                     stdin=opts.stdin, out_cap=out_cap, err_cap=err_cap)
+                                     stdin=opts.stdin, out_cap=out_cap, err_cap=err_cap,
+                                     on_output=on_output)
         self._runs.add(run)
         if self._cpu_spent:
             run.kill()
@@ -515,6 +532,22 @@ class OciSandbox(Sandbox):
 
         asyncio.ensure_future(run.wait_finished()).add_done_callback(ended)
         return proc
+
+    async def pause(self) -> None:
+        """Freeze every process of the container (``crun pause``: the freezer cgroup)."""
+        self._alive("pause")
+        if Capability.PAUSE.value not in self._p.capabilities:
+            raise PauseNotSupportedError("no freezer cgroup on this host: crun cannot pause")
+        self._check_init()
+        await self._p.runtime_cmd(["pause", self.id])
+        self._paused = True
+
+    async def resume(self) -> None:
+        """Thaw what :meth:`pause` froze (``crun resume``)."""
+        self._alive("resume")
+        if self._paused:
+            await self._p.runtime_cmd(["resume", self.id])
+            self._paused = False
 
     def process_count(self) -> int:
         """Live processes in the container besides its init (read from the host)."""
@@ -552,7 +585,8 @@ class OciProvider(SandboxProvider):
     name = _NAME
     levels = frozenset({Level.STRICT})
     capabilities = frozenset({Capability.STRICT.value, Capability.STREAMING.value,
-                              "process-count"})
+                              Capability.STREAMING_EXEC.value, Capability.PAUSE.value,
+                              Capability.PROCESS_COUNT.value})
 
     def __init__(self, runtime: str = "crun", *, runtime_path: str | None = None,
                  state_dir: str | None = None, image_cache_dir: str | None = None,
@@ -582,6 +616,8 @@ class OciProvider(SandboxProvider):
                 Level.STRICT.value, (), f"provider 'oci' with runtime {runtime!r}",
                 missing=missing)
         self.name = f"{_NAME}/{runtime}"
+        if not self.facts.controller("freezer"):  # crun pause needs the freezer cgroup
+            self.capabilities = self.capabilities - {Capability.PAUSE.value}
         self.exec_timeout_ms = exec_timeout_ms
         self.process_timeout_ms = process_timeout_ms
         self.max_stdout_bytes = max_stdout_bytes
@@ -865,6 +901,12 @@ class OciProvider(SandboxProvider):
         await asyncio.to_thread(self._stop_guardian)  # it sweeps what destroy could not
         if self._own_state and self._state_dir is not None:
             await asyncio.to_thread(shutil.rmtree, self._state_dir, True)
+
+
+def _sink(on_output: OutputSink | None, fd: int) -> Callable[[bytes], object] | None:
+    if on_output is None:
+        return None
+    return lambda chunk: on_output(fd, chunk)
 
 
 def _write(cgroup_dir: str | None, name: str, value: str) -> None:
