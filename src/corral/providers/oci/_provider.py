@@ -73,7 +73,7 @@ _DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _HERE: Final = os.path.dirname(os.path.abspath(__file__))
 _REAPER: Final = os.path.join(_HERE, "_reaper.py")
 _GUARDIAN: Final = os.path.join(_HERE, "_guardian.py")
-#: the runtime's own commands (run, kill, delete) must end within this
+#: the runtime's own commands (run, pause, resume, delete) must end within this
 _RUNTIME_TIMEOUT_S: Final = 60.0
 _CPU_POLL_S: Final = 0.025
 _FULL_BYTES: Final = 64 << 10
