@@ -20,6 +20,12 @@ if ! command -v docker-registry >/dev/null && [ "$(id -u)" = 0 ] && command -v a
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     docker-registry apache2-utils busybox-static skopeo umoci >/dev/null
 fi
+# the oci provider drives Debian's crun, with catatonit as each container's init
+if ! { command -v crun && command -v catatonit; } >/dev/null && [ "$(id -u)" = 0 ] \
+    && command -v apt-get >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    crun catatonit >/dev/null
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[test]'

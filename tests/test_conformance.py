@@ -47,16 +47,41 @@ def _linux(tmp: Path) -> tuple[SandboxProvider, KitOptions]:
         python=sys.executable, supports_limits={"mem_mb", "cpu_ms", "disk_mb", "max_processes"})
 
 
+def _oci_why() -> str:
+    """'' where the oci provider can run crun here, else what is missing."""
+    from corral.core.errors import LevelNotSupportedError
+    from corral.providers.oci import OciProvider
+    try:
+        OciProvider("crun")  # makes nothing until a create
+    except LevelNotSupportedError as e:
+        return e.missing
+    return ""
+
+
+def _oci(tmp: Path) -> tuple[SandboxProvider, KitOptions]:
+    from corral.providers.oci import OciProvider
+    p = OciProvider("crun", state_dir=str(tmp / "oci"))
+
+    async def no_leaks() -> None:
+        left = p.leaks()
+        assert not left, f"left on the host: {left}"
+
+    return p, KitOptions(python="/usr/bin/python3", leak_check=no_leaks,
+                         supports_limits={"mem_mb", "cpu_ms", "disk_mb", "max_processes"})
+
+
 def _fake(tmp: Path) -> tuple[SandboxProvider, KitOptions]:
     return FakeProvider(), KitOptions(processes=False)
 
 
 STRICT_WHY = host_can_sandbox()
+OCI_WHY = _oci_why()
 PROVIDERS: dict[str, tuple[Setup, bool, list[pytest.MarkDecorator]]] = {
     # name: (setup, runs commands, marks)
     "inprocess": (_inprocess, True, []),
     "subproc": (_subproc, True, []),
     "linux": (_linux, True, [pytest.mark.linux, needs_strict(STRICT_WHY)]),
+    "oci": (_oci, True, [pytest.mark.skipif(bool(OCI_WHY), reason=f"oci/crun: {OCI_WHY}")]),
     "fake": (_fake, False, []),
 }
 #: checks slow enough to leave out of the fast tier (``-m "not slow"``), per provider

@@ -36,9 +36,11 @@ def collect() -> dict[str, Any]:
         return {"host": {"kernel": os.uname().release, "platform": sys.platform, "checks": []},
                 "providers": [_not_linux()]}
     from corral.providers.linux.host import hostinfo
+    from corral.providers.oci import doctor as oci_doctor
     info = hostinfo.probe()
     return {"host": info.to_dict(),
-            "providers": [r.to_dict() for r in hostinfo.providers_report(info)]}
+            "providers": [r.to_dict() for r in hostinfo.providers_report(info)]
+            + oci_doctor.providers_report()}
 
 
 def _not_linux() -> dict[str, Any]:

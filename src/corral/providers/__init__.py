@@ -25,6 +25,7 @@ __all__ = ["DEFAULT_FOR_LEVEL", "PROVIDERS", "get_provider_class", "provider", "
 PROVIDERS: dict[str, str] = {
     "inprocess": ".inprocess",
     "linux": ".linux",
+    "oci": ".oci",  # container sandboxes on crun / runsc (docs/providers/oci.md)
     "ray": ".ray",  # the optional extra corral[ray]: Ray is imported when one is made
     "remote": ".remote",
     "subproc": ".subproc",
