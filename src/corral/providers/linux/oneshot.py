@@ -128,18 +128,23 @@ class Report:
 
     __slots__ = ("cpu_ms", "detail", "exit_code", "limit", "maxrss_kb", "observed", "outcome",
                  "wall_ms")
+    cpu_ms: int
+    detail: str
+    exit_code: int | None
+    limit: int | None
+    maxrss_kb: int
+    observed: int | None
+    outcome: str
+    wall_ms: int
 
     def __init__(self, outcome: str, exit_code: int | None, cpu_ms: int = 0,
                  maxrss_kb: int = 0, wall_ms: int = 0, limit: int | None = None,
                  observed: int | None = None, detail: str = "") -> None:
-        self.outcome = outcome           # an Outcome value: exit, timeout, memory-limit ...
-        self.exit_code = exit_code       # raw: negative = killed by that signal
-        self.cpu_ms = cpu_ms
-        self.maxrss_kb = maxrss_kb
-        self.wall_ms = wall_ms
-        self.limit = limit
-        self.observed = observed
-        self.detail = detail
+        # outcome: an Outcome value (exit, timeout, memory-limit ...); exit_code: raw,
+        # negative = killed by that signal
+        for name, value in zip(self.__slots__, (cpu_ms, detail, exit_code, limit, maxrss_kb,
+                                                observed, outcome, wall_ms), strict=True):
+            setattr(self, name, value)
 
     def __repr__(self) -> str:
         return f"Report({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
@@ -312,17 +317,24 @@ def _serve_one(sock: _socket.socket, plan: Mapping[str, Any]) -> None:
             return
         if got:
             continue
-        try:
-            ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
-        except InterruptedError:
-            continue
-        if wake_r in ready:
-            try:
-                os.read(wake_r, 4096)
-            except BlockingIOError:
-                pass
-        if sock.fileno() in ready and not sock.recv(16):
+        if _woken([sock.fileno()], wake_r, None) and not sock.recv(16):
             os._exit(0)  # the caller is gone: the pid namespace dies with us
+
+
+def _woken(fds: list[int], wake_r: int, timeout: float | None) -> list[int]:
+    """Wait until one of ``fds`` is readable or a signal arrives (``wake_r``, the wakeup
+    fd's pipe, is then drained); the readable ones among ``fds``."""
+    try:
+        ready, _, _ = select.select([*fds, wake_r], [], [], timeout)
+    except InterruptedError:
+        return []
+    if wake_r in ready:
+        try:
+            while os.read(wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+    return [fd for fd in ready if fd != wake_r]
 
 
 # -- the caller's side ------------------------------------------------------------------
@@ -793,17 +805,8 @@ def _loop(req: OneShot, s: _Setup, sock: _socket.socket, out_r: int, err_r: int,
             wait = min(wait, _CPU_POLL_S)
         if eof_deadline is not None:
             wait = min(wait, max(0.0, eof_deadline - now))
-        watch = [*live, wake_r] + ([sock.fileno()] if sock_open and report is None else [])
-        try:
-            ready, _, _ = select.select(watch, [], [], wait)
-        except InterruptedError:
-            continue
-        if wake_r in ready:
-            try:
-                os.read(wake_r, 256)
-            except BlockingIOError:
-                pass
-        for fd in ready:
+        watch = [*live] + ([sock.fileno()] if sock_open and report is None else [])
+        for fd in _woken(watch, wake_r, wait):
             if fd in streams:
                 chunk = os.read(fd, 65536)
                 if not chunk:
