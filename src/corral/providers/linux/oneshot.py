@@ -3,34 +3,38 @@
 The library path (``run_strict``) starts a fork server, an asyncio loop and an
 agent that serves requests; for a CLI that runs one command and exits, that
 costs most of the run. This module builds the *same* sandbox straight from the
-caller, synchronously:
+caller, synchronously, through the same bring-up (docs/architecture.md, "One
+bring-up sequence"):
 
 - the same plan (:func:`~corral.providers.linux.policy.plan.build_plan` with
   the provider's default options and ``mounts.detect_host_layout``), seccomp
-  filter (``policy.seccomp.build_filter``), cgroup with the plan's limits
-  (the host facts of ``host.cgroups.CgroupManager``, its ``require`` check,
-  and a cgroup made as its ``create`` makes one: :class:`_Cgroup`),
-  per-sandbox outside uid as root (``host.uidpool.SandboxUids``) and detached
-  read-only bind trees (``mounts.detach_sources``);
-- the caller clones pid 1 (C2) into the same namespaces as the fork server's
-  template does (``_sys_unsafe.clone_pidfd``, as the sandbox's uid when root),
-  writes its id maps, and C2 runs the fork server's in-sandbox code: it forks
-  the view builder (``pid1._build_view``: mounts, pivot_root, quotas, hostname,
-  loopback), joins its cgroup (``contain.join_cgroup``; on cgroup v1 through
-  each hierarchy's ``tasks`` file, which for the writer itself skips the
-  RCU grace period a ``cgroup.procs`` move waits for: 8-16 ms here), then
-  ``contain.contain`` (cgroup namespace, rlimits, stray descriptors, no_new_privs,
-  every capability dropped, not dumpable, the seccomp filter);
-- C2 then starts the one command as the agent would (posix_spawn in a new
-  session, the caller's pipes on 0/1/2, default signal dispositions, the plan's
-  env base, the per-command RLIMIT_CPU), reaps everything, reports the
-  command's exit and rusage and exits: the kernel kills whatever is left in
-  the pid namespace.
+  filter (``policy.seccomp.build_filter``) and host cgroup facts
+  (``host.cgroups.CgroupManager``, its ``require`` check), cached (below);
+- the one cgroup layer (``host.cgroupfiles.CgroupDirs.make``, what
+  ``CgroupManager.create`` makes), the launcher's steps (``init.clone``: the
+  per-sandbox outside uid as root, detached read-only bind trees, pid 1 cloned
+  into the namespaces as the sandbox's uid, its id maps);
+- pid 1 (C2) drops what is the caller's (its signal handlers, its descriptors,
+  its command line: ``/proc/1/cmdline`` shows ``corral``) and runs
+  ``init.pid1.bring_up``: C3 builds the view while C2 joins its cgroup, then
+  ``contain.contain`` (cgroup namespace, rlimits, stray descriptors,
+  no_new_privs, every capability dropped, not dumpable, the seccomp filter);
+- C2 then starts the one command as the agent does (``contain.spawn``: a new
+  session, the caller's pipes on 0/1/2 and nothing else, default signal
+  dispositions, the plan's env base; ``contain.limit_cpu``), reaps everything,
+  reports the command's exit and rusage and exits: the kernel kills whatever is
+  left in the pid namespace.
+
+What is this module's own: the argv subset it takes (:func:`parse_argv`), its
+plan cache, and its relay loop (:func:`_relay`).
 
 The caller relays the output as it arrives (capped like the library's
 defaults), enforces the timeout, cpu_ms (polling the cgroup, like
 ``host.cpuwatch``) and SIGINT/SIGTERM by SIGKILLing pid 1 through its pidfd,
-and removes the cgroup and the uid block on every path.
+and removes the cgroup and the uid block on every path. A ``corral run`` killed by
+SIGKILL cannot; so each run, once its own cgroup is gone, removes the sandbox
+cgroups whose owner died (``cgroupfiles.listing(orphaned=True)``), as a library
+``LinuxProvider()`` start does.
 
 :func:`run` returns ``None`` when it could not set the sandbox up before
 anything of the command ran (the host lacks a primitive, say): the caller then

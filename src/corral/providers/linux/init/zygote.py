@@ -19,15 +19,18 @@ sandbox shares T's pages, and T writes a few pages per clone. Measured with
 
 For each create request:
 
-1. the zygote opens the sandbox's cgroup procs files (as the caller, outside
+(Steps 1-4 are the one bring-up both strict launchers share, the CLI's one-shot
+path included: ``clone.py`` on the launcher's side, ``pid1.bring_up`` in pid 1.)
+
+1. the zygote opens the sandbox's cgroup join files (as the caller, outside
    every new namespace: the kernel checks a move against the credentials a
    file was opened with); as root it picks the sandbox's own outside uid
    (``_uidpool``) and makes a detached, read-only copy of each bind source's
-   mount tree (``mounts.detach_sources``: the sandbox's uid need not reach a
+   mount tree (``clone.prepare``: the sandbox's uid need not reach a
    checkout under a 0700 home); it makes a socketpair for the new pid 1 and
    hands one end to T with the uid;
 2. T clones C2, the sandbox's pid 1, straight into new user, mount, pid, net,
-   ipc and uts namespaces with a pidfd (``_sys_unsafe.clone_pidfd``: race-free,
+   ipc and uts namespaces with a pidfd (``clone.clone_pid1``: race-free,
    and T lets the kernel reap its children), with that uid as its effective
    uid, so the new user namespace is owned by it (see "Per-user kernel quotas"
    in docs/security-model.md), and sends the pidfd back;
@@ -43,9 +46,9 @@ For each create request:
    Meanwhile C2 moves itself into the sandbox's cgroups
    (``contain.join_cgroup``: each move waits for an RCU grace period on
    cgroup v1, or v2 without favordynmods; 9-19 ms measured), waits for C3,
-   then runs :func:`agent.main`: its per-process checklist
-   (``contain.contain``: the cgroup namespace, rooted at the sandbox's
-   cgroup, then the privilege drop), then serve.
+   runs its per-process checklist (``contain.contain``: the cgroup namespace,
+   rooted at the sandbox's cgroup, then the privilege drop), all in
+   ``pid1.bring_up``, then serves as :func:`agent.main`.
 
 Every fork here is bare (``clone_pidfd``, ``fork_bare``), without Python's
 at-fork machinery (thread and lock re-initialisation, the ``threading``,
