@@ -132,23 +132,18 @@ class Report:
 
     __slots__ = ("cpu_ms", "detail", "exit_code", "limit", "maxrss_kb", "observed", "outcome",
                  "wall_ms")
-    cpu_ms: int
-    detail: str
-    exit_code: int | None
-    limit: int | None
-    maxrss_kb: int
-    observed: int | None
-    outcome: str
-    wall_ms: int
 
     def __init__(self, outcome: str, exit_code: int | None, cpu_ms: int = 0,
                  maxrss_kb: int = 0, wall_ms: int = 0, limit: int | None = None,
                  observed: int | None = None, detail: str = "") -> None:
-        # outcome: an Outcome value (exit, timeout, memory-limit ...); exit_code: raw,
-        # negative = killed by that signal
-        for name, value in zip(self.__slots__, (cpu_ms, detail, exit_code, limit, maxrss_kb,
-                                                observed, outcome, wall_ms), strict=True):
-            setattr(self, name, value)
+        self.outcome = outcome           # an Outcome value: exit, timeout, memory-limit ...
+        self.exit_code = exit_code       # raw: negative = killed by that signal
+        self.cpu_ms = cpu_ms
+        self.maxrss_kb = maxrss_kb
+        self.wall_ms = wall_ms
+        self.limit = limit
+        self.observed = observed
+        self.detail = detail
 
     def __repr__(self) -> str:
         return f"Report({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
