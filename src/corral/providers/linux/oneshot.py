@@ -33,7 +33,7 @@ defaults), enforces the timeout, cpu_ms (polling the cgroup, like
 ``host.cpuwatch``) and SIGINT/SIGTERM by SIGKILLing pid 1 through its pidfd,
 and removes the cgroup and the uid block on every path. A ``corral run`` killed by
 SIGKILL cannot; so each run, once its own cgroup is gone, removes the sandbox
-cgroups whose owner died (``cgroupfiles.listing(orphaned=True)``), as a library
+cgroups whose owner died (``cgroupfiles.listing(orphaned=True, by_first=True)``), as a library
 ``LinuxProvider()`` start does.
 
 :func:`run` returns ``None`` when it could not set the sandbox up before
@@ -368,7 +368,7 @@ def _reap_orphans(facts: tuple[str, tuple[tuple[str, str], ...], str]) -> None:
     """Remove the sandbox cgroups whose owner died (a ``corral run`` killed by SIGKILL
     cannot remove its own; a library ``LinuxProvider()`` start does the same), each
     emptied first. Said on stderr, never fatal."""
-    for name, dirs in listing(facts[1], orphaned=True).items():
+    for name, dirs in listing(facts[1], orphaned=True, by_first=True).items():
         try:
             CgroupDirs(name, facts[0], dirs, facts[2]).remove()
         except OSError as e:

@@ -178,13 +178,18 @@ def _owner(prefix: str, entry: str) -> tuple[int, int] | None:
 
 
 def listing(parents: dict[str, str] | tuple[tuple[str, str], ...], prefix: str = "corral",
-            *, orphaned: bool = False) -> dict[str, dict[str, str]]:
+            *, orphaned: bool = False, by_first: bool = False) -> dict[str, dict[str, str]]:
     """The sandbox cgroups under ``parents`` (hierarchy key -> corral's parent dir):
     name -> {key: dir}; with ``orphaned``, only those whose owner is dead (gone, or its
-    pid reused by a later process)."""
+    pid reused by a later process). ``by_first``: find the names in the first parent
+    alone (one directory read instead of one per v1 hierarchy: the one-shot path's
+    check after every run) and take each one's directory in the others where it
+    exists; a leftover missing from the first hierarchy is then not seen (a full
+    listing, as ``CgroupManager.reap_orphans`` makes, sees it)."""
+    pairs = list(dict(parents).items())
     out: dict[str, dict[str, str]] = {}
     seen: set[str] = set()
-    for key, parent in parents.items() if isinstance(parents, dict) else parents:
+    for key, parent in pairs[:1] if by_first else pairs:
         if parent in seen:
             continue
         seen.add(parent)
@@ -201,6 +206,12 @@ def listing(parents: dict[str, str] | tuple[tuple[str, str], ...], prefix: str =
                 if now is not None and (owner[1] == 0 or now == owner[1]):
                     continue  # owner alive (same process, or its start time was unknown)
             out.setdefault(e, {})[key] = os.path.join(parent, e)
+    if by_first:
+        for name, dirs in out.items():
+            for key, parent in pairs[1:]:
+                path = os.path.join(parent, name)
+                if parent not in dirs.values() and os.path.isdir(path):
+                    dirs[key] = path
     return out
 
 
