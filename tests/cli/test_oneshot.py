@@ -388,8 +388,9 @@ def test_a_cache_file_not_the_callers_own_is_not_read(tmp_path: Path) -> None:
 
 
 def test_the_lean_cgroup_is_the_managers() -> None:
-    """``oneshot._Cgroup.create`` makes what ``CgroupManager.create`` makes: the same
-    hierarchies, name pattern and limit files with the same values."""
+    """The one-shot path's cgroup is made by the one cgroup layer (``CgroupDirs.make``)
+    as ``CgroupManager.create`` makes one: the same hierarchies, name pattern and limit
+    files with the same values."""
     from corral.core.errors import CorralError
     from corral.core.spec import SandboxLimits
     from corral.providers.linux.host.cgroups import CgroupManager
@@ -402,8 +403,8 @@ def test_the_lean_cgroup_is_the_managers() -> None:
     sup = mgr.support
     a = mgr.create("t" + os.urandom(4).hex(), lim)
     try:
-        b = oneshot._Cgroup.create((sup.version, tuple(sup.parents.items()), sup.oom_source),
-                                   "t" + os.urandom(4).hex(), oneshot._Limits(96, 50, None, None))
+        b = oneshot._make_cgroup((sup.version, tuple(sup.parents.items()), sup.oom_source),
+                                 oneshot._Limits(96, 50, None, None))
     except BaseException:
         a.remove()
         raise
@@ -412,7 +413,7 @@ def test_the_lean_cgroup_is_the_managers() -> None:
         assert sorted(a.dirs) == sorted(b.dirs)
         for key, d in a.dirs.items():
             assert os.path.dirname(d) == os.path.dirname(b.dirs[key])
-            assert re.fullmatch(rf"corral-{os.getpid()}-\d+-t[0-9a-f]{{8}}",
+            assert re.fullmatch(rf"corral-{os.getpid()}-\d+-[0-9a-f]{{12}}",
                                 os.path.basename(b.dirs[key]))
         names = (("memory", "memory.max"), ("memory", "memory.swap.max"),
                  ("pids", "pids.max")) if sup.version == "v2" else (
@@ -434,7 +435,7 @@ def test_the_lean_cgroup_is_the_managers() -> None:
 
 def test_the_command_runs_inside_the_sandbox_cgroup() -> None:
     """pid 1 joins every hierarchy of the sandbox's cgroup before it starts anything of
-    the caller's (on v1 through ``tasks``: see ``_Cgroup.join_files``): the command, seen
+    the caller's (on v1 through ``tasks``: see ``CgroupDirs.join_files``): the command, seen
     from the host, is in the sandbox's cgroup in each one."""
     from corral.providers.linux.host.cgroups import CgroupManager
     sup = CgroupManager().support
@@ -488,8 +489,8 @@ def test_the_lean_cgroup_removal_kills_what_is_left() -> None:
     except CorralError as e:
         unavailable(str(e))
     sup = mgr.support
-    cg = oneshot._Cgroup.create((sup.version, tuple(sup.parents.items()), sup.oom_source),
-                                "t" + os.urandom(4).hex(), oneshot._Limits(None, 10, None, None))
+    cg = oneshot._make_cgroup((sup.version, tuple(sup.parents.items()), sup.oom_source),
+                              oneshot._Limits(None, 10, None, None))
     made = list(cg.dirs.values())
     with subprocess.Popen(["sleep", "60"]) as child:
         try:
@@ -527,3 +528,103 @@ def test_trace_2_gives_phase_times_and_the_peak() -> None:
     assert r.returncode == 0
     assert re.search(rb"one-shot ms: set-up [\d.]+, run [\d.]+, clean-up [\d.]+; "
                      rb"peak RSS [\d.]+ MiB \(at [\d.]+ ms\)", r.stderr), r.stderr
+
+
+# -- issue 25: what the one-shot path got wrong, now the library path's bring-up ----------
+_OPEN_FDS = ("import os\nopen_fds = []\nfor fd in range(64):\n    try:\n        os.fstat(fd)\n"
+             "    except OSError:\n        continue\n    open_fds.append(fd)\n"
+             "print(' '.join(map(str, open_fds)))")
+
+
+def test_the_command_holds_only_fds_0_to_2() -> None:
+    """The command starts with its three pipes on 0/1/2 and nothing else (no copy of a
+    pipe end, nothing of pid 1's); the control run shows the probe sees a descriptor
+    its parent passed down."""
+    r = strict(PY, "-I", "-S", "-c", _OPEN_FDS)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == [b"0", b"1", b"2"], r.stdout
+    extra_r, extra_w = os.pipe()
+    try:  # control: unsandboxed, an inherited descriptor is seen
+        c = subprocess.run([PY, "-I", "-S", "-c", _OPEN_FDS], capture_output=True,
+                           pass_fds=(extra_w,), check=True)
+    finally:
+        os.close(extra_r)
+        os.close(extra_w)
+    assert str(extra_w).encode() in c.stdout.split(), c.stdout
+
+
+def test_pid_1_title_is_the_zygotes() -> None:
+    from corral.providers.linux.init import zygote
+    assert oneshot.PROCTITLE == zygote.PROCTITLE
+
+
+def test_pid_1_cmdline_shows_no_host_path() -> None:
+    """``/proc/1/cmdline`` inside names no host path (pid 1 is a clone of the CLI, whose
+    argv names the interpreter, the entry and the command): it says ``corral``, as the
+    library path's pid 1 does (``zygote.PROCTITLE``)."""
+    import corral
+    package = Path(corral.__file__).resolve().parent
+    host_paths = {str(package.parent), str(package), sys.prefix, sys.executable, PY,
+                  os.path.realpath(sys.prefix), "_corral_cli"}
+    r = strict("/bin/cat", "/proc/1/cmdline")
+    assert r.returncode == 0, r.stderr[-2000:]
+    cmdline = r.stdout.rstrip(b"\0").decode(errors="replace")
+    assert cmdline == "corral", cmdline
+    for path in host_paths:
+        assert path not in cmdline, cmdline
+    # control: unsandboxed, the same read shows a python's host path
+    control = subprocess.run([sys.executable, "-c", "import sys; sys.stdout.buffer.write("
+                              "open('/proc/self/cmdline', 'rb').read())"],
+                             capture_output=True, check=True).stdout.decode(errors="replace")
+    assert sys.executable in control, control
+
+
+def _dirs_of(pids: list[int]) -> list[str]:
+    return [d for pid in pids for d in own_cgroups(pid)]
+
+
+def _remove_dirs(dirs: list[str]) -> None:
+    """Clean-up of whatever a failed assertion left (kill what is inside, rmdir)."""
+    for d in sorted(dirs, key=len, reverse=True):
+        for _ in range(200):
+            try:
+                for pid in Path(d, "cgroup.procs").read_text().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                import time
+                time.sleep(0.01)
+
+
+def test_kill_9_leaves_no_cgroup_the_next_run_does_not_reap() -> None:
+    """``kill -9`` of ``corral run`` at random points of 20 runs (before, during and
+    after the set-up), then one more run: no memory (or any) cgroup of the killed runs
+    is left behind. The killed process cannot clean up; the next one-shot run reaps the
+    cgroups whose owner is dead, as a library ``LinuxProvider()`` start does."""
+    import random
+    import time
+    rng = random.Random(25)
+    env = {**os.environ, "CORRAL_CLI_TRACE": "1"}
+    killed: list[int] = []
+    try:
+        for _ in range(20):
+            with subprocess.Popen([sys.executable, "-c", ENTRY, "run", "--level", "strict",
+                                   "--mem-mb", "64", "--", "/bin/sleep", "5"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  stdin=subprocess.DEVNULL, env=env) as p:
+                time.sleep(rng.uniform(0.0, 0.3))
+                p.kill()
+                p.wait(30)
+                killed.append(p.pid)
+        r = strict("/bin/true", opts=("--mem-mb", "64"))
+        assert r.returncode == 0, r.stderr[-2000:]
+        left = _dirs_of(killed)
+        assert left == [], left
+    finally:
+        _remove_dirs(_dirs_of(killed))

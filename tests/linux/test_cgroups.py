@@ -511,3 +511,24 @@ def test_v2_mount_outside_the_namespace_or_read_only_says_how(tmp_path: Path) ->
     row = next(c for c in info.checks() if c.name == "cgroups")
     assert "systemd-run --user --scope -p Delegate=yes" in row.detail
     assert "--cgroupns=private" in row.detail, row.detail
+
+
+def test_listing_tells_dead_owners_from_live_ones(tmp_path: Path) -> None:
+    """The one listing both launchers reap by (``cgroupfiles.listing``), on a fake tree:
+    a dead owner's cgroup is an orphan in every hierarchy, a live owner's (this process)
+    is not, other names are never listed; ``by_first`` finds the names in the first
+    hierarchy and takes their directories in the others."""
+    from corral.providers.linux.host.cgroupfiles import listing, sandbox_name
+    with subprocess.Popen(["true"]) as gone:
+        gone.wait()
+    dead = f"corral-{gone.pid}-12345-dead"  # reaped: no such pid (or a later one)
+    alive = sandbox_name("corral", os.getpid(), "alive")
+    parents = {"memory": str(tmp_path / "m"), "pids": str(tmp_path / "p")}
+    for parent in parents.values():
+        for name in (dead, alive, "corral-x-1-y", "other-1-2-z", "corral-1-2-a!b"):
+            os.makedirs(os.path.join(parent, name), exist_ok=True)
+    (tmp_path / "m" / "corral-1-2-file").write_text("")  # not a directory
+    want = {k: os.path.join(p, dead) for k, p in parents.items()}
+    assert listing(parents, orphaned=True) == {dead: want}
+    assert listing(tuple(parents.items()), orphaned=True, by_first=True) == {dead: want}
+    assert set(listing(parents)) == {dead, alive}

@@ -3,34 +3,38 @@
 The library path (``run_strict``) starts a fork server, an asyncio loop and an
 agent that serves requests; for a CLI that runs one command and exits, that
 costs most of the run. This module builds the *same* sandbox straight from the
-caller, synchronously:
+caller, synchronously, through the same bring-up (docs/architecture.md, "One
+bring-up sequence"):
 
 - the same plan (:func:`~corral.providers.linux.policy.plan.build_plan` with
   the provider's default options and ``mounts.detect_host_layout``), seccomp
-  filter (``policy.seccomp.build_filter``), cgroup with the plan's limits
-  (the host facts of ``host.cgroups.CgroupManager``, its ``require`` check,
-  and a cgroup made as its ``create`` makes one: :class:`_Cgroup`),
-  per-sandbox outside uid as root (``host.uidpool.SandboxUids``) and detached
-  read-only bind trees (``mounts.detach_sources``);
-- the caller clones pid 1 (C2) into the same namespaces as the fork server's
-  template does (``_sys_unsafe.clone_pidfd``, as the sandbox's uid when root),
-  writes its id maps, and C2 runs the fork server's in-sandbox code: it forks
-  the view builder (``pid1._build_view``: mounts, pivot_root, quotas, hostname,
-  loopback), joins its cgroup (``contain.join_cgroup``; on cgroup v1 through
-  each hierarchy's ``tasks`` file, which for the writer itself skips the
-  RCU grace period a ``cgroup.procs`` move waits for: 8-16 ms here), then
-  ``contain.contain`` (cgroup namespace, rlimits, stray descriptors, no_new_privs,
-  every capability dropped, not dumpable, the seccomp filter);
-- C2 then starts the one command as the agent would (posix_spawn in a new
-  session, the caller's pipes on 0/1/2, default signal dispositions, the plan's
-  env base, the per-command RLIMIT_CPU), reaps everything, reports the
-  command's exit and rusage and exits: the kernel kills whatever is left in
-  the pid namespace.
+  filter (``policy.seccomp.build_filter``) and host cgroup facts
+  (``host.cgroups.CgroupManager``, its ``require`` check), cached (below);
+- the one cgroup layer (``host.cgroupfiles.CgroupDirs.make``, what
+  ``CgroupManager.create`` makes), the launcher's steps (``init.clone``: the
+  per-sandbox outside uid as root, detached read-only bind trees, pid 1 cloned
+  into the namespaces as the sandbox's uid, its id maps);
+- pid 1 (C2) drops what is the caller's (its signal handlers, its descriptors,
+  its command line: ``/proc/1/cmdline`` shows ``corral``) and runs
+  ``init.pid1.bring_up``: C3 builds the view while C2 joins its cgroup, then
+  ``contain.contain`` (cgroup namespace, rlimits, stray descriptors,
+  no_new_privs, every capability dropped, not dumpable, the seccomp filter);
+- C2 then starts the one command as the agent does (``contain.spawn``: a new
+  session, the caller's pipes on 0/1/2 and nothing else, default signal
+  dispositions, the plan's env base; ``contain.limit_cpu``), reaps everything,
+  reports the command's exit and rusage and exits: the kernel kills whatever is
+  left in the pid namespace.
+
+What is this module's own: the argv subset it takes (:func:`parse_argv`), its
+plan cache, and its relay loop (:func:`_relay`).
 
 The caller relays the output as it arrives (capped like the library's
 defaults), enforces the timeout, cpu_ms (polling the cgroup, like
 ``host.cpuwatch``) and SIGINT/SIGTERM by SIGKILLing pid 1 through its pidfd,
-and removes the cgroup and the uid block on every path.
+and removes the cgroup and the uid block on every path. A ``corral run`` killed by
+SIGKILL cannot; so each run, once its own cgroup is gone, removes the sandbox
+cgroups whose owner died (``cgroupfiles.listing(orphaned=True, by_first=True)``), as a library
+``LinuxProvider()`` start does.
 
 :func:`run` returns ``None`` when it could not set the sandbox up before
 anything of the command ran (the host lacks a primitive, say): the caller then
@@ -69,12 +73,7 @@ import select
 import sys
 import time
 
-from corral.providers.linux.host.cgroupfiles import (
-    CgroupReader,
-    limit_writes,
-    start_ticks,
-    write_text,
-)
+from corral.providers.linux.host.cgroupfiles import CgroupDirs, listing, sandbox_name
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without loading typing (see "Imports" above)
 if TYPE_CHECKING:
@@ -100,9 +99,9 @@ _SIGKILL: Final = _signal.SIGKILL
 _SIGCHLD: Final = _signal.SIGCHLD
 _SIGXCPU: Final = _signal.SIGXCPU
 _SIGXFSZ: Final = _signal.SIGXFSZ
-#: what a command starts with reset to default (the agent's ``_RESET_SIGNALS``)
-_RESET_SIGNALS: Final = (_signal.SIGPIPE, _SIGXFSZ, _SIGXCPU, _SIGINT, _SIGTERM, _SIGCHLD,
-                         _signal.SIGHUP)
+#: what ``/proc/1/cmdline`` shows inside: the library's pid 1's (``zygote.PROCTITLE``;
+#: a test holds them equal), never the caller's command line with its host paths
+PROCTITLE: Final = b"corral"
 _CPU_POLL_S: Final = 0.02
 #: the CLI's flags this path takes (each with one integer value); anything else -> the
 #: full CLI
@@ -240,13 +239,14 @@ def _send(sock: _socket.socket, text: str) -> None:
 
 def _pid1(sock: _socket.socket, plan: Mapping[str, Any], prog: Any, procs: list[int],
           trees: list[int]) -> None:
-    """C2: wait for the id maps, build the view (C3) while joining the cgroup, contain
-    itself, start the command, report its exit. Never returns."""
+    """C2: drop what is the caller's (its handlers, its descriptors), wait for the id
+    maps, run the one bring-up (``pid1.bring_up``: view, cgroup, contain; its command line
+    shown as the library's pid 1's), then start the command and report its exit. Never
+    returns."""
     from corral.providers.linux import _sys_unsafe as su
-    from corral.providers.linux.init import contain, pid1
-    for sig in (_SIGINT, _SIGTERM):  # the caller's handlers are the caller's
+    from corral.providers.linux.init import pid1
+    for sig in (_SIGINT, _SIGTERM, _SIGCHLD):  # the caller's handlers are the caller's
         su.set_signal(sig, _signal.SIG_DFL)
-    su.set_signal(_SIGCHLD, _signal.SIG_DFL)
     su.set_sigmask(_signal.SIG_SETMASK, ())
     try:
         _signal.set_wakeup_fd(-1)
@@ -262,31 +262,8 @@ def _pid1(sock: _socket.socket, plan: Mapping[str, Any], prog: Any, procs: list[
             os._exit(72)
     except BaseException:
         os._exit(72)
-    try:
-        view_r, view_w = os.pipe2(os.O_CLOEXEC)
-        c3 = su.fork_bare()
-        if c3 == 0:
-            try:
-                for fd in (view_r, sock.fileno(), *procs):
-                    os.close(fd)
-                pid1._build_view(plan, view_w, trees)
-            finally:
-                os._exit(1)
-        os.close(view_w)
-        for fd in trees:
-            os.close(fd)
-        contain.join_cgroup(procs)  # meanwhile C3 builds the view
-        why = b""
-        while chunk := os.read(view_r, 512):
-            why += chunk
-        os.close(view_r)
-        _, status = os.waitpid(c3, 0)
-        if status != 0:
-            raise OSError(1, why.decode(errors="replace") or "the file system builder died")
-        contain.contain(plan, keep_fd=sock.fileno(), seccomp_prog=prog)
-    except BaseException as e:
-        _send(sock, f"E sandbox setup failed: {e}")
-        os._exit(71)
+    pid1.bring_up(plan, keep_fd=sock.fileno(), procs=procs, trees=trees, prog=prog,
+                  report=lambda why: _send(sock, f"E {why}"), proctitle=PROCTITLE)
     try:
         _serve_one(sock, plan)
     except BaseException as e:
@@ -297,7 +274,10 @@ def _pid1(sock: _socket.socket, plan: Mapping[str, Any], prog: Any, procs: list[
 def _serve_one(sock: _socket.socket, plan: Mapping[str, Any]) -> None:
     """C2, contained: take the command and its three pipe ends, start it as the agent's
     ``spawn`` does, reap until it exits (pid 1 reaps every orphan), report."""
-    msg, anc, _f, _a = sock.recvmsg(1 << 16, _socket.CMSG_SPACE(3 * 4))
+    from corral.providers.linux.init import contain
+    # close-on-exec from the start (as ``fdpass`` receives): never a command's fd 3-5
+    msg, anc, _f, _a = sock.recvmsg(1 << 16, _socket.CMSG_SPACE(3 * 4),
+                                    _socket.MSG_CMSG_CLOEXEC)
     fds: list[int] = []
     for level, kind, data in anc:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
@@ -310,26 +290,15 @@ def _serve_one(sock: _socket.socket, plan: Mapping[str, Any]) -> None:
     _signal.set_wakeup_fd(wake_w)
     _signal.signal(_SIGCHLD, lambda *_: None)
     _signal.signal(_signal.SIGPIPE, _signal.SIG_IGN)
-    env = dict(plan["env_base"])
     try:
-        pid = os.posix_spawn(
-            argv[0], argv, env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, fds[0], 0), (os.POSIX_SPAWN_DUP2, fds[1], 1),
-                          (os.POSIX_SPAWN_DUP2, fds[2], 2)],
-            setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
+        pid = contain.spawn(argv[0], argv, dict(plan["env_base"]), fds)
     except OSError as e:
         _send(sock, f"S {e.errno or 0} {argv[0]}: {e.strerror}")
         return
     finally:
         for fd in fds:
             os.close(fd)
-    cpu_s = plan.get("cpu_rlimit_s")
-    if cpu_s:
-        import resource
-        try:
-            resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-        except OSError:
-            pass  # already gone
+    contain.limit_cpu(pid, plan.get("cpu_rlimit_s"))
     while True:
         try:
             got, status, ru = os.wait4(-1, os.WNOHANG)
@@ -347,17 +316,24 @@ def _serve_one(sock: _socket.socket, plan: Mapping[str, Any]) -> None:
             return
         if got:
             continue
-        try:
-            ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
-        except InterruptedError:
-            continue
-        if wake_r in ready:
-            try:
-                os.read(wake_r, 4096)
-            except BlockingIOError:
-                pass
-        if sock.fileno() in ready and not sock.recv(16):
+        if _woken([sock.fileno()], wake_r, None) and not sock.recv(16):
             os._exit(0)  # the caller is gone: the pid namespace dies with us
+
+
+def _woken(fds: list[int], wake_r: int, timeout: float | None) -> list[int]:
+    """Wait until one of ``fds`` is readable or a signal arrives (``wake_r``, the wakeup
+    fd's pipe, is then drained); the readable ones among ``fds``."""
+    try:
+        ready, _, _ = select.select([*fds, wake_r], [], [], timeout)
+    except InterruptedError:
+        return []
+    if wake_r in ready:
+        try:
+            while os.read(wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+    return [fd for fd in ready if fd != wake_r]
 
 
 # -- the caller's side ------------------------------------------------------------------
@@ -374,122 +350,38 @@ class _Limits:
         self.disk_mb = disk_mb
 
 
-_MIB: Final = 1024 * 1024
+def _make_cgroup(facts: tuple[str, tuple[tuple[str, str], ...], str], limits: _Limits
+                 ) -> CgroupDirs:
+    """The sandbox's cgroup, as ``CgroupManager.create`` makes it (``CgroupDirs.make``,
+    the same name and limits); OSError on any failure (nothing left)."""
+    full = sandbox_name("corral", os.getpid(), os.urandom(6).hex())
+    try:
+        return CgroupDirs.make(full, facts[0], facts[1], facts[2], limits.mem_mb,
+                               limits.max_processes)
+    except OSError:
+        raise
+    except Exception as err:  # v2_enable's ProviderError: the library path says why
+        raise OSError(errno.EIO, f"cannot create cgroup {full}: {err}") from err
 
 
-class _Cgroup(CgroupReader):
-    """One sandbox cgroup, made and read as ``host.cgroups.CgroupManager.create`` and
-    ``SandboxCgroup`` do (same name, dirs, limit files and values; a test holds them
-    equal), without loading that module (its dataclasses cost more than the whole
-    run). The host's cgroup facts come from ``CgroupManager().support`` (cached, see
-    :func:`_prepare`)."""
-
-    __slots__ = ("dirs", "oom_source", "version")
-
-    def __init__(self, version: str, oom_source: str) -> None:
-        self.version = version
-        self.oom_source = oom_source
-        self.dirs: dict[str, str] = {}
-
-    @classmethod
-    def create(cls, support: tuple[str, tuple[tuple[str, str], ...], str], name: str,
-               limits: _Limits) -> _Cgroup:
-        """``CgroupManager.create(name, limits)``; OSError on any failure (nothing left)."""
-        version, parents, oom_source = support
-        pid = os.getpid()
-        full = f"corral-{pid}-{start_ticks(pid) or 0}-{name}"
-        cg = cls(version, oom_source)
+def _reap_orphans(facts: tuple[str, tuple[tuple[str, str], ...], str]) -> None:
+    """Remove the sandbox cgroups whose owner died (a ``corral run`` killed by SIGKILL
+    cannot remove its own; a library ``LinuxProvider()`` start does the same), each
+    emptied first. Said on stderr, never fatal."""
+    for name, dirs in listing(facts[1], orphaned=True, by_first=True).items():
         try:
-            for key, parent in parents:
-                if parent in cg.dirs.values():
-                    continue
-                path = os.path.join(parent, full)
-                for attempt in (1, 2):  # retry once if a racing remove_parents() won
-                    try:
-                        os.mkdir(parent)
-                    except FileExistsError:
-                        pass
-                    if key == "unified":
-                        from corral.providers.linux.host.cgroupfs import v2_enable
-                        v2_enable(os.path.dirname(parent), parent)
-                    try:
-                        os.mkdir(path)
-                        break
-                    except FileNotFoundError:
-                        if attempt == 2:
-                            raise
-                cg.dirs[key] = path
-            cg._apply(limits)
-        except BaseException as err:
-            cg.remove()
-            if isinstance(err, Exception) and not isinstance(err, OSError):
-                raise OSError(errno.EIO, f"cannot create cgroup {full}: {err}") from err
-            raise
-        return cg
-
-    def _apply(self, limits: _Limits) -> None:
-        """``SandboxCgroup.apply``: memory+swap and pids (cpu is accounted, not capped)."""
-        for key, name, value in limit_writes(self.version, limits.mem_mb,
-                                             limits.max_processes):
-            self._write(key, name, value)
-
-    def _write(self, key: str, name: str, value: str) -> None:
-        path = self._file(key, name)
-        if path is None or not os.path.exists(path):
-            raise OSError(errno.ENOENT, f"cgroup file {name} ({key}) missing")
-        write_text(path, value)
-
-    @property
-    def join_files(self) -> list[str]:
-        """What pid 1 writes "0" into to join: on v1 each hierarchy's ``tasks`` (pid 1 is
-        single-threaded then, so the thread is the whole process; a ``tasks`` write of
-        the writer itself skips the global threadgroup lock whose RCU grace period a
-        ``cgroup.procs`` write waits for), on v2 ``cgroup.procs``."""
-        name = "tasks" if self.version == "v1" else "cgroup.procs"
-        return [os.path.join(d, name) for d in self.dirs.values()]
-
-    def _pids(self) -> list[int]:
-        out: set[int] = set()
-        for d in self.dirs.values():
-            for f in ("cgroup.procs", "tasks") if self.version == "v1" else ("cgroup.procs",):
-                try:
-                    with open(os.path.join(d, f), "rb") as fh:
-                        out.update(int(x) for x in fh.read().split())
-                except OSError as err:
-                    if err.errno not in (errno.ENOENT, errno.ENODEV):
-                        raise
-        return sorted(out)
-
-    def remove(self) -> None:
-        """Remove every directory. Once pid 1 is reaped the cgroup is empty (the pid
-        namespace died with it, and every process of the cgroup was in it), so each
-        rmdir is tried first; while one is busy (EBUSY), whatever is left in the cgroup
-        is SIGKILLed and the rmdir retried, for up to 5 s."""
-        deadline = time.monotonic() + 5.0
-        for d in self.dirs.values():
-            while True:
-                try:
-                    os.rmdir(d)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as err:
-                    if err.errno != errno.EBUSY or time.monotonic() > deadline:
-                        raise OSError(err.errno, f"cannot remove cgroup {d}: {err}") from err
-                for pid in self._pids():
-                    try:
-                        os.kill(pid, _SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.001)
-        self.dirs = {}
+            CgroupDirs(name, facts[0], dirs, facts[2]).remove()
+        except OSError as e:
+            os.write(2, f"corral: warning: {e}\n".encode(errors="replace"))
 
 
 class _Setup:
     """What the caller made for one run, undone by :meth:`close` on every path."""
 
     def __init__(self) -> None:
-        self.cg: _Cgroup | None = None
+        self.cg: CgroupDirs | None = None
+        #: the host's cgroup facts, once a cgroup was made: close() reaps orphans then
+        self.cg_facts: tuple[str, tuple[tuple[str, str], ...], str] | None = None
         self.uids: Any = None
         self.fds: list[int] = []
         self.pidfd = -1
@@ -526,21 +418,16 @@ class _Setup:
                     cg.remove()
                 except OSError as e:  # said, never silent
                     os.write(2, f"corral: warning: {e}\n".encode(errors="replace"))
+            if self.cg_facts is not None:
+                facts, self.cg_facts = self.cg_facts, None
+                _reap_orphans(facts)
         finally:
             if self.uids is not None:
                 self.uids.close()
                 self.uids = None
 
 
-def _write_proc(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
-def _cpu_of(cg: _Cgroup | None) -> int:
+def _cpu_of(cg: CgroupDirs | None) -> int:
     try:
         return cg.cpu_ms() if cg is not None else 0
     except (OSError, ValueError):
@@ -740,8 +627,8 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
     output goes to ``out_fd``/``err_fd`` as it arrives. None: the sandbox could not be
     set up (nothing of the command ran); take the library path."""
     from corral.providers.linux import _sys_unsafe as su
-    from corral.providers.linux.host.uidpool import BIND_UID, SandboxUids
-    from corral.providers.linux.init import contain, mounts, pid1  # noqa: F401  # C2 runs them
+    from corral.providers.linux.host.uidpool import SandboxUids
+    from corral.providers.linux.init import clone, contain, mounts, pid1  # noqa: F401  # C2 runs them
 
     started = time.monotonic()
     trace("one-shot imported")
@@ -765,16 +652,14 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
             del prepared, prog_bytes
             su.preresolve()
             if cg_facts[0] != "none":
-                s.cg = _Cgroup.create(cg_facts, os.urandom(6).hex(), limits)
+                s.cg_facts = cg_facts
+                s.cg = _make_cgroup(cg_facts, limits)
             procs = [os.open(p, os.O_WRONLY | os.O_CLOEXEC)
                      for p in (s.cg.join_files if s.cg is not None else ())]
             s.fds += procs
             s.uids = SandboxUids()
-            uid, gid, _pooled = s.uids.pick(wire["uid_map"][1], wire["gid_map"][1])
-            trees = mounts.detach_sources(wire["mounts"]) if s.uids.root else []
+            uid, gid, _pooled, trees = clone.prepare(wire, s.uids)
             s.fds += trees
-            if s.uids.root:  # as the fork server does (no read-write bind on this path yet)
-                mounts.idmap_trees(wire["mounts"], trees, uid, gid, BIND_UID)
             mine, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
             s.fds += [mine.fileno(), theirs.fileno()]
             in_r, in_w = os.pipe2(os.O_CLOEXEC)
@@ -785,26 +670,17 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
             switch = s.uids.root and (uid, gid) != (0, 0)
             if switch:  # the new user namespace is owned by the sandbox's own uid
                 su.keep_caps_on_setuid()
-                os.setresgid(-1, gid, -1)
-                os.setresuid(-1, uid, -1)
-            try:
-                pid, pidfd = su.clone_pidfd(flags)
-                if pid == 0:
-                    try:
-                        _pid1(theirs, wire, prog, procs, trees)
-                    finally:
-                        os._exit(70)
-            finally:
-                if switch:
-                    os.setresuid(-1, 0, -1)
-                    os.setresgid(-1, 0, -1)
+            pid, pidfd = clone.clone_pid1(flags, uid, gid, switch=switch)
+            if pid == 0:
+                try:
+                    _pid1(theirs, wire, prog, procs, trees)
+                finally:
+                    os._exit(70)
             s.pid, s.pidfd = pid, pidfd
             for fd in (*procs, *trees, theirs.detach()):
                 os.close(fd)
                 s.fds.remove(fd)
-            _write_proc(f"/proc/{pid}/setgroups", b"deny")
-            _write_proc(f"/proc/{pid}/uid_map", b"0 %d 1\n" % uid)
-            _write_proc(f"/proc/{pid}/gid_map", b"0 %d 1\n" % gid)
+            clone.write_maps(pid, uid, gid)
             mine.send(b"go")
             mine.sendmsg([b"\0".join(os.fsencode(a) for a in req.argv)],
                          [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
@@ -928,17 +804,8 @@ def _loop(req: OneShot, s: _Setup, sock: _socket.socket, out_r: int, err_r: int,
             wait = min(wait, _CPU_POLL_S)
         if eof_deadline is not None:
             wait = min(wait, max(0.0, eof_deadline - now))
-        watch = [*live, wake_r] + ([sock.fileno()] if sock_open and report is None else [])
-        try:
-            ready, _, _ = select.select(watch, [], [], wait)
-        except InterruptedError:
-            continue
-        if wake_r in ready:
-            try:
-                os.read(wake_r, 256)
-            except BlockingIOError:
-                pass
-        for fd in ready:
+        watch = [*live] + ([sock.fileno()] if sock_open and report is None else [])
+        for fd in _woken(watch, wake_r, wait):
             if fd in streams:
                 chunk = os.read(fd, 65536)
                 if not chunk:
@@ -1010,21 +877,21 @@ def _loop(req: OneShot, s: _Setup, sock: _socket.socket, out_r: int, err_r: int,
     return Report("exit", code, cpu, rss, wall)
 
 
-def _oom_kills(cg: _Cgroup) -> int:
+def _oom_kills(cg: CgroupDirs) -> int:
     try:
         return cg.oom_kills()
     except (OSError, ValueError):
         return 0
 
 
-def _peak_mb(cg: _Cgroup) -> int | None:
+def _peak_mb(cg: CgroupDirs) -> int | None:
     try:
         return cg.peak_mb() or None
     except (OSError, ValueError):
         return None
 
 
-def _pids_max_events(cg: _Cgroup) -> int:
+def _pids_max_events(cg: CgroupDirs) -> int:
     try:
         return cg.pids_max_events()
     except (OSError, ValueError):
@@ -1036,7 +903,7 @@ def _cpu_killed() -> str:
     return CPU_KILLED
 
 
-def _limit_hit(lim: _Limits, cg: _Cgroup | None, code: int, cpu_ms: int, disk_free: int
+def _limit_hit(lim: _Limits, cg: CgroupDirs | None, code: int, cpu_ms: int, disk_free: int
                ) -> tuple[str, int, int | None, str] | None:
     """Which limit ended the command, if one did: the provider's rules
     (:func:`corral.providers.linux.policy.outcomes.limit_hit`), on this path's facts (a

@@ -39,7 +39,7 @@ from typing import Final, final
 
 from corral.core.errors import ConfigInvalidError, LevelNotSupportedError, ProviderError
 from corral.core.spec import SandboxLimits
-from corral.providers.linux.host.cgroupfiles import CgroupReader, limit_writes, start_ticks
+from corral.providers.linux.host.cgroupfiles import CgroupDirs, listing, sandbox_name
 from corral.providers.linux.host.cgroupfs import (
     CgroupSupport,
     CgroupUsage,
@@ -48,7 +48,6 @@ from corral.providers.linux.host.cgroupfs import (
     read_int,
     read_keyed,
     read_text,
-    v2_enable,
     write_text,
 )
 
@@ -78,7 +77,6 @@ class CgroupManager:
             raise ConfigInvalidError("cgroups.prefix", f"must match [a-z][a-z0-9_]*: {prefix!r}")
         self.prefix = prefix
         self.support = detect(root, prefix=prefix)
-        self._name_re = re.compile(rf"{prefix}-(\d+)-(\d+)-[A-Za-z0-9_.]+")
 
     def require(self, limits: SandboxLimits, *, pause: bool = False) -> None:
         """Refuse, naming every missing primitive, when ``limits`` cannot be enforced."""
@@ -122,68 +120,23 @@ class CgroupManager:
         if not _NAME_OK.fullmatch(name):
             raise ConfigInvalidError("cgroups.name", f"must match [A-Za-z0-9_.]{{1,64}}: {name!r}")
         self.require(limits)
-        pid = os.getpid() if owner_pid is None else owner_pid
-        full = f"{self.prefix}-{pid}-{start_ticks(pid) or 0}-{name}"
+        full = sandbox_name(self.prefix, os.getpid() if owner_pid is None else owner_pid, name)
         s = self.support
-        dirs: dict[str, str] = {}
-        cg = SandboxCgroup(full, s.version, dirs, s.oom_source)
         try:
-            for key, parent in s.parents.items():
-                if parent in dirs.values():
-                    continue
-                path = os.path.join(parent, full)
-                for attempt in (1, 2):  # retry once if a racing remove_parents() won
-                    self._ensure_parent(key, parent)
-                    try:
-                        os.mkdir(path)
-                        break
-                    except FileNotFoundError:
-                        if attempt == 2:
-                            raise
-                dirs[key] = path
-            cg.apply(limits)
-        except BaseException as err:
-            cg.remove()
-            if isinstance(err, OSError):
-                raise ProviderError(f"cannot create cgroup {full}: {err}", err) from err
-            raise
-        return cg
-
-    def _ensure_parent(self, key: str, parent: str) -> None:
-        try:
-            os.mkdir(parent)
-        except FileExistsError:
-            pass
-        if key == "unified":
-            v2_enable(os.path.dirname(parent), parent)
+            return SandboxCgroup.make(full, s.version, dict(s.parents), s.oom_source,
+                                      limits.mem_mb, limits.max_processes)
+        except OSError as err:
+            raise ProviderError(f"cannot create cgroup {full}: {err}", err) from err
 
     def list_cgroups(self) -> dict[str, dict[str, str]]:
         """Corral's sandbox cgroups under this manager's parents: name -> {hierarchy: dir}."""
-        out: dict[str, dict[str, str]] = {}
-        seen: set[str] = set()
-        for key, parent in self.support.parents.items():
-            if parent in seen:
-                continue
-            seen.add(parent)
-            try:
-                entries = os.listdir(parent)
-            except FileNotFoundError:
-                continue
-            for e in entries:
-                if self._name_re.fullmatch(e) and os.path.isdir(os.path.join(parent, e)):
-                    out.setdefault(e, {})[key] = os.path.join(parent, e)
-        return out
+        return listing(dict(self.support.parents), self.prefix)
 
     def reap_orphans(self) -> list[str]:
         """Kill and remove corral cgroups whose owner died; return their names."""
         reaped = []
-        for name, dirs in sorted(self.list_cgroups().items()):
-            m = self._name_re.fullmatch(name)
-            assert m is not None
-            pid, ticks = int(m.group(1)), int(m.group(2))
-            now = start_ticks(pid)
-            if now is not None and (ticks == 0 or now == ticks):
-                continue  # owner alive (same process, or its start time was unknown)
+        found = listing(dict(self.support.parents), self.prefix, orphaned=True)
+        for name, dirs in sorted(found.items()):
             SandboxCgroup(name, self.support.version, dirs, self.support.oom_source).remove()
             reaped.append(name)
         return reaped
@@ -198,37 +151,17 @@ class CgroupManager:
 
 
 @final
-class SandboxCgroup(CgroupReader):
-    """One sandbox's cgroup: a dir per v1 hierarchy, or one v2 dir. Its readings
-    (``cpu_ms``, ``oom_kills``, ``peak_mb``, ``pids_max_events``) are
-    :class:`~corral.providers.linux.host.cgroupfiles.CgroupReader`'s."""
-
-    def __init__(self, name: str, version: CgroupVersion, dirs: dict[str, str],
-                 oom_source: str = "") -> None:
-        self.name = name
-        self.version = version
-        self.dirs = dirs
-        self.oom_source = oom_source
+class SandboxCgroup(CgroupDirs):
+    """One sandbox's cgroup (:class:`~corral.providers.linux.host.cgroupfiles.CgroupDirs`:
+    made, limited, joined, read and removed as the one-shot path does), with the
+    provider's typed errors, the freezer, a whole-cgroup kill and usage."""
 
     def __repr__(self) -> str:
         return f"SandboxCgroup({self.name!r}, {self.version}, {sorted(self.dirs.values())})"
 
-    @property
-    def path(self) -> str:
-        """The main directory (v2: the one dir; v1: memory's, else the first); "" if none."""
-        return self.dirs.get("unified") or self.dirs.get("memory") or next(
-            iter(self.dirs.values()), "")
-
-    @property
-    def procs_files(self) -> list[str]:
-        """The cgroup.procs files a child writes its own pid into (before unsharing)."""
-        return [os.path.join(d, "cgroup.procs") for d in self.dirs.values()]
-
     def apply(self, limits: SandboxLimits) -> None:
         """Write ``limits`` (memory+swap and pids; cpu is accounted, not capped)."""
-        for key, name, value in limit_writes(self.version, limits.mem_mb,
-                                             limits.max_processes):
-            self._write(key, name, value)
+        self.apply_limits(limits.mem_mb, limits.max_processes)
 
     def _write(self, key: str, name: str, value: str) -> None:
         path = self._file(key, name)
@@ -245,17 +178,6 @@ class SandboxCgroup(CgroupReader):
                 write_text(f, str(pid))
             except OSError as err:
                 raise ProviderError(f"cannot move pid {pid} into {f}: {err}", err) from err
-
-    def pids(self) -> list[int]:
-        """Processes (and, on v1, tasks) in this cgroup, sorted, without duplicates."""
-        out: set[int] = set()
-        for d in self.dirs.values():
-            for f in ("cgroup.procs", "tasks") if self.version == "v1" else ("cgroup.procs",):
-                try:
-                    out.update(int(x) for x in read_text(os.path.join(d, f)).split())
-                except FileNotFoundError:
-                    pass
-        return sorted(out)
 
     def freeze(self) -> None:
         """Stop every process (freezer) and wait until the kernel says frozen."""
@@ -324,21 +246,14 @@ class SandboxCgroup(CgroupReader):
                 return []
             raise
 
-    def remove(self) -> None:
-        """Kill everything inside, then remove every directory; idempotent."""
+    def remove(self, timeout: float = 2.0) -> None:
+        """Kill everything inside (freezing first: a fork bomb cannot outrun it), then
+        remove every directory; idempotent."""
         self.kill_all()
-        for d in self.dirs.values():
-            deadline = time.monotonic() + 2.0
-            while True:
-                try:
-                    os.rmdir(d)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as err:
-                    if err.errno != errno.EBUSY or time.monotonic() > deadline:
-                        raise ProviderError(f"cannot remove cgroup {d}: {err}", err) from err
-                    time.sleep(0.01)
+        try:
+            super().remove(timeout)
+        except OSError as err:
+            raise ProviderError(str(err), err) from err
 
     def usage(self) -> CgroupUsage:
         """CPU time, peak memory, oom kills and live pids (0 where not measured)."""

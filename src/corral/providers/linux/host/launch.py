@@ -17,6 +17,7 @@ from corral.core.errors import CreateCancelledError, LevelNotSupportedError, Pro
 from corral.core.spec import SandboxLimits
 from corral.providers.linux.host.channel import REQUEST_TIMEOUT_S, Channel, Zygote, kill_pidfd
 from corral.providers.linux.host.spares import Launched
+from corral.providers.linux.init.clone import IDMAP_ERROR  # the launcher's word for it
 from corral.providers.linux.policy.plan import SandboxPlan
 
 if TYPE_CHECKING:
@@ -25,9 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["launch", "race"]
 
 _T = TypeVar("_T")
-#: the fork server's word for a create refused for want of an idmapped mount
-#: (``init.zygote.IDMAP_ERROR``; that module is not loaded on the host)
-IDMAP_ERROR = "idmapped mount"
 IDMAP_FIX = ("; a read-write bind as root needs one (what the sandbox writes then lands "
              "on the host as uid 0x70000000, never as a sandbox's uid): bind a directory "
              "on a file system with idmapped mounts (ext4, xfs, btrfs, tmpfs since 6.3; "
@@ -58,7 +56,7 @@ async def launch(plan: SandboxPlan, prog: bytes, cancel: CancelToken | None, *,
         check_cancel()
         host_end, sb_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         forking = asyncio.ensure_future(zygote.create(
-            plan.to_wire(), list(cg.procs_files) if cg else [], sb_end.fileno()))
+            plan.to_wire(), list(cg.join_files) if cg else [], sb_end.fileno()))
         try:
             try:
                 _pid, pidfd = await asyncio.shield(forking)

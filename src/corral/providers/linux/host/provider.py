@@ -26,7 +26,7 @@ from corral.providers.linux.host.cpuwatch import CpuWatch
 from corral.providers.linux.host.egress import NeverReach, Resolver
 from corral.providers.linux.host.launch import launch, race
 from corral.providers.linux.host.netrelay import check_entries
-from corral.providers.linux.host.sandbox import LinuxSandbox
+from corral.providers.linux.host.sandbox import LinuxSandbox, SandboxHost
 from corral.providers.linux.host.spares import Launched, Reaper, kill_launched, shape_key
 from corral.providers.linux.init import mounts
 from corral.providers.linux.policy.plan import (
@@ -180,9 +180,7 @@ class LinuxProvider(SandboxProvider):
         caps = {"strict", "streaming", "streaming-exec", "warm-fork", "process-count",
                 "snapshot", "restore", "network-allowlist", "network-unrestricted",
                 "preview-url"}
-        self._egress_resolver = egress_resolver
         self.egress_never = egress_never
-        self._egress_upstream_ssl = egress_upstream_ssl_context
         if self._cgroups.support.has("freezer"):
             caps.add("pause")
         self.capabilities = frozenset(caps)
@@ -197,6 +195,12 @@ class LinuxProvider(SandboxProvider):
         self._reaper = Reaper()
         #: enforces cpu_ms for every live sandbox that has one (one timer for all)
         self._cpu_watch = CpuWatch()
+        #: what each sandbox uses of this provider (its only way back here)
+        self._sandbox_host = SandboxHost(
+            cpu_watch=self._cpu_watch, reaper=self._reaper, forget=self._forget,
+            snapshots=self.snapshots, capabilities=self.capabilities,
+            stdout_cap=stdout_cap, stderr_cap=stderr_cap, egress_resolver=egress_resolver,
+            egress_upstream_ssl=egress_upstream_ssl_context, egress_never=egress_never)
         self._plans: dict[tuple[Any, ...], SandboxPlan] = {}  # create's cache (image-less)
         self._keys: dict[int, tuple[SandboxPlan, str]] = {}   # id(plan) -> its shape key
         self._preloaded: set[str] = set()  # modules and fork entries the zygote loaded
@@ -325,7 +329,7 @@ class LinuxProvider(SandboxProvider):
         try:
             if cancel is not None and cancel.cancelled:
                 raise CreateCancelledError(f"create cancelled: {cancel.reason}")
-            sb = LinuxSandbox(provider=self, sid=item.sid, spec=spec, plan=plan,
+            sb = LinuxSandbox(host=self._sandbox_host, sid=item.sid, spec=spec, plan=plan,
                               channel=item.chan, pidfd=item.pidfd, cgroup=item.cg)
         except BaseException:
             await asyncio.shield(kill_launched(item, self._reaper))
@@ -333,7 +337,7 @@ class LinuxProvider(SandboxProvider):
         self._live.add(sb)
         if spec.network.kind != "none":
             try:  # before the sandbox is handed out: no command has run in it yet
-                await sb._start_network()
+                await sb.start_network()
             except BaseException:
                 await asyncio.shield(sb.destroy())
                 raise

@@ -44,9 +44,14 @@ from corral.providers.linux.policy.outcomes import CPU_KILLED, limit_hit
 from corral.providers.linux.policy.plan import SandboxPlan
 
 if TYPE_CHECKING:
-    from corral.providers.linux.host.provider import LinuxProvider
+    import ssl
 
-__all__ = ["LinuxSandbox"]
+    from corral.providers.linux.host.cpuwatch import CpuWatch
+    from corral.providers.linux.host.egress import NeverReach, Resolver
+    from corral.providers.linux.host.spares import Reaper
+    from corral.providers.linux.snapshots import SnapshotStore
+
+__all__ = ["LinuxSandbox", "SandboxHost"]
 
 _EOF_GRACE_S = 0.2
 #: exit events kept for pids whose spawn reply is still on its way, at most
@@ -80,6 +85,25 @@ def _check_argv(argv: Sequence[str]) -> list[str]:
 
 
 @final
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxHost:
+    """What a :class:`LinuxSandbox` uses of the provider that made it, handed over
+    explicitly (one per provider): the services it shares with its siblings, and
+    ``forget``, which tells the provider the sandbox is gone."""
+
+    cpu_watch: CpuWatch
+    reaper: Reaper
+    forget: Callable[[LinuxSandbox], None]
+    snapshots: SnapshotStore
+    capabilities: frozenset[str]
+    stdout_cap: int
+    stderr_cap: int
+    egress_resolver: Resolver | None
+    egress_upstream_ssl: ssl.SSLContext | None
+    egress_never: NeverReach | None
+
+
+@final
 class LinuxSandbox(Sandbox):
     """A sandbox of the linux provider (made by LinuxProvider.create only).
 
@@ -89,12 +113,12 @@ class LinuxSandbox(Sandbox):
     like a shell.
     """
 
-    def __init__(self, *, provider: LinuxProvider, sid: str, spec: SandboxSpec,
+    def __init__(self, *, host: SandboxHost, sid: str, spec: SandboxSpec,
                  plan: SandboxPlan, channel: Channel, pidfd: int, cgroup: Any) -> None:
         self.id = sid
         self.spec = spec
         self.plan = plan
-        self._provider = provider
+        self._host = host
         self._chan = channel
         self._pidfd = pidfd
         self._cg = cgroup
@@ -111,9 +135,9 @@ class LinuxSandbox(Sandbox):
         #: the egress proxy (network allowlist/unrestricted) and preview URLs; started
         #: by the provider's create before the sandbox is handed out
         self.network = SandboxNetwork(spec.network, self._agent_socket,
-                                      resolver=provider._egress_resolver,
-                                      upstream_ssl_context=provider._egress_upstream_ssl,
-                                      never=provider.egress_never)
+                                      resolver=host.egress_resolver,
+                                      upstream_ssl_context=host.egress_upstream_ssl,
+                                      never=host.egress_never)
         #: what every command's env gets for the network (the proxy's variables)
         self._net_env: dict[str, str] = {}
         #: (path, bytes) of the CA bundle written at create (a policy with secrets)
@@ -209,7 +233,7 @@ class LinuxSandbox(Sandbox):
                                 f"{str(h.get('reason', h.get('error', '?')))[:_MAX_REASON]}")
         return fds[0]
 
-    async def _start_network(self) -> None:
+    async def start_network(self) -> None:
         """Serve the egress proxy inside the sandbox (policy allowlist/unrestricted) and
         point every command's env at it; called once, by the provider's create."""
         await self.network.start()
@@ -297,7 +321,7 @@ class LinuxSandbox(Sandbox):
         cap = self.plan.limits.cpu_ms
         if cap is None or self._cg is None or self._destroyed or self._cpu_over:
             return
-        self._provider._cpu_watch.add(self, cap, self._cg.cpu_ms, self._cpu_cap_hit)
+        self._host.cpu_watch.add(self, cap, self._cg.cpu_ms, self._cpu_cap_hit)
 
     def _cpu_error(self) -> LimitsExceededError:
         return LimitsExceededError("cpu", self.plan.limits.cpu_ms or 0, self._cpu_over,
@@ -427,7 +451,7 @@ class LinuxSandbox(Sandbox):
         before = (self._oom_kills(), self._pids_max_events()) if self._ran else (0, 0)
         run, in_w, out_r, err_r, spawn_err = await self._start(argv, opts.env, opts.cwd)
         stdin = StdinPipe(in_w)
-        caps = opts.output_caps(self._provider.stdout_cap, self._provider.stderr_cap)
+        caps = opts.output_caps(self._host.stdout_cap, self._host.stderr_cap)
         bufs = (OutputBuffer(caps[0], _to_fd(on_output, 1)),
                 OutputBuffer(caps[1], _to_fd(on_output, 2)))
         over: list[int] = []  # the fd that passed its cap first
@@ -611,14 +635,14 @@ class LinuxSandbox(Sandbox):
         """Capture /work (regular files and dirs); the handle restores in this provider only."""
         self._check_cpu()
         _h, payload = await self._call({"op": "snapshot"}, reply_payload=True)
-        return await self._provider.snapshots.put(payload, tenant=self.spec.tenant_id,
+        return await self._host.snapshots.put(payload, tenant=self.spec.tenant_id,
                                                   owner=self.id)
 
     async def restore(self, handle: SnapshotHandle) -> None:
         """Replace /work with a snapshot's content (InvalidSnapshotHandleError if not ours);
         the sandbox's own CA bundle (a policy with secret headers) is written again."""
         self._check_cpu()
-        data = await self._provider.snapshots.get(handle, tenant=self.spec.tenant_id)
+        data = await self._host.snapshots.get(handle, tenant=self.spec.tenant_id)
         await self._call({"op": "restore"}, data)
         if self._ca_bundle is not None:
             await self.write_file(*self._ca_bundle)
@@ -626,7 +650,7 @@ class LinuxSandbox(Sandbox):
     def _freezer(self) -> Any:
         self._check_cpu()
         self._live()
-        if self._cg is None or "pause" not in self._provider.capabilities:
+        if self._cg is None or "pause" not in self._host.capabilities:
             raise PauseNotSupportedError("this host has no cgroup freezer for corral")
         return self._cg
 
@@ -696,12 +720,12 @@ class LinuxSandbox(Sandbox):
         try:
             await self._destroy()
         finally:
-            self._provider.snapshots.drop_owner(self.id)
+            self._host.snapshots.drop_owner(self.id)
             await self.network.aclose()
 
     async def _destroy(self) -> None:
         self._destroyed = True
-        self._provider._forget(self)
+        self._host.forget(self)
         self._chan.close()
         cg, self._cg = self._cg, None
         gone = False
@@ -720,20 +744,20 @@ class LinuxSandbox(Sandbox):
                 # the init is the only task and has SIGKILL pending: it never runs
                 # user code again and nothing can fork; its exit finishes off-path
                 self._on_agent_gone()
-                self._provider._reaper.submit(cg, pidfd)
+                self._host.reaper.submit(cg, pidfd)
                 return
             try:
                 gone = await wait_exit(pidfd)
             except BaseException:
                 if cg is not None:  # cancelled: the reaper still kills and removes it
-                    self._provider._reaper.submit(cg)
+                    self._host.reaper.submit(cg)
                 raise
             finally:
                 os.close(pidfd)
         self._on_agent_gone()
         if cg is not None:
             if gone:
-                self._provider._reaper.submit(cg)
+                self._host.reaper.submit(cg)
             else:
                 await asyncio.to_thread(kill_and_remove, cg)
 

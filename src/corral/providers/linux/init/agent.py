@@ -58,8 +58,7 @@ from corral.wire import agent as _frames
 __all__ = ["RAW_STDIO", "fork_entries", "main", "register_fork_entries", "seal_imports"]
 
 _MAX_FDS: Final = 3
-_RESET_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT,
-                         signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP)
+_RESET_SIGNALS: Final = contain.RESET_SIGNALS
 #: a fork entry function with this attribute set true does its own I/O on descriptors
 #: 0/1/2 (``os.read``/``os.write``): its child keeps the agent's ``sys.stdin``/``stdout``/
 #: ``stderr`` objects (on the same descriptor numbers, buffers empty: the agent never uses
@@ -245,11 +244,7 @@ class _Agent:
     @staticmethod
     def _limit_cpu(pid: int, cpu_s: int | None) -> None:
         """The CPU rlimit of a started command, in place before the reply."""
-        if cpu_s:
-            try:
-                resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-            except OSError:
-                pass  # already gone
+        contain.limit_cpu(pid, cpu_s)
 
     def spawn(self, h: Mapping[str, Any]) -> dict[str, Any]:
         fds = self._take_stdio("spawn")
@@ -266,12 +261,7 @@ class _Agent:
                 if self.command_rlimits:  # set in the child before it runs: no window
                     pid = self._fork_exec(prog, argv, env, fds)
                 else:
-                    pid = os.posix_spawn(
-                        prog, argv, env,
-                        file_actions=[(os.POSIX_SPAWN_DUP2, fds[0], 0),
-                                      (os.POSIX_SPAWN_DUP2, fds[1], 1),
-                                      (os.POSIX_SPAWN_DUP2, fds[2], 2)],
-                        setsid=True, setsigmask=(), setsigdef=_RESET_SIGNALS)
+                    pid = contain.spawn(prog, argv, env, fds)
             except OSError as e:
                 return {"errno": e.errno or 0, "reason": f"{argv[0]}: {e.strerror}"}
             finally:
@@ -483,17 +473,10 @@ class _Agent:
                 self.reap()
 
 
-def main(sock_fd: int, plan: Mapping[str, Any], seccomp_prog: bytes | su.Seccomp) -> None:
-    """Contain this process per ``plan`` (its file system view built, in its cgroup:
-    see ``zygote.py``), then serve; never returns."""
+def main(sock_fd: int, plan: Mapping[str, Any]) -> None:
+    """Serve ``plan``'s sandbox on ``sock_fd``; this process is contained already
+    (``pid1.bring_up``: view, cgroup, contain). Never returns."""
     sock = socket.socket(fileno=sock_fd)
-    try:
-        contain.contain(plan, keep_fd=sock_fd, seccomp_prog=seccomp_prog)
-    except BaseException as e:
-        try:
-            sock.sendall(_frames.encode({"error": f"sandbox setup failed: {e}"}))
-        finally:
-            os._exit(71)
     try:
         _Agent(sock, plan).serve()
     except BaseException:

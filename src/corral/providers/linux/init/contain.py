@@ -18,6 +18,7 @@ reports it and exits, so nothing half-built ever runs a command.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal.py's C module: no enums
 import os
 import resource
 
@@ -29,7 +30,13 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
-__all__ = ["build_view", "contain", "join_cgroup", "set_user_quotas"]
+__all__ = ["RESET_SIGNALS", "build_view", "contain", "join_cgroup", "limit_cpu",
+           "set_user_quotas", "spawn"]
+
+#: what a command starts with reset to default (the agent and the one-shot pid 1 ignore
+#: or catch some of them)
+RESET_SIGNALS = (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGXCPU, _signal.SIGINT,
+                 _signal.SIGTERM, _signal.SIGCHLD, _signal.SIGHUP)
 
 
 def build_view(plan: Mapping[str, Any], *, source_fds: Mapping[str, int],
@@ -118,3 +125,25 @@ def contain(plan: Mapping[str, Any], *, keep_fd: int,
     su.set_dumpable(False)
     # 6. seccomp last: every command the agent starts inherits it
     su.seccomp_install(seccomp_prog)
+
+
+def spawn(prog: str, argv: Sequence[str], env: Mapping[str, str],
+          stdio: Sequence[int]) -> int:
+    """Start one command as a contained pid 1 starts every command (the agent's
+    ``spawn`` and the one-shot path's): posix_spawn in a new session (its own process
+    group, no controlling terminal), ``stdio`` on 0/1/2 and no other descriptor of
+    them (a copy left at its old number would be a fourth pipe end the command holds),
+    default signal dispositions, nothing blocked. OSError if it cannot start."""
+    actions: list[tuple[int, ...]] = [(os.POSIX_SPAWN_DUP2, fd, n) for n, fd in enumerate(stdio)]
+    actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in dict.fromkeys(stdio) if fd > 2]
+    return os.posix_spawn(prog, list(argv), env, file_actions=actions, setsid=True,
+                          setsigmask=(), setsigdef=RESET_SIGNALS)
+
+
+def limit_cpu(pid: int, cpu_s: int | None) -> None:
+    """A started command's CPU rlimit (``cpu_s`` seconds; none: unlimited)."""
+    if cpu_s:
+        try:
+            resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+        except OSError:
+            pass  # already gone

@@ -1,14 +1,16 @@
-"""A sandbox's first two processes: pid 1 (the agent to be) and its view builder.
+"""A sandbox's first two processes: pid 1 and its view builder, and the one bring-up
+sequence both launch paths run (:func:`bring_up`).
 
-Both run inside the new namespaces, cloned from the zygote's template (see
-``zygote.py`` for the whole launch). pid 1 takes its plan, agent socket and
-cgroup files from the zygote (as root, also one detached mount tree per bind
-source: ``mounts.detach_sources``), forks the builder (pid 2), moves itself
-into the sandbox's cgroups while the builder builds the file system view
-(attaching those trees, or else binding the sources it opens as the caller),
-writes the user namespace's quotas, hostname and loopback, then becomes the
-agent (:func:`agent.main`). The builder's pages die with it, so pid 1 never
-holds a copy of the pages the mount code touched.
+Both run inside the new namespaces, cloned by the launcher (``clone.clone_pid1``: the
+zygote's template on the library path, the ``corral run`` process itself on the
+one-shot path). pid 1 takes its plan and cgroup files from the launcher (as root, also
+one detached mount tree per bind source: ``clone.prepare``), forks the builder (pid 2),
+moves itself into the sandbox's cgroups while the builder builds the file system view
+(attaching those trees, or else binding the sources it opens as the caller), writes the
+user namespace's quotas, hostname and loopback, contains itself, then becomes the agent
+(:func:`agent.main`, via :func:`main`) or the one-shot path's pid 1 (``oneshot``). The
+builder's pages die with it, so pid 1 never holds a copy of the pages the mount code
+touched.
 """
 
 from __future__ import annotations
@@ -20,21 +22,20 @@ from corral.providers.linux.init import contain
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without loading typing (the CLI's one-shot path)
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import Any
 
-__all__ = ["main"]
+__all__ = ["bring_up", "main"]
 
 #: SCM_RIGHTS' own limit (SCM_MAX_FD): the zygote never sends more
 _MAX_FDS = 253
 
 
 def main(ctl_fd: int, prog: su.Seccomp) -> None:
-    """C2, the sandbox's pid 1: take its plan, agent socket and cgroup files from the
-    zygote, have C3 build the file system view while it joins its cgroup, then
-    become the agent. Never returns."""
+    """C2, the library path's pid 1: take its plan, agent socket and cgroup files from
+    the zygote, :func:`bring_up`, then become the agent. Never returns."""
     # here, not at the top: the fork server has them loaded already, and the CLI's
-    # one-shot path (``oneshot.py``) uses only the view builder below
+    # one-shot path (``oneshot.py``) runs only :func:`bring_up`
     import signal
     import socket
 
@@ -54,12 +55,35 @@ def main(ctl_fd: int, prog: su.Seccomp) -> None:
         agent_fd, procs, trees = fds[0], fds[1:1 + nprocs], fds[1 + nprocs:]
     except BaseException:
         os._exit(72)
+
+    def report(why: str) -> None:
+        os.write(agent_fd, _jsonline.dumps({"error": why}) + b"\n")
+
+    bring_up(plan, keep_fd=agent_fd, procs=procs, trees=trees, prog=prog, report=report)
+    from corral.providers.linux.init import agent
+    agent.main(agent_fd, plan)
+
+
+def bring_up(plan: Mapping[str, Any], *, keep_fd: int, procs: list[int], trees: list[int],
+             prog: bytes | su.Seccomp, report: Callable[[str], object],
+             proctitle: bytes | None = None) -> None:
+    """The one bring-up of a sandbox's pid 1 (C2), the agent's and the one-shot relay's
+    alike: fork C3 to build the file system view (:func:`_build_view`), join the
+    sandbox's cgroup meanwhile (``contain.join_cgroup``: the move waits for an RCU grace
+    period on cgroup v1, or v2 without favordynmods), wait for C3, then contain this
+    process (``contain.contain``: the cgroup namespace, rlimits, descriptors: only
+    ``keep_fd`` stays, the privilege drop and seccomp last). ``proctitle``: what
+    ``/proc/1/cmdline`` shows instead of the launcher's command line (the zygote set its
+    own already). Returns contained; on any failure ``report(why)`` and exit 71: nothing
+    half-built ever runs a command."""
     try:
+        if proctitle is not None:
+            su.set_proctitle(proctitle)
         view_r, view_w = os.pipe2(os.O_CLOEXEC)
         c3 = su.fork_bare()
         if c3 == 0:
             try:
-                for fd in (view_r, agent_fd, *procs):
+                for fd in (view_r, keep_fd, *procs):
                     os.close(fd)
                 _build_view(plan, view_w, trees)
             finally:
@@ -67,23 +91,18 @@ def main(ctl_fd: int, prog: su.Seccomp) -> None:
         os.close(view_w)
         for fd in trees:  # the builder's now
             os.close(fd)
-        # the move waits for an RCU grace period (cgroup v1, or v2 without
-        # favordynmods; 9-19 ms measured): C3 builds the view meanwhile
-        contain.join_cgroup(procs)
+        contain.join_cgroup(procs)  # meanwhile C3 builds the view
         why = _read_all(view_r)
         os.close(view_r)
         _, status = os.waitpid(c3, 0)
         if status != 0:
             raise OSError(1, why.decode(errors="replace") or "the file system builder died")
+        contain.contain(plan, keep_fd=keep_fd, seccomp_prog=prog)
     except BaseException as e:
         try:
-            os.write(agent_fd, _jsonline.dumps({"error": f"sandbox setup failed: {e}"}) + b"\n")
+            report(f"sandbox setup failed: {e}")
         finally:
             os._exit(71)
-    # imported here, not at the top: the fork server has it loaded already, and the CLI's
-    # one-shot path (``oneshot.py``) reuses this module's view builder without an agent
-    from corral.providers.linux.init import agent
-    agent.main(agent_fd, plan, prog)
 
 
 def _build_view(plan: Mapping[str, Any], err_fd: int, trees: list[int]) -> None:

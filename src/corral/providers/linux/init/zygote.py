@@ -19,15 +19,18 @@ sandbox shares T's pages, and T writes a few pages per clone. Measured with
 
 For each create request:
 
-1. the zygote opens the sandbox's cgroup procs files (as the caller, outside
+(Steps 1-4 are the one bring-up both strict launchers share, the CLI's one-shot
+path included: ``clone.py`` on the launcher's side, ``pid1.bring_up`` in pid 1.)
+
+1. the zygote opens the sandbox's cgroup join files (as the caller, outside
    every new namespace: the kernel checks a move against the credentials a
    file was opened with); as root it picks the sandbox's own outside uid
    (``_uidpool``) and makes a detached, read-only copy of each bind source's
-   mount tree (``mounts.detach_sources``: the sandbox's uid need not reach a
+   mount tree (``clone.prepare``: the sandbox's uid need not reach a
    checkout under a 0700 home); it makes a socketpair for the new pid 1 and
    hands one end to T with the uid;
 2. T clones C2, the sandbox's pid 1, straight into new user, mount, pid, net,
-   ipc and uts namespaces with a pidfd (``_sys_unsafe.clone_pidfd``: race-free,
+   ipc and uts namespaces with a pidfd (``clone.clone_pid1``: race-free,
    and T lets the kernel reap its children), with that uid as its effective
    uid, so the new user namespace is owned by it (see "Per-user kernel quotas"
    in docs/security-model.md), and sends the pidfd back;
@@ -43,9 +46,9 @@ For each create request:
    Meanwhile C2 moves itself into the sandbox's cgroups
    (``contain.join_cgroup``: each move waits for an RCU grace period on
    cgroup v1, or v2 without favordynmods; 9-19 ms measured), waits for C3,
-   then runs :func:`agent.main`: its per-process checklist
-   (``contain.contain``: the cgroup namespace, rooted at the sandbox's
-   cgroup, then the privilege drop), then serve.
+   runs its per-process checklist (``contain.contain``: the cgroup namespace,
+   rooted at the sandbox's cgroup, then the privilege drop), all in
+   ``pid1.bring_up``, then serves as :func:`agent.main`.
 
 Every fork here is bare (``clone_pidfd``, ``fork_bare``), without Python's
 at-fork machinery (thread and lock re-initialisation, the ``threading``,
@@ -85,10 +88,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from corral.providers.linux import _sys_unsafe as su, fdpass as _fdpass
-from corral.providers.linux.host.uidpool import BIND_UID, SandboxUids
+from corral.providers.linux.host.uidpool import SandboxUids
 from corral.providers.linux.init import (
     agent,
-    mounts,
+    clone,
     pid1,
 )
 from corral.providers.linux.policy.plan import NAMESPACES
@@ -107,7 +110,7 @@ PROCTITLE: Final = b"corral"
 MAX_LAUNCH_FDS: Final = 253
 #: how a create that needs an idmapped mount and cannot have one fails (the host turns
 #: it into LevelNotSupportedError)
-IDMAP_ERROR: Final = "idmapped mount"
+IDMAP_ERROR: Final = clone.IDMAP_ERROR
 
 
 def boot_argv(import_root: str, fd: int) -> list[str]:
@@ -136,21 +139,6 @@ def _drain(fd: int) -> None:
         pass
 
 
-def _write_maps(pid: int, uid: int, gid: int) -> None:
-    """uid/gid 0 inside -> ``uid``/``gid`` outside (one id each), no setgroups."""
-    _write_proc(f"/proc/{pid}/setgroups", b"deny")
-    _write_proc(f"/proc/{pid}/uid_map", b"0 %d 1\n" % uid)
-    _write_proc(f"/proc/{pid}/gid_map", b"0 %d 1\n" % gid)
-
-
-def _write_proc(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
 # -- the template T -------------------------------------------------------------------
 def _template(sock_fd: int, prog: su.Seccomp) -> None:
     """T: per message ``G<uid> <gid>`` carrying a descriptor, clone a sandbox's pid 1
@@ -174,18 +162,11 @@ def _template(sock_fd: int, prog: su.Seccomp) -> None:
         if not data:
             os._exit(0)
         ctl = int.from_bytes(anc[0][2][:4], sys.byteorder) if anc else -1
-        switch = False
         try:
             uid, gid = _fork.decode_clone(data)
-            switch = root and (uid, gid) != (0, 0)
-            if switch:
-                os.setresgid(-1, gid, -1)
-                os.setresuid(-1, uid, -1)
-            pid, pidfd = su.clone_pidfd(_CLONE_FLAGS)
+            pid, pidfd = clone.clone_pid1(_CLONE_FLAGS, uid, gid,
+                                          switch=root and (uid, gid) != (0, 0))
         except (OSError, ValueError) as e:
-            if switch:
-                os.setresuid(-1, 0, -1)
-                os.setresgid(-1, 0, -1)
             sock.send(_fork.clone_failed(getattr(e, "errno", 0) or 0))
             os.close(ctl)
             continue
@@ -195,9 +176,6 @@ def _template(sock_fd: int, prog: su.Seccomp) -> None:
                 pid1.main(ctl, prog)
             finally:
                 os._exit(70)
-        if switch:  # inline: each page T writes after a clone stays in that sandbox
-            os.setresuid(-1, 0, -1)
-            os.setresgid(-1, 0, -1)
         sock.sendmsg([_fork.cloned(pid)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                       pidfd.to_bytes(4, sys.byteorder))])
         os.close(ctl)
@@ -263,18 +241,9 @@ def _create(req: Mapping[str, Any], agent_fd: int, template: _Template, uids: Sa
         except OSError as e:
             return {"ok": False, "error": f"cgroup: {e}"}, -1
         try:
-            uid, gid, pooled = uids.pick(plan["uid_map"][1], plan["gid_map"][1])
-        except OSError as e:
-            return {"ok": False, "error": f"sandbox uid: {e}"}, -1
-        try:  # as root: the sandbox's uid need not reach the sources (not without root)
-            trees = mounts.detach_sources(plan["mounts"]) if uids.root else []
-        except OSError as e:
-            return {"ok": False, "error": f"bind source: {e}"}, -1
-        try:  # a read-write bind: the sandbox's writes land as BIND_UID, not its uid
-            if uids.root:
-                mounts.idmap_trees(plan["mounts"], trees, uid, gid, BIND_UID)
-        except OSError as e:
-            return {"ok": False, "error": f"{IDMAP_ERROR}: {e}"}, -1
+            uid, gid, pooled, trees = clone.prepare(plan, uids)
+        except clone.LaunchError as e:
+            return {"ok": False, "error": e.strerror or str(e)}, -1
         if 1 + len(procs) + len(trees) > MAX_LAUNCH_FDS:
             return {"ok": False, "error": f"too many bind sources ({len(trees)})"}, -1
         try:
@@ -285,7 +254,7 @@ def _create(req: Mapping[str, Any], agent_fd: int, template: _Template, uids: Sa
             ctl_c.close()  # _TemplateGone goes up: the caller retries with a new T
         stage = "id maps"
         try:
-            _write_maps(c2, uid, gid)
+            clone.write_maps(c2, uid, gid)
             stage = "launch"
             head = {"plan": plan, "procs": len(procs), "trees": len(trees)}
             _fdpass.send(ctl_z, _jsonline.dumps(head), [agent_fd, *procs, *trees])
