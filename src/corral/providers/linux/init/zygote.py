@@ -92,7 +92,7 @@ from corral.providers.linux.init import (
     pid1,
 )
 from corral.providers.linux.policy.plan import NAMESPACES
-from corral.wire import agent as _frames, fork as _fork, jsonline as _jsonline
+from corral.wire import agent as _frames, agentmsg as _msg, fork as _fork, jsonline as _jsonline
 
 __all__ = ["BOOT", "IDMAP_ERROR", "boot_argv", "serve"]
 
@@ -327,9 +327,11 @@ def _warm_codec() -> None:
     (a function's first runs rewrite its bytecode in place)."""
     decoder = _frames.Decoder.trusted()
     for _ in range(64):
-        decoder.feed(b'{"op":"ping","id":0}\n{"op":"write","id":0,"len":1}\nx')
+        decoder.feed(b'{"op":"ping","id":0}\n{"op":"write","path":"x","id":0,"len":1}\nx')
         for header, _payload, _nfds in decoder.frames():
-            _frames.encode({"id": header["id"], "ok": True}, b"x")
+            _msg.decode_request(header)
+            _frames.encode({"id": header["id"], **_msg.encode_reply(_msg.Done())}, b"x")
+        _frames.encode(_msg.encode_event(_msg.Exit(1, 0, 0, 0, -1)))
 
 
 def _warm_environ() -> None:
