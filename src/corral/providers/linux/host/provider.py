@@ -179,7 +179,7 @@ class LinuxProvider(SandboxProvider):
         self.snapshots = SnapshotStore(SnapshotLimits.of(snapshots))
         caps = {"strict", "streaming", "streaming-exec", "warm-fork", "process-count",
                 "snapshot", "restore", "network-allowlist", "network-unrestricted",
-                "preview-url"}
+                "preview-url", "files"}
         self._egress_resolver = egress_resolver
         self.egress_never = egress_never
         self._egress_upstream_ssl = egress_upstream_ssl_context

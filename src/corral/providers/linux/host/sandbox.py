@@ -18,6 +18,7 @@ from corral.core.errors import (
     ProviderError,
     error_from_dict,
 )
+from corral.core.files import FileInfo
 from corral.core.preview import PreviewURL
 from corral.core.result import NetworkDenial, Outcome, OutputBuffer, RunResult
 from corral.core.spec import (
@@ -615,6 +616,52 @@ class LinuxSandbox(Sandbox):
         split_relative(path, root_alias=self.plan.work_dir)
         _r, payload = await self._call(_msg.Read(path), reply_payload=True)
         return payload
+
+    # -- the file operations (capability "files"): typed agent requests ------------------
+    def _info(self, e: _msg.EntryInfo, parts: list[str], *, leaf: bool) -> FileInfo:
+        """A FileInfo of an agent's entry (checked: its name is one component)."""
+        if not leaf and (not e.name or "/" in e.name or e.name in (".", "..")):
+            raise self._chan.violate(f"a listing entry named {e.name[:80]!r}")
+        if e.type not in ("file", "dir", "symlink", "other"):
+            raise self._chan.violate(f"an entry of type {e.type[:40]!r}")
+        names = parts if leaf else [*parts, e.name]
+        path = "/".join([self.plan.work_dir.rstrip("/"), *names])
+        return FileInfo(name=names[-1] if names else "", path=path,
+                        type=e.type,  # type: ignore[arg-type]
+                        size=e.size, mode=e.mode & 0o7777, modified=float(e.mtime),
+                        symlink_target=e.target if e.type == "symlink" else None)
+
+    async def list_files(self, path: str = "") -> list[FileInfo]:
+        self._check_cpu()
+        parts = split_relative(path, root_alias=self.plan.work_dir, allow_root=True)
+        reply, payload = await self._call(_msg.ListDir("/".join(parts)),
+                                          expect=(_msg.Listing,), reply_payload=True)
+        assert isinstance(reply, _msg.Listing)
+        try:
+            entries = _msg.decode_listing(payload, reply.n)
+        except _msg.BadMessage as e:
+            raise self._chan.violate(f"a malformed listing: {e.reason}") from None
+        return [self._info(e, parts, leaf=False) for e in entries]
+
+    async def get_info(self, path: str) -> FileInfo:
+        self._check_cpu()
+        parts = split_relative(path, root_alias=self.plan.work_dir, allow_root=True)
+        reply, _p = await self._call(_msg.Stat("/".join(parts)), expect=(_msg.EntryInfo,))
+        assert isinstance(reply, _msg.EntryInfo)
+        return self._info(reply, parts, leaf=True)
+
+    async def make_dir(self, path: str, *, parents: bool = True) -> bool:
+        self._check_cpu()
+        parts = split_relative(path, root_alias=self.plan.work_dir, allow_root=True)
+        reply, _p = await self._call(_msg.MakeDir("/".join(parts), parents),
+                                     expect=(_msg.Made,))
+        assert isinstance(reply, _msg.Made)
+        return reply.created
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        self._check_cpu()
+        parts = split_relative(path, root_alias=self.plan.work_dir)
+        await self._call(_msg.Remove("/".join(parts), recursive))
 
     async def snapshot(self) -> SnapshotHandle:
         """Capture /work (regular files and dirs); the handle restores in this provider only."""
