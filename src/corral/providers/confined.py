@@ -173,11 +173,18 @@ def _open_last_dir(root: str, parts: list[str], path: str) -> int:
     try:
         return os.open(parts[-1], _DIR_FLAGS, dir_fd=dfd)
     except OSError as e:
-        if e.errno == errno.ELOOP:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(parts[-1], dfd):
             raise ConfigInvalidError("path", f"{path!r} is a symlink (never followed)") from None
         raise
     finally:
         os.close(dfd)
+
+
+def _is_link(name: str, dfd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def list_dir_under(root: str, path: str, *, root_alias: str | None = None,
