@@ -105,6 +105,9 @@ class LinuxSandbox(Sandbox):
         self._cpu_over = 0
         self._resumed = asyncio.Event()
         self._resumed.set()
+        #: runs whose kill came while the sandbox was paused: killed at resume (a frozen
+        #: agent cannot answer, and a timeout must not wait for it)
+        self._kill_at_resume: dict[int, Run] = {}
         #: the egress proxy (network allowlist/unrestricted) and preview URLs; started
         #: by the provider's create before the sandbox is handed out
         self.network = SandboxNetwork(spec.network, self._agent_socket,
@@ -293,6 +296,9 @@ class LinuxSandbox(Sandbox):
         if run.exit.done():
             return
         run.killed_for = run.killed_for or why
+        if self._paused:  # frozen: it cannot run, and dies when resumed (or destroyed)
+            self._kill_at_resume[run.pid] = run
+            return
         try:
             # a timeout must end promptly: an agent that cannot answer a kill in a few
             # seconds is treated as crashed and the whole sandbox dies
@@ -432,6 +438,10 @@ class LinuxSandbox(Sandbox):
         opts = opts or ExecOpts()
         loop = asyncio.get_running_loop()
         started = loop.time()
+        timeout = None if opts.timeout_ms is None else opts.timeout_ms / 1000
+        deadline = None if timeout is None else started + timeout
+        if self._paused:  # the timeout counts from the call, paused time too
+            await self._wait_resumed(deadline, opts.timeout_ms, started)
         denial_mark = self.network.denial_mark()
         # counters before this command (a sandbox that never ran one has none yet)
         before = (self._oom_kills(), self._pids_max_events()) if self._ran else (0, 0)
@@ -473,14 +483,14 @@ class LinuxSandbox(Sandbox):
                 bufs[1].feed(spawn_err.encode() + b"\n")
                 return result(Outcome.EXIT, code, detail=spawn_err)
             feeder = asyncio.ensure_future(self._feed(stdin, opts.stdin))
-            timeout = None if opts.timeout_ms is None else opts.timeout_ms / 1000
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout_at(deadline):
                     info = await asyncio.shield(run.exit)
                     await asyncio.wait([r.eof for r in readers], timeout=_EOF_GRACE_S)
             except TimeoutError:
                 await self._kill_run(run, "timeout")
-                await asyncio.wait([run.exit], timeout=5)
+                if not self._paused:  # a frozen command dies at resume: no waiting for it
+                    await asyncio.wait([run.exit], timeout=5)
                 await asyncio.wait([r.eof for r in readers], timeout=_EOF_GRACE_S)
                 got = run.exit.result() if run.exit.done() and not run.exit.exception() \
                     else None
@@ -510,6 +520,20 @@ class LinuxSandbox(Sandbox):
             raise _error(result(outcome, info.code, info, limit=limit, observed=observed,
                                 detail=detail))
         return result(Outcome.EXIT, info.code, info)
+
+    async def _wait_resumed(self, deadline: float | None, timeout_ms: int | None,
+                            started: float) -> None:
+        """Wait for :meth:`resume` until ``deadline``; past it, the exec's timeout: its
+        command never started (SandboxTimeoutError, ``err.result`` saying so)."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._resumed.wait()
+        except TimeoutError:
+            wall = int((asyncio.get_running_loop().time() - started) * 1000)
+            raise _error(RunResult(
+                outcome=Outcome.TIMEOUT, exit_code=None, duration_ms=float(wall),
+                limit_value=timeout_ms, usage=ResourceUsage(wall_ms=wall),
+                detail="the sandbox stayed paused: the command never started")) from None
 
     @staticmethod
     async def _feed(stdin: StdinPipe, data: bytes | None) -> None:
@@ -693,10 +717,14 @@ class LinuxSandbox(Sandbox):
         self._resumed.clear()
 
     async def resume(self) -> None:
-        """Thaw what :meth:`pause` froze."""
+        """Thaw what :meth:`pause` froze; a command whose timeout passed meanwhile is
+        killed now (its exec raised SandboxTimeoutError at the deadline)."""
         await asyncio.to_thread(self._freezer().thaw)
         self._paused = False
         self._resumed.set()
+        runs, self._kill_at_resume = list(self._kill_at_resume.values()), {}
+        for run in runs:
+            await self._kill_run(run, run.killed_for or "timeout")
 
     # -- network: the egress policy at run time and preview URLs -------------------------
     def allow_host(self, entry: str) -> None:
