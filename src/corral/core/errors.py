@@ -40,7 +40,6 @@ This module is pure: no I/O imports.
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, final
 
@@ -457,6 +456,8 @@ def error_from_json(data: bytes | str) -> CorralError:
     """:func:`error_from_dict` of one JSON document (at most :data:`MAX_ERROR_JSON`
     bytes); anything that does not parse is :class:`ProviderError`, never an
     exception of the parser."""
+    import json  # here: the CLI's one-shot path imports this module, never json
+
     if len(data) > MAX_ERROR_JSON:
         return ProviderError(f"an error of {len(data)} bytes (at most {MAX_ERROR_JSON})")
     try:
