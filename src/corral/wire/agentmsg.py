@@ -35,7 +35,7 @@ from typing import Any, Final, NamedTuple, TypeAlias
 from corral.wire import jsonline as _jsonline
 
 __all__ = [
-    "MAX_ENTRIES", "MAX_TEXT", "BadMessage", "Done", "EntryInfo", "Exists", "Exit",
+    "DONE", "MAX_ENTRIES", "MAX_TEXT", "BadMessage", "Done", "EntryInfo", "Exists", "Exit",
     "Failed", "ForkCall", "Kill", "ListDir", "Listing", "MakeDir", "Made", "OsFailed",
     "Ping", "Read", "Remove", "Reply", "Request", "Restore", "Snapshot", "SocketReq",
     "Spawn", "StartFailed", "Started", "Stat", "Write", "decode_event", "decode_listing",
@@ -140,6 +140,11 @@ Request: TypeAlias = (Spawn | ForkCall | Kill | Write | Read | ListDir | Remove 
 
 class Done(NamedTuple):
     """The request was done (a payload, if any, is the answer: read, snapshot)."""
+
+
+#: the one :class:`Done` (built in the fork server, shared by every agent: each object
+#: an agent creates or touches is memory copied into that sandbox)
+DONE: Final = Done()
 
 
 class Started(NamedTuple):
@@ -284,12 +289,16 @@ def _build(cls: type, fields: _Fields, h: Mapping[str, Any], what: str) -> Any:
             raise BadMessage(f"{what}: field {name!r} is missing")
         else:
             values.append(cls._field_defaults[name])  # type: ignore[attr-defined]
-    return cls(*values)
+    # tuple's own constructor (C), not the class's generated Python __new__: the agent
+    # runs this for every request (see the module docstring on copied pages)
+    return tuple.__new__(cls, values)
 
 
 def _header(tag_key: str, tag: str, msg: tuple[Any, ...]) -> dict[str, Any]:
-    h: dict[str, Any] = {tag_key: tag}
-    h.update(msg._asdict())  # type: ignore[attr-defined]
+    # zip over the class's field names, not ``_asdict``: the agent runs this for every
+    # reply, and each Python function it calls is pages copied into every sandbox
+    h: dict[str, Any] = dict(zip(type(msg)._fields, msg, strict=True))  # type: ignore[attr-defined]
+    h[tag_key] = tag
     return h
 
 

@@ -197,18 +197,18 @@ class _Agent:
         self.send({"id": rid, **_msg.encode_reply(reply)}, out)
 
     def _done(self, _req: object, _payload: bytes) -> tuple[_msg.Reply, bytes]:
-        return _msg.Done(), b""
+        return _msg.DONE, b""
 
     def _kill_req(self, req: _msg.Kill, _payload: bytes) -> tuple[_msg.Reply, bytes]:
         self.kill(req.pid, req.sig)
-        return _msg.Done(), b""
+        return _msg.DONE, b""
 
     def _write(self, req: _msg.Write, payload: bytes) -> tuple[_msg.Reply, bytes]:
         write_file_under(self.work, req.path, payload, root_alias=self.work)
-        return _msg.Done(), b""
+        return _msg.DONE, b""
 
     def _read(self, req: _msg.Read, _payload: bytes) -> tuple[_msg.Reply, bytes]:
-        return _msg.Done(), read_file_under(self.work, req.path, root_alias=self.work)
+        return _msg.DONE, read_file_under(self.work, req.path, root_alias=self.work)
 
     def _list(self, req: _msg.ListDir, _payload: bytes) -> tuple[_msg.Reply, bytes]:
         entries = list_dir_under(self.work, req.path, root_alias=self.work,
@@ -218,7 +218,7 @@ class _Agent:
 
     def _remove(self, req: _msg.Remove, _payload: bytes) -> tuple[_msg.Reply, bytes]:
         remove_under(self.work, req.path, recursive=req.recursive, root_alias=self.work)
-        return _msg.Done(), b""
+        return _msg.DONE, b""
 
     def _mkdir(self, req: _msg.MakeDir, _payload: bytes) -> tuple[_msg.Reply, bytes]:
         created = make_dir_under(self.work, req.path, parents=req.parents,
@@ -229,11 +229,11 @@ class _Agent:
         return _msg.EntryInfo(*stat_under(self.work, req.path, root_alias=self.work)), b""
 
     def _snapshot(self, _req: _msg.Snapshot, _payload: bytes) -> tuple[_msg.Reply, bytes]:
-        return _msg.Done(), snapshots.tar_dir(self.work)
+        return _msg.DONE, snapshots.tar_dir(self.work)
 
     def _restore(self, _req: _msg.Restore, payload: bytes) -> tuple[_msg.Reply, bytes]:
         snapshots.replace_dir(self.work, payload)
-        return _msg.Done(), b""
+        return _msg.DONE, b""
 
     def _spawn_req(self, req: _msg.Spawn, _payload: bytes) -> tuple[_msg.Reply, bytes]:
         return self.spawn(req), b""
@@ -250,7 +250,7 @@ class _Agent:
         family = socket.AF_INET6 if req.family == 6 else socket.AF_INET
         s = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            data = _frames.encode({"id": rid, **_msg.encode_reply(_msg.Done()), "nfds": 1})
+            data = _frames.encode({"id": rid, **_msg.encode_reply(_msg.DONE), "nfds": 1})
             n = self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                             s.fileno().to_bytes(4, sys.byteorder))])
             if n < len(data):

@@ -330,7 +330,7 @@ def _warm_codec() -> None:
         decoder.feed(b'{"op":"ping","id":0}\n{"op":"write","path":"x","id":0,"len":1}\nx')
         for header, _payload, _nfds in decoder.frames():
             _msg.decode_request(header)
-            _frames.encode({"id": header["id"], **_msg.encode_reply(_msg.Done())}, b"x")
+            _frames.encode({"id": header["id"], **_msg.encode_reply(_msg.DONE)}, b"x")
         _frames.encode(_msg.encode_event(_msg.Exit(1, 0, 0, 0, -1)))
 
 
