@@ -24,7 +24,7 @@ REQUESTS: list[m.Request] = [
 REPLIES: list[m.Reply] = [
     m.Done(), m.Started(7), m.StartFailed(2, "command not found: x"),
     m.EntryInfo("f", "file", 3, 0o644, 1.5, None), m.EntryInfo("l", "symlink", 4, 0o777, 2, "/x"),
-    m.Listing(2), m.Made(True), m.Exists(False),
+    m.Listing(2), m.Made(True),
     m.Failed(ConfigInvalidError("path", "bad").to_dict()), m.OsFailed(2, "No such file", "p"),
 ]
 
@@ -94,7 +94,7 @@ values: st.SearchStrategy[Any] = st.recursive(
     scalars, lambda inner: st.lists(inner, max_size=4)
     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
 tags = st.sampled_from(["done", "started", "start-failed", "entry", "listing", "made",
-                        "exists", "failed", "os-failed", "x"])
+                        "failed", "os-failed", "x"])
 fields = st.sampled_from(["pid", "errno", "reason", "name", "type", "size", "mode", "mtime",
                           "target", "n", "created", "exists", "error", "path", "code"])
 

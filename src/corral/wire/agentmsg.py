@@ -35,7 +35,7 @@ from typing import Any, Final, NamedTuple, TypeAlias
 from corral.wire import jsonline as _jsonline
 
 __all__ = [
-    "DONE", "MAX_ENTRIES", "MAX_TEXT", "BadMessage", "Done", "EntryInfo", "Exists", "Exit",
+    "DONE", "MAX_ENTRIES", "MAX_TEXT", "BadMessage", "Done", "EntryInfo", "Exit",
     "Failed", "ForkCall", "Kill", "ListDir", "Listing", "MakeDir", "Made", "OsFailed",
     "Ping", "Read", "Remove", "Reply", "Request", "Restore", "Snapshot", "SocketReq",
     "Spawn", "StartFailed", "Started", "Stat", "Write", "decode_event", "decode_listing",
@@ -179,11 +179,6 @@ class Made(NamedTuple):
     created: bool
 
 
-class Exists(NamedTuple):
-    """Whether something is at the path."""
-    exists: bool
-
-
 class Failed(NamedTuple):
     """A request failed with one of corral's errors: ``CorralError.to_dict()``."""
     error: dict[str, Any]
@@ -196,8 +191,8 @@ class OsFailed(NamedTuple):
     path: str = ""
 
 
-Reply: TypeAlias = (Done | Started | StartFailed | EntryInfo | Listing | Made | Exists
-                    | Failed | OsFailed)
+Reply: TypeAlias = (Done | Started | StartFailed | EntryInfo | Listing | Made | Failed
+                    | OsFailed)
 
 # -- events: agent -> host ("ev") ------------------------------------------------------
 
@@ -268,7 +263,7 @@ _OP_OF: Final[Mapping[type, str]] = {cls: op for op, (cls, _f) in _REQUESTS.item
 _REPLIES: Final[Mapping[str, tuple[type, _Fields]]] = {
     tag: (cls, _fields(cls)) for tag, cls in (
         ("done", Done), ("started", Started), ("start-failed", StartFailed),
-        ("entry", EntryInfo), ("listing", Listing), ("made", Made), ("exists", Exists),
+        ("entry", EntryInfo), ("listing", Listing), ("made", Made),
         ("failed", Failed), ("os-failed", OsFailed))}
 _TAG_OF: Final[Mapping[type, str]] = {cls: tag for tag, (cls, _f) in _REPLIES.items()}
 
