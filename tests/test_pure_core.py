@@ -18,7 +18,9 @@ import corral
 SRC = Path(corral.__file__).parent
 PURE = [
     "corral.core.errors", "corral.core.spec", "corral.core.result", "corral.core.contract",
-    "corral.wire.protocol", "corral.wire.jsonline", "corral.wire.agent", "corral.wire.fork",
+    "corral.core.files",
+    "corral.wire.protocol", "corral.wire.jsonline", "corral.wire.agent", "corral.wire.agentmsg",
+    "corral.wire.fork",
     "corral.wire.records",
     "corral.snippets.validator", "corral.snippets.validator.policy",
     "corral.snippets.validator.rules",

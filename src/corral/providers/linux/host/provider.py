@@ -179,7 +179,7 @@ class LinuxProvider(SandboxProvider):
         self.snapshots = SnapshotStore(SnapshotLimits.of(snapshots))
         caps = {"strict", "streaming", "streaming-exec", "warm-fork", "process-count",
                 "snapshot", "restore", "network-allowlist", "network-unrestricted",
-                "preview-url"}
+                "preview-url", "files"}
         self.egress_never = egress_never
         if self._cgroups.support.has("freezer"):
             caps.add("pause")
