@@ -110,7 +110,7 @@ class LinuxSandbox(Sandbox):
         self._resumed.set()
         #: the egress proxy (network allowlist/unrestricted) and preview URLs; started
         #: by the provider's create before the sandbox is handed out
-        self.network = SandboxNetwork(spec.network, self._agent_socket,
+        self.network = SandboxNetwork(spec.network, self._agent_socket, egress=plan.egress,
                                       resolver=provider._egress_resolver,
                                       upstream_ssl_context=provider._egress_upstream_ssl,
                                       never=provider.egress_never)
