@@ -57,32 +57,36 @@ ca         the per-proxy CA for hosts with secrets (the ``secrets`` extra)
 
 from __future__ import annotations
 
-from corral.providers.linux.host.egress.http import HttpHead, parse_http_head
-from corral.providers.linux.host.egress.limits import (
-    DNS_THREADS,
-    FD_RESERVE,
-    FDS_PER_CONNECTION,
-    MAX_CLIENT_HELLO,
-    MAX_HEADER,
-    MAX_LOOKUPS,
-    EgressLimits,
-)
-from corral.providers.linux.host.egress.never import NeverReach
-from corral.providers.linux.host.egress.policy import (
-    SPECIAL_RANGES,
-    Denial,
-    EgressDenied,
-    EgressPolicy,
-    Rule,
-    SecretHeader,
-    classify_address,
-    compile_network,
-    normalize_host,
-    parse_entry,
-)
-from corral.providers.linux.host.egress.proxy import EgressProxy
-from corral.providers.linux.host.egress.resolve import Resolver, system_resolver
-from corral.providers.linux.host.egress.tls import parse_client_hello
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from corral.providers.linux.host.egress.http import HttpHead, parse_http_head
+    from corral.providers.linux.host.egress.limits import (
+        DNS_THREADS,
+        FD_RESERVE,
+        FDS_PER_CONNECTION,
+        MAX_CLIENT_HELLO,
+        MAX_HEADER,
+        MAX_LOOKUPS,
+        EgressLimits,
+    )
+    from corral.providers.linux.host.egress.never import NeverReach
+    from corral.providers.linux.host.egress.policy import (
+        SPECIAL_RANGES,
+        Denial,
+        EgressDenied,
+        EgressPolicy,
+        Rule,
+        SecretHeader,
+        classify_address,
+        compile_network,
+        normalize_host,
+        parse_entry,
+    )
+    from corral.providers.linux.host.egress.proxy import EgressProxy
+    from corral.providers.linux.host.egress.resolve import Resolver, system_resolver
+    from corral.providers.linux.host.egress.tls import parse_client_hello
 
 __all__ = [
     "DNS_THREADS",
@@ -110,3 +114,25 @@ __all__ = [
     "parse_http_head",
     "system_resolver",
 ]
+
+#: where each public name lives: the package loads a part on first use, so importing the
+#: pure ``policy`` (as the plan does) loads neither asyncio nor ssl nor h11
+_WHERE: dict[str, str] = {
+    "DNS_THREADS": "limits", "FDS_PER_CONNECTION": "limits", "FD_RESERVE": "limits",
+    "MAX_CLIENT_HELLO": "limits", "MAX_LOOKUPS": "limits", "MAX_HEADER": "limits",
+    "EgressLimits": "limits", "NeverReach": "never", "SPECIAL_RANGES": "policy",
+    "Denial": "policy", "EgressDenied": "policy", "EgressPolicy": "policy", "Rule": "policy",
+    "SecretHeader": "policy", "classify_address": "policy", "compile_network": "policy",
+    "normalize_host": "policy", "parse_entry": "policy", "EgressProxy": "proxy",
+    "HttpHead": "http", "parse_http_head": "http", "Resolver": "resolve",
+    "system_resolver": "resolve", "parse_client_hello": "tls",
+}
+
+
+def __getattr__(name: str) -> object:
+    part = _WHERE.get(name)
+    if part is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{part}"), name)
+    globals()[name] = value
+    return value
