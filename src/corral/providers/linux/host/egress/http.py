@@ -122,7 +122,9 @@ def parse_http_head(data: bytes) -> HttpHead:
         raise EgressDenied("bad-request", "malformed request head")
     if event.http_version not in (b"1.0", b"1.1"):
         raise EgressDenied("bad-request", "unsupported HTTP version")
-    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers]
+    # raw_items: a list (iterating Headers goes item by item through its Sequence ABC)
+    headers = [(k.lower().decode("latin-1"), v.decode("latin-1"))
+               for k, v in event.headers.raw_items()]
     if not has_host:
         headers = [(k, v) for k, v in headers if k != "host"]
     if event.http_version == b"1.0" and any(k == "transfer-encoding" for k, _v in headers):
