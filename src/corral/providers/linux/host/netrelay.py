@@ -13,7 +13,7 @@ or starve there, the same for a root or non-root sandbox. ``HTTP_PROXY``,
 host names, ``socks5h://``) and their lower-case forms point there. A program that
 ignores them has no route and gets no connection at all. The proxy decides on
 the host: names resolved on the host, ranges checked, SNI checked (see
-``egress.py`` and docs/network.md).
+the ``egress`` package and docs/network.md).
 
 **Preview URLs** (``expose``). The host listens on its own loopback
 (``127.0.0.1``, a free port), where every local user can connect, so each URL has

@@ -21,7 +21,7 @@ provider serves on a TCP socket made inside that namespace
   forwarded; for port 443 before the upstream connection is even opened;
 * a host whose entry carries secret headers (:meth:`EgressPolicy.with_secret`)
   is intercepted: the client's TLS is terminated with a leaf from a per-proxy CA
-  (``egress_tls``, the ``secrets`` extra), each HTTP/1.1 request gets the headers,
+  (``ca``, the ``secrets`` extra), each HTTP/1.1 request gets the headers,
   and the proxy's own verified TLS connection carries it upstream. Every other
   tunnel is untouched, and once decided its bytes are moved with splice(2),
   never entering Python.

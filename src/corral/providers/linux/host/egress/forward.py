@@ -137,8 +137,6 @@ async def forward_plain(px: ProxyHost, head: HttpHead, origin: str, target: Targ
         px.release(up_w)
 
 
-
-
 async def intercept(px: ProxyHost, target: Target, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter, send_ok: bytes) -> None:
     """A tunnel to a host with secrets: terminate the client's TLS with the host's leaf
@@ -269,7 +267,6 @@ async def _http_session(px: ProxyHost, target: Target, c_r: asyncio.StreamReader
             px.release(up[1])
 
 
-
 async def _open_upstream(px: ProxyHost, target: Target, tls: bool,
                          ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """The proxy's own connection to ``target``: TLS verified against
@@ -294,9 +291,6 @@ async def _open_upstream(px: ProxyHost, target: Target, tls: bool,
     except BaseException:
         usock.close()
         raise
-
-# ---------------------------------------------------------------- SOCKS5
-
 
 
 async def _copy_exact(src: asyncio.StreamReader, dst: asyncio.StreamWriter, n: int,

@@ -165,8 +165,6 @@ def host_key(host: str) -> str:
     return n if isinstance(n, str) else str(n)
 
 
-
-
 def check_connection_tokens(head: HttpHead, secret_names: frozenset[str]) -> None:
     """Refuse a ``Connection`` header that lists a framing or routing header (or a
     secret's): a hop that honours it drops ``Content-Length`` (the body becomes the next
@@ -243,7 +241,6 @@ def check_absolute(head: HttpHead) -> tuple[str, int, str]:
         raise EgressDenied("bad-request", "bad Content-Length")
     check_connection_tokens(head, frozenset())
     return host, port, origin
-
 
 
 def inner_request(head: HttpHead, target: Target, tls: bool) -> tuple[bytes, int | None]:

@@ -553,7 +553,7 @@ class EgressProxy:
         for ``idle_timeout_s``). ``first``: client bytes already read, sent upstream first;
         ``sniff``: check a TLS ClientHello at the start of the client's bytes first.
 
-        The bytes are moved by :class:`_Splicer` callbacks run by the event loop itself
+        The bytes are moved by :class:`~.splice.Splicer` callbacks run by the event loop itself
         (no coroutine per wakeup); this coroutine only waits for the tunnel's end."""
         loop = asyncio.get_running_loop()
         tunnel = Tunnel(loop, self.limits.idle_timeout_s)

@@ -30,7 +30,6 @@ F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 SPLICE_FLAGS: Final = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 
 
-
 async def wait_io(sock: socket.socket, write: bool, last: list[float], idle: float) -> None:
     """Wait until ``sock`` is readable (writable); TimeoutError once neither direction
     of the tunnel (``last``: its latest progress) has moved for ``idle`` seconds."""
@@ -87,7 +86,6 @@ async def shutdown(writer: asyncio.StreamWriter, timeout: float) -> None:
         pass
     finally:
         writer.transport.abort()
-
 
 
 async def detach(reader: asyncio.StreamReader,

@@ -143,8 +143,6 @@ async def read_client_hello(reader: ExactReader) -> tuple[bytes, bytes]:
     return bytes(raw), bytes(msg)
 
 
-
-
 @dataclass(slots=True)
 class PrefixedReader:
     """A StreamReader that first returns ``prefix`` (for bytes already read)."""
