@@ -260,7 +260,6 @@ class LinuxProvider(SandboxProvider):
         ``image`` is ``spec.image`` unpacked; when not given it is unpacked here
         (blocking; ``create`` does it in a worker thread).
         """
-        check_entries(spec.network)
         if spec.image is not None and image is None:
             check_spec(spec)
             image = self._unpack(spec.image)

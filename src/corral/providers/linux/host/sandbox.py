@@ -134,7 +134,7 @@ class LinuxSandbox(Sandbox):
         self._kill_at_resume: dict[int, Run] = {}
         #: the egress proxy (network allowlist/unrestricted) and preview URLs; started
         #: by the provider's create before the sandbox is handed out
-        self.network = SandboxNetwork(spec.network, self._agent_socket,
+        self.network = SandboxNetwork(spec.network, self._agent_socket, egress=plan.egress,
                                       resolver=host.egress_resolver,
                                       upstream_ssl_context=host.egress_upstream_ssl,
                                       never=host.egress_never)

@@ -15,10 +15,13 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from corral.core.errors import ConfigInvalidError, LevelNotSupportedError
 from corral.core.spec import InvocationMode, Level, SandboxLimits, SandboxSpec
+
+if TYPE_CHECKING:
+    from corral.providers.linux.host.egress.policy import EgressPolicy
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -262,6 +265,9 @@ class SandboxPlan:
     network: str = "none"
     #: (name under /proc/sys/user, value) for the sandbox's user namespace
     user_sysctls: tuple[tuple[str, int], ...] = USER_SYSCTLS
+    #: the spec's network policy as the egress proxy reads it, parsed once here (None for
+    #: ``none``: no proxy); host-side only, not in the wire form
+    egress: EgressPolicy | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """A JSON-safe dict for the zygote (mount data as latin-1 text)."""
@@ -296,8 +302,8 @@ def _check_level_and_network(spec: SandboxSpec) -> None:
             "the linux provider gives only the strict level; use the subproc or inprocess "
             "provider for weaker levels")
     # network allowlist / unrestricted: the sandbox keeps its loopback-only namespace and
-    # reaches out only through the host's egress proxy (host/netrelay.py); the provider
-    # checks the entries as the proxy reads them (netrelay.check_entries)
+    # reaches out only through the host's egress proxy (host/netrelay.py); build_plan
+    # parses the entries as the proxy reads them (SandboxPlan.egress)
     if spec.image is not None and spec.mode not in _IMAGE_MODES:
         raise ConfigInvalidError(
             "image", "the linux provider runs an image only as a handler's root filesystem "
@@ -443,6 +449,11 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
     config's ``Env``) goes over the env base.
     """
     _check_level_and_network(spec)
+    egress = None
+    if spec.network.kind != "none" or spec.network.hosts or spec.network.secret_headers:
+        # imported only for a sandbox with a network policy (the one-shot path has none)
+        from corral.providers.linux.host.egress.policy import compile_network
+        egress = compile_network(spec.network)
     if (spec.image is None) != (rootfs is None):
         raise ConfigInvalidError(
             "image", "the plan needs the unpacked rootfs of exactly the spec's image")
@@ -505,5 +516,5 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
         mounts=tuple(steps), work_dir=WORK_DIR, limits=limits, rlimits=rlimits,
         cpu_rlimit_s=cpu_s, env_base={**ENV_BASE, **(image_env or {})},
         network=spec.network.kind, command_rlimits=command_rlimits,
-        limits_by=options.limits_by,
+        limits_by=options.limits_by, egress=egress,
     )
