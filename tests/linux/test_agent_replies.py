@@ -18,9 +18,15 @@ from typing import Any
 
 import pytest
 
-from conftest import make_spec
 from corral.core.errors import ConfigInvalidError, CorralError, ProviderError
+from corral.core.spec import SandboxLimits, SandboxSpec
 from corral.providers.linux.host.channel import Channel
+
+
+def make_spec(**limits: int) -> SandboxSpec:
+    """(not conftest's: a module named conftest is another directory's when the run's
+    arguments name several test directories)"""
+    return SandboxSpec(tenant_id="t", run_id="r", limits=SandboxLimits(**limits))
 
 pytestmark = pytest.mark.linux
 

@@ -15,10 +15,15 @@ from typing import Any
 
 import pytest
 
-from conftest import make_spec
 from corral.core.errors import SandboxTimeoutError
 from corral.core.result import Outcome
-from corral.core.spec import ExecOpts
+from corral.core.spec import ExecOpts, SandboxLimits, SandboxSpec
+
+
+def make_spec(**limits: int) -> SandboxSpec:
+    """(not conftest's: a module named conftest is another directory's when the run's
+    arguments name several test directories)"""
+    return SandboxSpec(tenant_id="t", run_id="r", limits=SandboxLimits(**limits))
 
 pytestmark = pytest.mark.linux
 
