@@ -32,12 +32,14 @@ from corral.providers.linux.init import mounts
 from corral.providers.linux.policy.plan import (
     DEFAULT_LIMITS,
     Bind,
+    ImageRoot,
     LinuxOptions,
     SandboxPlan,
     _extra_binds,
     _id_maps,
     build_plan,
     check_spec,
+    is_image_root,
 )
 from corral.providers.linux.snapshots import SnapshotLimits, SnapshotStore
 
@@ -264,9 +266,13 @@ class LinuxProvider(SandboxProvider):
         if spec.image is not None and image is None:
             check_spec(spec)
             image = self._unpack(spec.image)
-        plan = build_plan(spec, options=self.options, host=self._host,
-                          rootfs=None if image is None else image.rootfs,
-                          image_env=None if image is None else _env_of(image.config.env))
+        if image is not None and is_image_root(spec):
+            plan = build_plan(spec, options=self.options, host=self._host,
+                              image_root=image_root_of(image))
+        else:
+            plan = build_plan(spec, options=self.options, host=self._host,
+                              rootfs=None if image is None else image.rootfs,
+                              image_env=None if image is None else _env_of(image.config.env))
         self._cgroups.require(self._cgroup_limits(plan.limits))
         return plan
 
@@ -536,6 +542,28 @@ def _check_source(p: str, field: str) -> None:
         raise ConfigInvalidError(
             field, f"{p!r} is or holds a unix socket, {sock!r}: a sandbox could "
             "connect to it through a bind (read-only or not); bind a tree without sockets")
+
+
+def image_root_of(image: UnpackedImage) -> ImageRoot:
+    """The facts of an unpacked image the plan of an image root needs (plan.ImageRoot)."""
+    c, root = image.config, image.rootfs
+
+    def real(rel: str, check: Any) -> bool:
+        # no symlink on the way: the image's own links point into the image, not here
+        path = root
+        for part in rel.strip("/").split("/"):
+            if not part:
+                continue
+            path = os.path.join(path, part)
+            if os.path.islink(path):
+                return False
+        return bool(check(path))
+
+    wd = c.working_dir.strip() if c.working_dir else ""
+    return ImageRoot(rootfs=root, env=_env_of(c.env), working_dir=wd, user=c.user,
+                     has_passwd=real("etc/passwd", os.path.isfile),
+                     has_group=real("etc/group", os.path.isfile),
+                     has_working_dir=bool(wd) and real(wd, os.path.isdir))
 
 
 def _env_of(entries: tuple[str, ...]) -> dict[str, str]:
