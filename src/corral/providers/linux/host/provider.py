@@ -280,7 +280,8 @@ class LinuxProvider(SandboxProvider):
         """Unpack (or find in the cache) ``image``, reachable by the sandbox's user."""
         if self.images is None:
             self.images = ImageCache(self._image_cache_dir)
-        unpacked = self.images.unpack(image)
+        from corral.images import resolve  # a registry reference is pulled when missing
+        unpacked = resolve(image, cache=self.images)
         (_u, uid_out, _n), (_g, gid_out, _m) = _id_maps(self.options, self._host)
         blocked = unreachable_part(unpacked.rootfs, uid_out, gid_out)
         if blocked is not None:
