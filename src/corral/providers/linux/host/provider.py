@@ -74,8 +74,10 @@ class LinuxProvider(SandboxProvider):
         cgroup_root: a delegated cgroup dir (or v1 mapping) to nest sandboxes in.
         stdout_cap / stderr_cap: per-exec output caps (bytes).
         image_cache_dir: where ``spec.image`` is unpacked (``images.ImageCache``;
-            default ``images.default_cache_dir()``). An image is taken only with
-            mode ``json-stdio`` or ``handler-image``; its rootfs is bound
+            default ``images.default_cache_dir()``; a registry reference is pulled
+            when missing, ``images.resolve``). Without a mode the image is the
+            sandbox's root (its own /usr, /etc ..., read-only; docs/images.md);
+            with mode ``json-stdio`` or ``handler-image`` its rootfs is bound
             read-only under the host's system dirs, interpreter and corral.
         spares: how many pre-warmed spare sandboxes to keep ready (default 1;
             0: every ``create`` builds its sandbox cold). A spare is built like
