@@ -91,6 +91,20 @@ def test_a_user_that_does_not_map_is_refused(user: str) -> None:
     assert ei.value.field == "image"
 
 
+def test_a_bind_that_would_hide_an_image_dir_is_refused() -> None:
+    from corral.providers.linux.policy.plan import Bind
+    image = ImageRoot(rootfs="/r", top_level=frozenset({"usr", "bin", "etc", "opt"}))
+    for dst in ("/usr/local/x", "/opt"):
+        with pytest.raises(ConfigInvalidError, match="would hide the image's") as ei:
+            build_plan(_spec(), options=LinuxOptions(binds=(Bind("/srv/data", dst),)),
+                       host=HOST, image_root=image)
+        assert ei.value.field == "binds"
+    for dst in ("/work/data", "/tmp/data", "/data"):
+        plan = build_plan(_spec(), options=LinuxOptions(binds=(Bind("/srv/data", dst),)),
+                          host=HOST, image_root=image)
+        assert [m.target for m in plan.mounts if m.source == "/srv/data"] == [dst]
+
+
 def test_working_dir() -> None:
     def plan(wd: str, has: bool = False) -> Any:
         return build_plan(_spec(), options=LinuxOptions(), host=HOST,

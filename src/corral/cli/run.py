@@ -561,7 +561,7 @@ def _run(args: argparse.Namespace, cmd: str, cmd_args: list[str], status: LiveSt
         saved: list[dict[str, Any]] = []
         result = _with_signals_cancelling(
             token, lambda: _run_strict(args, cmd, cmd_args, token, out, copies, wanted, saved))
-        if not (args.json or args.events):
+        if not (args.json or args.events or args.image):  # an image's files are its own
             _hint_unseen(cmd, result)
         return _finish(args, result, out, saved, status)
     if _network(args).kind != "none":

@@ -566,7 +566,8 @@ def image_root_of(image: UnpackedImage) -> ImageRoot:
     return ImageRoot(rootfs=root, env=_env_of(c.env), working_dir=wd, user=c.user,
                      has_passwd=real("etc/passwd", os.path.isfile),
                      has_group=real("etc/group", os.path.isfile),
-                     has_working_dir=bool(wd) and real(wd, os.path.isdir))
+                     has_working_dir=bool(wd) and real(wd, os.path.isdir),
+                     top_level=frozenset(os.listdir(root)))
 
 
 def _env_of(entries: tuple[str, ...]) -> dict[str, str]:

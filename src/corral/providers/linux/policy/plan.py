@@ -205,6 +205,7 @@ class ImageRoot:
         has_passwd / has_group: the image has its own /etc/passwd, /etc/group (else
             the sandbox's minimal ones are written).
         has_working_dir: ``working_dir`` is a dir in the image (the provider looked).
+        top_level: the names at the image's top level (a caller's bind may not hide one).
     """
 
     rootfs: str
@@ -214,6 +215,7 @@ class ImageRoot:
     has_passwd: bool = False
     has_group: bool = False
     has_working_dir: bool = False
+    top_level: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -588,6 +590,13 @@ def _image_root_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayo
     # the caller's binds, checked as without an image but against no host dir
     bare = HostLayout(euid=host.euid, egid=host.egid, system_dirs=(), dev_nodes=host.dev_nodes)
     before, after = _extra_binds(bare, options, with_package=False)
+    for b in before:  # (``after``: under /work or /tmp)
+        top = b.target.split("/")[1]
+        if top in image.top_level:
+            raise ConfigInvalidError(
+                "binds", f"dst {b.target!r} would hide the image's /{top} (a bind takes its "
+                "top-level name in an image root): bind under /work, /tmp or a top-level "
+                "name the image does not have")
     steps = [MountStep(kind="rootfs", target="/", source=posixpath.normpath(rootfs),
                        data=",".join(_SPREAD).encode())]
     etc = _etc_files(options.hostname)
