@@ -17,7 +17,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 import test_probes
@@ -62,17 +61,14 @@ def numpy_root() -> str:
     return root
 
 
+#: the image's own interpreter: the probes run with it (their controls with the host's)
+IMAGE_PY = "/usr/bin/python3"
+
+
 @pytest.fixture(autouse=True)
-def _probes_in_the_image(numpy_root: str) -> Iterator[None]:
-    # the probes run as test_probes.SANDBOX_PY, the host interpreter's real path; the
-    # image is the same Debian release, so the image has its own file at that path
-    if not os.path.isfile(numpy_root + test_probes.SANDBOX_PY):
-        unavailable(f"the image has no {test_probes.SANDBOX_PY} to run the probes with")
-    test_probes.IMAGE = numpy_root
-    try:
-        yield
-    finally:
-        test_probes.IMAGE = None
+def _probes_in_the_image(numpy_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(test_probes, "IMAGE", numpy_root)
+    monkeypatch.setattr(test_probes, "SANDBOX_PY", IMAGE_PY)
 
 
 def test_the_images_python_imports_a_package_the_host_lacks(numpy_root: str) -> None:
@@ -94,7 +90,7 @@ def test_the_conformance_kit_with_the_image_as_the_root(numpy_root: str) -> None
     async def go() -> None:
         async with LinuxProvider() as p:
             await check_provider(p, KitOptions(
-                python="/usr/bin/python3", image=numpy_root,
+                python=IMAGE_PY, image=numpy_root,
                 supports_limits={"mem_mb", "cpu_ms", "disk_mb", "max_processes"}))
     asyncio.run(go())
 
@@ -106,7 +102,7 @@ def test_the_probes_ran_in_the_image(numpy_root: str) -> None:
 
     async def look() -> bytes:
         async with test_probes.strict_sandbox() as sb:
-            r = await sb.exec(["/usr/bin/python3", "-c",
+            r = await sb.exec([IMAGE_PY, "-c",
                                "import os; print(os.path.exists('/usr/lib/python3/dist-packages/"
                                "numpy'))"])
             return bytes(r.stdout)
