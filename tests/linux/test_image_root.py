@@ -275,3 +275,43 @@ def test_corral_run_image(images: Path) -> None:
     bad = subprocess.run([*cmd[:4], "--level", "context-isolated", *cmd[4:]],
                          capture_output=True, text=True, timeout=120, env=env, check=False)
     assert bad.returncode == 64 and "--image" in bad.stderr
+
+
+@linux
+def test_a_fork_of_the_agent_never_imports_the_images_files(images: Path) -> None:
+    # the image holds a module at the host interpreter's own stdlib path, which is on
+    # the agent's sys.path: a lazy import in pid 1 (or a fork of it) would run it
+    stdlib = os.path.dirname(os.__file__)
+    planted = {f"{stdlib.lstrip('/')}/corral_planted.py":
+               b"import os\nos.write(1, b'PLANTED RAN\\n')\n"}
+    layout = busybox_layout(str(images / "layout"), {"Env": ["PATH=/bin"]}, extra=planted)
+    stmt = "import corral_planted"
+
+    async def go(p: Any) -> tuple[bytes, bytes, int | None, bytes]:
+        from corral.core.spec import ProcessOpts
+        assert await p.preload_python(["timeit", "getopt"], fork_entries=["timeit:main"]) == []
+        sb = await p.create(SandboxSpec(tenant_id="t", image=layout))
+        try:
+            there = await sb.exec(["cat", f"{stdlib}/corral_planted.py"])
+            outs = []
+            for s in ("pass", stmt):  # control: the entry runs; then the planted import
+                proc = await sb.start_python_fork(["-n", "1", "-r", "1", s],
+                                                  ProcessOpts(stdin=False), entry="timeit:main")
+                out = b"".join([c async for c in proc.stdout])
+                err = b"".join([c async for c in proc.stderr])
+                outs.append((out, err, (await proc.wait()).exit_code))
+            return there.stdout, outs[0][0], outs[1][2], outs[1][0] + outs[1][1]
+        finally:
+            await sb.destroy()
+    there, control, code, refused = _run(go, images / "cache")
+    assert b"PLANTED RAN" in there  # the file is in the image, at that path
+    assert b"1 loop" in control  # the fork entry itself runs
+    assert b"PLANTED RAN" not in refused, (code, refused)
+    assert b"No module named 'corral_planted'" in refused, refused
+    # control on the host: on a path, that file is imported and runs
+    root = images / "cache"
+    rootfs = next(str(d / "rootfs") for d in root.iterdir() if (d / "rootfs").is_dir())
+    host = subprocess.run([sys.executable, "-I", "-c",
+                           f"import sys; sys.path.insert(0, {rootfs + stdlib!r}); {stmt}"],
+                          capture_output=True, timeout=60, check=True)
+    assert b"PLANTED RAN" in host.stdout
