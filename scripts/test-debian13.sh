@@ -19,10 +19,7 @@ say() { printf '[debian13 %4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 die() { say "ERROR: $*"; exit 2; }
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, chroot, mounts)"
 [ $# -gt 0 ] || set -- -m "not slow" tests/linux tests/snippets tests/runner tests/cli \
-  tests/test_main_job.py \
-  --ignore=tests/linux/test_egress.py --ignore=tests/linux/test_egress_secrets.py \
-  --deselect=tests/linux/test_network_egress.py::test_allowed_host_over_http_connect_and_socks \
-  --deselect=tests/linux/test_egress_never.py::test_never_wins_over_any_listing
+  tests/test_main_job.py
 command -v debootstrap >/dev/null || {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
 PY=$ROOT/.venv/bin/python

@@ -22,14 +22,11 @@ VENVS=${TIER_VENVS:-$(mktemp -d /tmp/corral-tiers-XXXXXX)}
 # runner (it execs it under rlimits), the CLI and the service (asyncio, uvicorn), and the
 # main job. TIER_TESTS overrides them. About 4 min a tier on 2 cores (README, "Set up").
 TESTS=(tests/linux tests/snippets tests/runner tests/cli tests/serve tests/test_main_job.py)
-# Known failures outside this issue, left out by name with the reason:
-# - the egress proxy's tests: asyncio logs "Exception in callback" when the proxy closes a
-#   connection on these interpreters, and filterwarnings=error makes it a failure; issue 25
-#   owns the fix in providers/linux/host/egress.py
-IGNORE=(--ignore=tests/linux/test_egress.py --ignore=tests/linux/test_egress_secrets.py
-        --deselect=tests/linux/test_network_egress.py::test_allowed_host_over_http_connect_and_socks
-        --deselect=tests/linux/test_egress_never.py::test_never_wins_over_any_listing)
-[ "${TIER_STRICT:-}" = 1 ] && IGNORE=()
+# Known failures outside this issue, left out by name with the reason (every tier):
+# none now. The egress proxy's tests were, until issue 25 gave every task of the network
+# code an owner (asyncio logged "Exception in callback" on 3.11.7 and 3.12.1 when the
+# proxy cancelled tasks asyncio.start_server owned); they pass on each tier.
+IGNORE=()
 failed=()
 for want in $TIERS; do
   py=""

@@ -6,7 +6,7 @@
 #   c uid 1000 in a delegated cgroup (Delegate=yes)   d root in a private cgroup namespace
 #   e uid 1000 with nothing delegated (what cannot run there skips with its reason: the
 #     tests that ask for cgroup limits carry strict_tier.needs_cgroup_limits)
-# The guest (kernel, busybox initramfs, debootstrap root with a venv holding pytest and
+# The guest (kernel, busybox initramfs, debootstrap root with a venv holding h11 (corral's runtime dependency), pytest and
 # hypothesis) is cached in $CORRAL_V2_CACHE (default ~/.cache/corral-v2) and rebuilt only
 # when its inputs change; the checkout goes in on a second ext4 image each run.
 # Each boot runs under a timeout, with one retry (a TCG boot hangs now and then).
@@ -51,8 +51,8 @@ KERNEL=$(ls /boot/vmlinuz-*-cloud-amd64 | sort -V | tail -1)
 KVER=${KERNEL#/boot/vmlinuz-}
 PY=$ROOT/.venv/bin/python
 [ -x "$PY" ] || PY=python3
-PINS=$("$PY" -m pip freeze 2>/dev/null | grep -iE '^(pytest|hypothesis|pluggy|iniconfig|packaging|sortedcontainers)==' | sort | tr '\n' ' ')
-[ -n "$PINS" ] || PINS="pytest hypothesis"
+PINS=$("$PY" -m pip freeze 2>/dev/null | grep -iE '^(pytest|hypothesis|pluggy|iniconfig|packaging|sortedcontainers|h11)==' | sort | tr '\n' ' ')
+[ -n "$PINS" ] || PINS="pytest hypothesis h11"
 
 # --- the cached guest -------------------------------------------------------------
 MIRROR=$(sed -n 's/^URIs: *\(\S*debian\)$/\1/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)

@@ -68,7 +68,7 @@ def test_limits_exceeded_names_the_limit_and_figures() -> None:
     assert err.limit == "memory"
     assert err.to_dict() == {
         "code": "limits-exceeded", "message": str(err), "limit": "memory",
-        "limit_value": 64, "observed": 70, "unit": "MiB",
+        "limit_value": 64, "observed": 70, "unit": "MiB", "detail": "",
     }
     assert "memory" in str(err) and "64" in str(err)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import stat
 from collections.abc import Sequence
 
 import pytest
@@ -17,6 +18,7 @@ from corral.core.errors import (
     ProviderError,
     SandboxTimeoutError,
 )
+from corral.core.files import FileInfo
 from corral.core.result import ExecResult
 from corral.core.spec import (
     ExecOpts,
@@ -119,6 +121,34 @@ class FollowsDotDot(Wrapped):
             raise ProviderError("destroyed")
         with open(os.path.join(self.inner.work_dir, path), "rb") as f:
             return f.read()
+
+
+class FilesFollowLinks(Wrapped):
+    """Has the file operations, joined naively: a symlink made inside leads out."""
+
+    async def list_files(self, path: str = "") -> list[FileInfo]:
+        full = os.path.join(self.inner.work_dir, path)
+        out = []
+        for n in sorted(os.listdir(full)):
+            st = os.lstat(os.path.join(full, n))
+            out.append(FileInfo(name=n, path=os.path.normpath(os.path.join(full, n)),
+                                type="dir" if stat.S_ISDIR(st.st_mode) else "file",
+                                size=st.st_size, mode=stat.S_IMODE(st.st_mode),
+                                modified=st.st_mtime))
+        return out
+
+    async def get_info(self, path: str) -> FileInfo:
+        return await self.inner.get_info(path)
+
+    async def make_dir(self, path: str, *, parents: bool = True) -> bool:
+        return await self.inner.make_dir(path, parents=parents)
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        await self.inner.remove(path, recursive=recursive)
+
+
+class FilesBroken(Broken):
+    capabilities = frozenset({"streaming", "files"})
 
 
 class NotIdempotentDestroy(Wrapped):
@@ -225,9 +255,12 @@ def failures(provider: SandboxProvider, options: KitOptions | None = None, *,
     (RefusesLevelsVaguely(), "level", "LevelNotSupportedError.supported is (), not the "
      "provider's levels ('none',)"),
     (broken(AnyCwd), "bad-input", "exec(cwd='../..'): was allowed (expected ConfigInvalidError)"),
+    (broken(FilesFollowLinks, FilesBroken), "file-ops",
+     "list_files('hostdir') (a symlink made inside): was allowed"),
+    (broken(Wrapped, FilesBroken), "file-ops", "has no file operations"),
 ], ids=["timeout", "path-escape", "level", "limits", "destroy", "lifecycle", "cancel",
         "limits-config-invalid", "network-config-invalid", "network-ignored",
-        "level-supported", "bad-input-cwd"])
+        "level-supported", "bad-input-cwd", "files-follow-links", "files-claimed-not-there"])
 def test_kit_names_the_failing_check(provider: SandboxProvider, check: str, says: str) -> None:
     msg = failures(provider, only={check})
     assert check in CHECKS

@@ -10,7 +10,8 @@ import corral
 
 PUBLIC = [
     # the value types; how a run ended (ExecResult and ExitStatus are RunResult)
-    "Capability", "ExecOpts", "ExecResult", "ExitStatus", "HandlerRef", "InvocationMode",
+    "Capability", "ExecOpts", "ExecResult", "ExitStatus", "FileInfo", "HandlerRef",
+    "InvocationMode",
     "Outcome", "RunResult",
     "Level", "NetworkPolicy", "ProcessOpts", "ResourceUsage", "ResumeInfo",
     "SandboxInvocationContext", "SandboxLimits", "SandboxSpec", "SnapshotHandle",
@@ -32,6 +33,7 @@ PUBLIC = [
 #: public modules; each declares __all__
 MODULES = [
     "corral", "corral.core.errors", "corral.core.spec", "corral.core.result",
+    "corral.core.files",
     "corral.wire.protocol",
     "corral.core.contract", "corral.run.bounded", "corral.run.strict", "corral.dispatch",
     "corral.snippets",

@@ -1,7 +1,8 @@
 """The pure modules do no I/O: they import no I/O module, and of corral only other pure modules.
 
 The pure layers are the core (errors, values, the contract), the wires' codecs,
-the snippet validator and the Linux provider's policy (plan, seccomp). Each is
+the snippet validator, the Linux provider's policy (plan, seccomp) and the egress
+policy. Each is
 checked by reading its source (no import needed), so the check also holds for
 code paths a test never runs.
 """
@@ -18,13 +19,17 @@ import corral
 SRC = Path(corral.__file__).parent
 PURE = [
     "corral.core.errors", "corral.core.spec", "corral.core.result", "corral.core.contract",
-    "corral.wire.protocol", "corral.wire.jsonline", "corral.wire.agent", "corral.wire.fork",
+    "corral.core.files",
+    "corral.wire.protocol", "corral.wire.jsonline", "corral.wire.agent", "corral.wire.agentmsg",
+    "corral.wire.fork",
     "corral.wire.records",
     "corral.snippets.validator", "corral.snippets.validator.policy",
     "corral.snippets.validator.rules",
     "corral.providers.linux.policy.plan", "corral.providers.linux.policy.seccomp",
     "corral.providers.linux.policy.outcomes",
     "corral.providers.linux.policy.bpf", "corral.providers.linux.policy.syscall_numbers",
+    # the egress policy (the plan parses a spec's network policy with it)
+    "corral.providers.linux.host.egress.policy",
 ]
 #: corral modules a pure module may import besides the pure ones: value types only
 ALSO_ALLOWED = {"corral.core", "corral.core.cancel", "corral.wire", "corral.snippets",

@@ -54,7 +54,7 @@ def test_registered_and_described() -> None:
     assert get_provider_class("subproc") is SubprocProvider
     p = SubprocProvider()
     assert p.name == "subproc" and p.levels == frozenset({Level.CONTEXT_ISOLATED})
-    assert p.capabilities == frozenset({"context-isolated", "streaming"})
+    assert p.capabilities == frozenset({"context-isolated", "streaming", "files"})
 
 
 # what the provider cannot enforce is level-not-supported, what it does not run is

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         SnapshotNotSupportedError,
         UnhandledWorkerError,
     )
+    from corral.core.files import FileInfo
     from corral.core.result import ExecResult, ExitStatus, Outcome, RunResult
     from corral.core.spec import (
         Capability,
@@ -90,6 +91,7 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
                            "ProviderError", "RestoreNotSupportedError", "SandboxCancelledError",
                            "SandboxTimeoutError", "SnapshotNotSupportedError",
                            "UnhandledWorkerError"),
+    "corral.core.files": ("FileInfo",),
     "corral.core.result": ("ExecResult", "ExitStatus", "Outcome", "RunResult"),
     "corral.core.spec": ("Capability", "ExecOpts", "HandlerRef", "InvocationMode", "Level",
                          "NetworkPolicy", "ProcessOpts", "ResourceUsage", "ResumeInfo",
@@ -114,6 +116,7 @@ __all__ = [
     "ExecOpts",
     "ExecResult",
     "ExitStatus",
+    "FileInfo",
     "HandlerOutput",
     "HandlerRef",
     "HandlerSuspended",

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import h11
 import pytest
 
 import corral
@@ -121,6 +122,9 @@ def nobody_python() -> Iterator[tuple[str, str]]:
     try:
         os.chmod(root, 0o755)
         shutil.copytree(Path(corral.__file__).parent, Path(root) / "corral",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        # and corral's runtime dependency (the egress proxy parses HTTP with h11)
+        shutil.copytree(Path(h11.__file__).parent, Path(root) / "h11",
                         ignore=shutil.ignore_patterns("__pycache__"))
         for d, dirs, files in os.walk(root):
             for name in dirs:

@@ -1,4 +1,4 @@
-"""Secrets added at egress by the proxy (corral.providers.linux.host.egress[_tls]).
+"""Secrets added at egress by the proxy (corral.providers.linux.host.egress, its ca module).
 
 Every server is started here on 127.0.0.1: an HTTPS origin with its own test CA
 (passed to the proxy as ``upstream_ssl_context``) and a plain HTTP one. Names are
@@ -52,6 +52,8 @@ def origin_tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext
           .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
           .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False,
                                        False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                         critical=False)
           .sign(ca_key, hashes.SHA256()))
     key = ec.generate_private_key(ec.SECP256R1())
     leaf = (x509.CertificateBuilder()
@@ -62,6 +64,10 @@ def origin_tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.SubjectAlternativeName([x509.DNSName(h) for h in HOSTS]),
                            critical=False)
+            # 3.13's default context verifies strictly (VERIFY_X509_STRICT): a leaf
+            # without an Authority Key Identifier is refused
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
     ca_pem = ca.public_bytes(serialization.Encoding.PEM)
     (d / "chain.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM) + ca_pem)
@@ -368,7 +374,7 @@ def test_secret_policy_values_are_validated_and_hidden() -> None:
 
 
 def test_ca_is_p256_short_lived_and_leaves_are_cached() -> None:
-    from corral.providers.linux.host.egress_tls import CA_VALIDITY, EgressCA
+    from corral.providers.linux.host.egress.ca import CA_VALIDITY, EgressCA
 
     ca = EgressCA()
     cert = x509.load_pem_x509_certificate(ca.ca_pem)

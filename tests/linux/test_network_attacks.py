@@ -603,7 +603,7 @@ def test_one_sandbox_flooding_its_proxy_does_not_starve_another(linux: Any) -> N
                     await asyncio.sleep(0.5)
                 assert r.stdout_text.split()[:2] == ["200", "listed"], r.stderr_text
                 assert proxy.active <= 2
-            from corral.providers.linux.host.egress import _FDS_IN_USE
+            from corral.providers.linux.host.egress.limits import FDS_IN_USE as _FDS_IN_USE
             assert _FDS_IN_USE[0] == 0
 
         linux(test, egress_resolver=MapResolver(NAMES))
@@ -876,7 +876,7 @@ def test_tunnels_from_one_sandbox_leave_the_host_descriptors(linux: Any) -> None
                     assert any(d.reason.endswith("descriptor limit")
                                for d in a.network_denials())
                 # destroyed with its tunnels open: every descriptor counted comes back
-                from corral.providers.linux.host.egress import _FDS_IN_USE
+                from corral.providers.linux.host.egress.limits import FDS_IN_USE as _FDS_IN_USE
                 assert _FDS_IN_USE[0] == 0
 
             linux(test, egress_resolver=MapResolver(NAMES))

@@ -94,9 +94,11 @@ from typing import Protocol, Self, runtime_checkable
 from corral.core.cancel import CancelToken
 from corral.core.errors import (
     PauseNotSupportedError,
+    ProviderError,
     RestoreNotSupportedError,
     SnapshotNotSupportedError,
 )
+from corral.core.files import FileInfo
 from corral.core.result import NetworkDenial, RunResult
 from corral.core.spec import (
     ExecOpts,
@@ -203,6 +205,63 @@ class Sandbox(abc.ABC):
     async def start_process(self, argv: Sequence[str],
                             opts: ProcessOpts | None = None) -> ProcessHandle:
         """Start ``argv`` and return a handle streaming its output."""
+
+    # -- file operations (the ``files`` capability; E2B's ``sandbox.files``) -------------
+    # Paths as for read_file: relative to the work dir, or absolute under it; "" / "."
+    # name the work dir itself where a method allows it. No path leaves the sandbox's
+    # files: ``..``, an absolute path elsewhere, and a symlink before the last component
+    # are ConfigInvalidError; a symlink as the last component is the link itself (never
+    # followed). What the file system answers is the builtin OSError subclass, as ``os``
+    # raises it. A sandbox without the capability raises ProviderError.
+
+    async def list_files(self, path: str = "") -> list[FileInfo]:
+        """The entries of the directory at ``path`` (default: the work dir), sorted by
+        name, one level deep (E2B: ``files.list``).
+
+        Raises:
+            FileNotFoundError: nothing is at ``path``.
+            NotADirectoryError: ``path`` is not a directory.
+            ConfigInvalidError: the path leaves the sandbox or is a symlink.
+        """
+        raise self._no_files("list_files")
+
+    async def get_info(self, path: str) -> FileInfo:
+        """What is at ``path`` (E2B: ``files.get_info``); FileNotFoundError if nothing."""
+        raise self._no_files("get_info")
+
+    async def exists(self, path: str) -> bool:
+        """Whether anything (a symlink too, dangling or not) is at ``path``
+        (E2B: ``files.exists``)."""
+        try:
+            await self.get_info(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    async def make_dir(self, path: str, *, parents: bool = True) -> bool:
+        """Make the directory ``path`` (``parents``: the missing ones above it too);
+        True if it was made, False if a directory was there (E2B: ``files.make_dir``).
+
+        Raises:
+            FileExistsError: something other than a directory is at ``path``.
+            FileNotFoundError: a parent is missing and ``parents`` is false.
+        """
+        raise self._no_files("make_dir")
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Remove the file, symlink or directory at ``path`` (E2B: ``files.remove``,
+        which is recursive; here a directory that is not empty needs ``recursive``).
+        Never the work dir itself.
+
+        Raises:
+            FileNotFoundError: nothing is at ``path``.
+            OSError: (``errno.ENOTEMPTY``) a directory not empty, without ``recursive``.
+        """
+        raise self._no_files("remove")
+
+    def _no_files(self, what: str) -> ProviderError:
+        return ProviderError(f"{what}: {type(self).__name__} has no file operations "
+                             "(capability 'files')")
 
     @abc.abstractmethod
     async def destroy(self) -> None:

@@ -25,6 +25,15 @@ service. The set is closed: no provider adds codes; anything else is
 
 Bugs and asyncio cancellation are deliberately outside this tree.
 
+The one error codec of every wire (the sandbox agent, ``corral serve`` and the
+remote provider, Ray's node actors): :meth:`CorralError.to_dict` one way,
+:func:`error_from_dict` / :func:`error_from_json` the other. The decoder takes
+bytes from a far end it does not trust: a code outside the closed set, a
+document that is not an object, facts of the wrong type or size never build
+anything but a class of this module (an unknown code is :class:`ProviderError`
+naming it; a wrong-typed fact takes its neutral value; text is cut at
+:data:`MAX_ERROR_TEXT` characters).
+
 This module is pure: no I/O imports.
 """
 
@@ -56,6 +65,8 @@ __all__ = [
     "SnapshotNotSupportedError",
     "UnhandledWorkerError",
     "error_from_code",
+    "error_from_dict",
+    "error_from_json",
 ]
 
 
@@ -76,6 +87,11 @@ class ErrorCode(enum.StrEnum):
     INVALID_SNAPSHOT_HANDLE = "invalid-snapshot-handle"
     PROVIDER_ERROR = "provider-error"
 
+
+#: longest text (a message, a reason, a detail) the decoder keeps from a far end
+MAX_ERROR_TEXT = 4000
+#: longest encoded error :func:`error_from_json` parses
+MAX_ERROR_JSON = 256 * 1024
 
 LimitKind = Literal["memory", "cpu", "disk", "processes", "output", "snapshot-bytes", "snapshots"]
 
@@ -195,7 +211,7 @@ class LimitsExceededError(CorralError):
 
     def _facts(self) -> Mapping[str, Any]:
         return {"limit": self.limit, "limit_value": self.limit_value,
-                "observed": self.observed, "unit": self.unit}
+                "observed": self.observed, "unit": self.unit, "detail": self.detail}
 
 
 @final
@@ -368,3 +384,84 @@ def error_from_code(code: str, message: str) -> CorralError:
     if cls is ConfigInvalidError:
         return ConfigInvalidError("(remote)", message)
     return cls(message)
+
+
+_LIMIT_KINDS: frozenset[str] = frozenset(LimitsExceededError._UNITS)
+
+
+def _text(doc: Mapping[str, Any], key: str, default: str = "") -> str:
+    v = doc.get(key, default)
+    return v[:MAX_ERROR_TEXT] if isinstance(v, str) else default
+
+
+def _int_or(doc: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    v = doc.get(key, default)
+    return v if type(v) is int and -(2 ** 63) <= v < 2 ** 63 else default
+
+
+def error_from_dict(doc: object, *, result: RunResult | None = None) -> CorralError:
+    """The inverse of :meth:`CorralError.to_dict`: the same class with the same facts
+    and message. ``result`` (decoded by the caller's own codec, e.g. the HTTP API's)
+    becomes ``err.result``; a timeout's partial output is taken from it.
+
+    Never raises and never builds a class outside this module: a ``doc`` that is not
+    an object, or has no known ``code``, gives :class:`ProviderError` saying so; a
+    fact of the wrong type takes its neutral value; text is capped."""
+    if not isinstance(doc, Mapping):
+        return ProviderError(f"a malformed error (a {type(doc).__name__}, not an object)")
+    message = _text(doc, "message")
+    code = doc.get("code")
+    try:
+        ecode = ErrorCode(code) if isinstance(code, str) else None
+    except ValueError:
+        ecode = None
+    err: CorralError
+    if ecode is None:
+        shown = code[:80] if isinstance(code, str) else type(code).__name__
+        err = ProviderError(f"unknown error code {shown!r}: {message}")
+    elif ecode is ErrorCode.LEVEL_NOT_SUPPORTED:
+        supported = doc.get("supported")
+        err = LevelNotSupportedError(
+            _text(doc, "requested", "unknown"),
+            tuple(s[:MAX_ERROR_TEXT] for s in supported[:64] if isinstance(s, str))
+            if isinstance(supported, list) else (),
+            _text(doc, "detail"), missing=_text(doc, "missing"),
+            field=_text(doc, "field", "level") or "level")
+    elif ecode is ErrorCode.LIMITS_EXCEEDED:
+        limit = doc.get("limit")
+        err = LimitsExceededError(
+            limit if isinstance(limit, str) and limit in _LIMIT_KINDS else "output",  # type: ignore[arg-type]
+            _int_or(doc, "limit_value", 0) or 0, _int_or(doc, "observed", 0) or 0,
+            _text(doc, "detail"))
+    elif ecode is ErrorCode.TIMEOUT:
+        err = SandboxTimeoutError(
+            message, timeout_ms=_int_or(doc, "timeout_ms", 0) or 0,
+            stdout=result.stdout if result is not None else b"",
+            stderr=result.stderr if result is not None else b"")
+    elif ecode is ErrorCode.UNHANDLED_WORKER:
+        err = UnhandledWorkerError(message, exit_code=_int_or(doc, "exit_code", None),
+                                   stderr_tail=_text(doc, "stderr_tail"))
+    elif ecode is ErrorCode.CONFIG_INVALID:
+        err = ConfigInvalidError(_text(doc, "field", "?") or "?",
+                                 _text(doc, "reason", message))
+    else:
+        err = ERROR_CLASSES[ecode](message)
+    if ecode is not None and message and str(err) != message:
+        CorralError.__init__(err, message)  # the far end's own words
+    err.result = result
+    return err
+
+
+def error_from_json(data: bytes | str) -> CorralError:
+    """:func:`error_from_dict` of one JSON document (at most :data:`MAX_ERROR_JSON`
+    bytes); anything that does not parse is :class:`ProviderError`, never an
+    exception of the parser."""
+    import json  # here: the CLI's one-shot path imports this module, never json
+
+    if len(data) > MAX_ERROR_JSON:
+        return ProviderError(f"an error of {len(data)} bytes (at most {MAX_ERROR_JSON})")
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        return ProviderError(f"a malformed error ({type(e).__name__})")
+    return error_from_dict(doc)

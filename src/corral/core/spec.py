@@ -87,6 +87,9 @@ class Capability(enum.StrEnum):
     WARM_FORK = "warm-fork"
     #: sandboxes have ``alive`` and ``process_count()`` (SupportsProcessCount)
     PROCESS_COUNT = "process-count"
+    #: sandboxes have the file operations ``list_files``, ``get_info``, ``exists``,
+    #: ``make_dir`` and ``remove`` (see :class:`corral.core.contract.Sandbox`)
+    FILES = "files"
 
 
 KNOWN_CAPABILITIES: Final = frozenset(c.value for c in Capability)

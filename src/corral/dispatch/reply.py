@@ -12,13 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, final
 
 from corral.core.errors import (
-    ConfigInvalidError,
     CorralError,
     ErrorCode,
-    LimitsExceededError,
     ProviderError,
     UnhandledWorkerError,
-    error_from_code,
+    error_from_dict,
 )
 from corral.wire.protocol import (
     SUSPEND_EXIT_CODE,
@@ -77,19 +75,13 @@ class ProtocolViolation(Exception):
 
 
 def _error_from_body(body: ErrorBody, exit_code: int | None, stderr_tail: str) -> CorralError:
-    details = body.details or {}
+    """The error a handler's ``error`` frame names, by corral's one error codec
+    (:func:`~corral.core.errors.error_from_dict`: its ``details`` are the facts; an
+    unknown code is ProviderError); ``unhandled-worker`` takes the real exit code and
+    stderr tail of the process, whatever the frame claims."""
     if body.code == ErrorCode.UNHANDLED_WORKER:
         return UnhandledWorkerError(body.message, exit_code=exit_code, stderr_tail=stderr_tail)
-    if body.code == ErrorCode.CONFIG_INVALID:
-        fld, reason = details.get("field"), details.get("reason")
-        if isinstance(fld, str) and isinstance(reason, str):
-            return ConfigInvalidError(fld, reason)
-    if body.code == ErrorCode.LIMITS_EXCEEDED:
-        limit, value, seen = (details.get(k) for k in ("limit", "limit_value", "observed"))
-        if (limit in ("memory", "cpu", "disk", "processes", "output", "snapshot-bytes", "snapshots")
-                and type(value) is int and type(seen) is int):
-            return LimitsExceededError(limit, value, seen)
-    return error_from_code(body.code, body.message)  # unknown codes: ProviderError
+    return error_from_dict({**(body.details or {}), "code": body.code, "message": body.message})
 
 
 def decide(frame: StdoutFrame | None, *, exit_code: int | None,

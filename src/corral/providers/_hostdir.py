@@ -14,14 +14,28 @@ import asyncio
 import os
 import tempfile
 import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from corral.core.cancel import CancelToken
 from corral.core.contract import Sandbox
 from corral.core.errors import ConfigInvalidError, CreateCancelledError, ProviderError
+from corral.core.files import FileInfo
 from corral.core.spec import SandboxSpec
 from corral.images.hostdir import copy_image_dir
-from corral.providers.confined import read_file_under, split_relative, write_file_under
+from corral.providers.confined import (
+    EntryTuple,
+    list_dir_under,
+    make_dir_under,
+    read_file_under,
+    remove_under,
+    split_relative,
+    stat_under,
+    write_file_under,
+)
 from corral.run.tree import remove_tree
+
+T = TypeVar("T")
 
 __all__ = ["HostDirSandbox", "make_sandbox_dir", "remove_sandbox_dir"]
 
@@ -93,3 +107,39 @@ class HostDirSandbox(Sandbox):
         self._alive("read_file")
         return await asyncio.to_thread(read_file_under, self.work_dir, path,
                                        root_alias=self.work_dir)
+
+    # -- the file operations (capability "files"), confined as read/write are ----------
+    def _info(self, e: EntryTuple, parts: list[str]) -> FileInfo:
+        name, kind, size, mode, mtime, target = e
+        return FileInfo(name=name, path="/".join([self.work_dir, *parts]),
+                        type=kind,  # type: ignore[arg-type]
+                        size=size, mode=mode, modified=mtime, symlink_target=target)
+
+    async def _fs(self, path: str, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """``fn(*args, **kw)`` in a thread; an OSError names the sandbox ``path``."""
+        try:
+            return await asyncio.to_thread(fn, *args, **kw)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, path) from None
+
+    async def list_files(self, path: str = "") -> list[FileInfo]:
+        self._alive("list_files")
+        parts = split_relative(path, root_alias=self.work_dir, allow_root=True)
+        entries = await self._fs(path, list_dir_under, self.work_dir, "/".join(parts))
+        return [self._info(e, [*parts, e[0]]) for e in entries]
+
+    async def get_info(self, path: str) -> FileInfo:
+        self._alive("get_info")
+        parts = split_relative(path, root_alias=self.work_dir, allow_root=True)
+        return self._info(await self._fs(path, stat_under, self.work_dir, "/".join(parts)),
+                          parts)
+
+    async def make_dir(self, path: str, *, parents: bool = True) -> bool:
+        self._alive("make_dir")
+        return await self._fs(path, make_dir_under, self.work_dir, path, parents=parents,
+                              root_alias=self.work_dir)
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        self._alive("remove")
+        await self._fs(path, remove_under, self.work_dir, path, recursive=recursive,
+                       root_alias=self.work_dir)

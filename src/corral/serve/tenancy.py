@@ -70,7 +70,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 #: destinations that are not public: a tenant may list one (or a range touching one)
 #: only inside its ``network.private``. The egress proxy's own table
-#: (``providers/linux/host/egress.py``) refuses the same without a listing entry; this
+#: (``providers/linux/host/egress/``) refuses the same without a listing entry; this
 #: keeps the tenant from writing that entry. IPv6 forms that embed an IPv4 address
 #: (mapped, NAT64, 6to4) are counted non-public as a whole.
 NON_PUBLIC_RANGES: Final[tuple[tuple[IPNetwork, str], ...]] = tuple(

@@ -29,6 +29,7 @@ from corral.testing._checks import (
     check_streaming,
     check_timeout,
 )
+from corral.testing._checks_files import check_file_ops
 from corral.testing._checks_life import check_cancel, check_lifecycle
 from corral.testing._checks_refusals import (
     check_bad_input,
@@ -83,6 +84,7 @@ _CHECKS: tuple[ProviderCheck, ...] = (
     _check("exec", check_exec, processes=True),
     _check("files", check_files),
     _check("path-escape", check_path_escape),
+    _check("file-ops", check_file_ops),
     _check("isolation", check_isolation),
     _check("streaming", check_streaming, processes=True),
     _check("kill", check_kill, processes=True),

@@ -193,7 +193,7 @@ class InProcessProvider(SandboxProvider):
 
     name = _NAME
     levels = frozenset({Level.NONE})
-    capabilities = frozenset({Capability.STREAMING.value})
+    capabilities = frozenset({Capability.STREAMING.value, Capability.FILES.value})
 
     def __init__(self, *, temp_dir: str | None = None,
                  max_stdout_bytes: int = DEFAULT_MAX_STDOUT_BYTES,

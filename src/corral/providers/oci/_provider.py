@@ -855,7 +855,7 @@ class OciProvider(SandboxProvider):
         the runtime started the container) may leave an init it never recorded: every
         process still in the sandbox's own cgroup is killed, then the dirs removed."""
         shutil.rmtree(sb.bundle, ignore_errors=True)
-        for _ in range(100):
+        for _ in range(500):  # at most 5 s, only while something is left (a loaded host)
             left = sb.counters.leftover()
             if not left:
                 break

@@ -4,7 +4,9 @@ Ray pickles an exception raised in an actor method by its ``args``, which loses
 the facts of corral's errors (``LevelNotSupportedError.field``, a timeout's partial
 output, ``err.result``). So a node actor never raises across the wire: every call
 returns a tagged reply, ``("ok", value)`` or ``("err", encoded)``, and the driver
-rebuilds the same error class with the same facts (:func:`decode_error`).
+rebuilds the same error class with the same facts (:func:`decode_error`) by corral's
+one error codec (:meth:`CorralError.to_dict` and :func:`corral.core.errors.error_from_dict`);
+the run an error ended (``err.result``) rides beside it as the value it is.
 
 Pure: no Ray import (both ends use it; the node's side runs inside a Ray worker).
 """
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from corral.core.errors import ERROR_CLASSES, CorralError, ErrorCode, ProviderError
+from corral.core.errors import CorralError, ProviderError, error_from_dict
+from corral.core.result import RunResult
 
 __all__ = ["Reply", "decode_error", "encode_error", "err", "ok", "unwrap"]
 
@@ -34,8 +37,7 @@ def encode_error(e: BaseException, *, where: str) -> dict[str, Any]:
     file stays ``FileNotFoundError``; anything else becomes ``provider-error`` naming its
     type and ``where`` (the node)."""
     if isinstance(e, CorralError):
-        state = {k: v for k, v in vars(e).items() if k != "message"}
-        return {"kind": "corral", "code": str(e.code), "message": e.message, "state": state}
+        return {"kind": "corral", "error": e.to_dict(), "result": e.result}
     if isinstance(e, FileNotFoundError):
         return {"kind": "enoent", "errno": e.errno, "strerror": e.strerror,
                 "filename": e.filename}
@@ -46,16 +48,9 @@ def decode_error(doc: dict[str, Any]) -> BaseException:
     """The error :func:`encode_error` described (the same class, message and facts)."""
     kind = doc.get("kind")
     if kind == "corral":
-        try:
-            cls = ERROR_CLASSES[ErrorCode(doc["code"])]
-        except (KeyError, ValueError):
-            return ProviderError(f"unknown error code {doc.get('code')!r}: {doc.get('message')}")
-        obj: CorralError = cls.__new__(cls)
-        Exception.__init__(obj, doc["message"])
-        obj.message = doc["message"]
-        obj.result = None
-        vars(obj).update(doc.get("state") or {})
-        return obj
+        result = doc.get("result")
+        return error_from_dict(doc.get("error"),
+                               result=result if isinstance(result, RunResult) else None)
     if kind == "enoent":
         return FileNotFoundError(doc.get("errno"), doc.get("strerror"), doc.get("filename"))
     return ProviderError(str(doc.get("message", "unknown remote error")))

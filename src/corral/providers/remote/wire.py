@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, get_args
+from typing import Any, Final
 
 from corral.core.errors import (
+    MAX_ERROR_TEXT,
     ConfigInvalidError,
     CorralError,
-    ErrorCode,
-    LevelNotSupportedError,
-    LimitKind,
-    LimitsExceededError,
     ProviderError,
-    SandboxTimeoutError,
-    UnhandledWorkerError,
-    error_from_code,
+    error_from_dict,
 )
 from corral.core.result import NetworkDenial, Outcome, RunResult
 from corral.core.spec import (
@@ -271,41 +266,20 @@ def error_to_json(err: CorralError) -> dict[str, Any]:
     return doc
 
 
-_LIMIT_KINDS: Final = frozenset(get_args(LimitKind))
-
-
 def error_from_json(doc: object) -> CorralError:
-    """The error a server sent, as the same class with the same facts (and ``result``);
-    an unknown code becomes ``ProviderError`` (the set is closed)."""
-    d = _obj(doc, "error")
-    code, message = str(d.get("code", "")), str(d.get("message", ""))
-    err: CorralError
-    if code == ErrorCode.LEVEL_NOT_SUPPORTED:
-        err = LevelNotSupportedError(
-            str(d.get("requested", "")), tuple(d.get("supported") or ()),
-            str(d.get("detail") or ""), missing=str(d.get("missing") or ""),
-            field=str(d.get("field") or "level"))
-    elif code == ErrorCode.LIMITS_EXCEEDED and d.get("limit") in _LIMIT_KINDS:
-        err = LimitsExceededError(d["limit"], int(d.get("limit_value") or 0),
-                                  int(d.get("observed") or 0), detail=str(d.get("detail") or ""))
-        CorralError.__init__(err, message)
-    elif code == ErrorCode.TIMEOUT:
-        res = d.get("result")
-        partial = result_from_json(res) if res is not None else RunResult()
-        err = SandboxTimeoutError(message, timeout_ms=int(d.get("timeout_ms") or 0),
-                                  stdout=partial.stdout, stderr=partial.stderr)
-    elif code == ErrorCode.UNHANDLED_WORKER:
-        err = UnhandledWorkerError(message, exit_code=d.get("exit_code"),
-                                   stderr_tail=str(d.get("stderr_tail") or ""))
-    elif code == ErrorCode.CONFIG_INVALID:
-        err = ConfigInvalidError(str(d.get("field") or "(remote)"), str(d.get("reason") or message))
-    elif code in HTTP_CODES:
-        err = ProviderError(f"corral serve: {code}: {message}")
-    else:
-        err = error_from_code(code, message)
-    if d.get("result") is not None:
-        err.result = result_from_json(d["result"])
-    return err
+    """The error a server sent, as the same class with the same facts (and ``result``),
+    by corral's one error codec (:func:`corral.core.errors.error_from_dict`); an unknown
+    code becomes ``ProviderError`` (the set is closed), and so does one of the API's own
+    codes (:data:`HTTP_CODES`) that reaches here."""
+    if isinstance(doc, Mapping) and doc.get("code") in HTTP_CODES:
+        return ProviderError(f"corral serve: {doc['code']!s}: "
+                             f"{str(doc.get('message', ''))[:MAX_ERROR_TEXT]}")
+    res = doc.get("result") if isinstance(doc, Mapping) else None
+    try:
+        result = result_from_json(res) if res is not None else None
+    except (ConfigInvalidError, ValueError, TypeError, AttributeError):
+        result = None  # a malformed result: the error stands without it
+    return error_from_dict(doc, result=result)
 
 
 # -- snapshot handles ---------------------------------------------------------------

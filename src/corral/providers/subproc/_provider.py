@@ -191,7 +191,8 @@ class SubprocProvider(SandboxProvider):
 
     name = _NAME
     levels = frozenset({Level.CONTEXT_ISOLATED})
-    capabilities = frozenset({Capability.CONTEXT_ISOLATED.value, Capability.STREAMING.value})
+    capabilities = frozenset({Capability.CONTEXT_ISOLATED.value, Capability.STREAMING.value,
+                              Capability.FILES.value})
 
     def __init__(self, *, temp_dir: str | None = None, exec_timeout_ms: int = 600_000,
                  process_timeout_ms: int = 3_600_000,

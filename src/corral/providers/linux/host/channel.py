@@ -232,6 +232,13 @@ class Channel:
                                  f"crashed: {self.violation}")
         return ProviderError(f"{self.what} is gone")
 
+    def violate(self, why: str) -> ProviderError:
+        """The far end broke the protocol at the message layer (a well-framed reply that
+        means nothing): close the channel as for a frame violation; returns the error
+        for the caller to raise."""
+        self._violate(why)
+        return self._gone()
+
     def _violate(self, why: str) -> None:
         if self.closed.done():
             return

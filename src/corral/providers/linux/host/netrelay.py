@@ -13,7 +13,7 @@ or starve there, the same for a root or non-root sandbox. ``HTTP_PROXY``,
 host names, ``socks5h://``) and their lower-case forms point there. A program that
 ignores them has no route and gets no connection at all. The proxy decides on
 the host: names resolved on the host, ranges checked, SNI checked (see
-``egress.py`` and docs/network.md).
+the ``egress`` package and docs/network.md).
 
 **Preview URLs** (``expose``). The host listens on its own loopback
 (``127.0.0.1``, a free port), where every local user can connect, so each URL has
@@ -49,25 +49,22 @@ from corral.core.errors import ConfigInvalidError, ProviderError
 from corral.core.preview import PREVIEW_PREAMBLE, PreviewURL
 from corral.core.result import NetworkDenial
 from corral.core.spec import NetworkPolicy
-from corral.providers.linux.host.egress import (
-    EgressPolicy,
-    EgressProxy,
-    NeverReach,
-    Resolver,
-    parse_entry,
+from corral.providers.linux.host.egress import EgressPolicy, EgressProxy, NeverReach, Resolver
+from corral.providers.linux.host.egress.forward import first_error
+from corral.providers.linux.host.egress.policy import (
+    MAX_LOOPBACK_RELAYS,
+    PROXY_HOST,
+    PROXY_PORT,
+    compile_network,
+    loopback_relays,
 )
+from corral.providers.linux.host.egress.tasks import TaskOwner
 
-__all__ = ["PROXY_HOST", "PROXY_PORT", "SandboxNetwork", "check_agent_socket", "check_entries",
-           "loopback_relays", "proxy_env"]
+__all__ = ["MAX_LOOPBACK_RELAYS", "PROXY_HOST", "PROXY_PORT", "SandboxNetwork",
+           "check_agent_socket", "check_entries", "loopback_relays", "proxy_env"]
 
-#: where the egress proxy listens inside every sandbox with network allowlist/unrestricted
-PROXY_HOST: Final = "127.0.0.1"
-PROXY_PORT: Final = 3128
 #: preview URLs open at once per sandbox, at most
 MAX_EXPOSED: Final = 16
-#: host-loopback relays per sandbox (:func:`loopback_relays`), at most: each is a
-#: listener the host holds for the sandbox's life
-MAX_LOOPBACK_RELAYS: Final = 16
 #: connections through one preview URL at once, at most (more wait in the backlog)
 MAX_PREVIEW_CONNECTIONS: Final = 64
 _CHUNK: Final = 256 * 1024
@@ -89,44 +86,9 @@ NewSocket = Callable[[], Awaitable[int]]
 
 def check_entries(policy: NetworkPolicy) -> None:
     """Raise ConfigInvalidError (``network.hosts``) for an entry of ``policy`` the egress
-    proxy cannot read (hosts and secret-header keys), or a host-loopback entry on the
-    proxy's own port (its relay could not listen there: see :func:`loopback_relays`)."""
-    for entry in (*policy.hosts, *policy.secret_headers):
-        parse_entry(entry)
-    relays = loopback_relays(policy) if policy.kind != "none" else []
-    if len(relays) > MAX_LOOPBACK_RELAYS:
-        raise ConfigInvalidError(
-            "network.hosts", f"{len(relays)} host-loopback entries with a port: at most "
-            f"{MAX_LOOPBACK_RELAYS} per sandbox (each is a relay the host keeps open)")
-    if any(p == PROXY_PORT for _, p in relays):
-        raise ConfigInvalidError(
-            "network.hosts", f"a host-loopback entry on port {PROXY_PORT}: inside the "
-            f"sandbox, {PROXY_HOST}:{PROXY_PORT} is its egress proxy, so no relay to the "
-            f"host's port {PROXY_PORT} can listen there; serve it on another port")
-
-
-def loopback_relays(policy: NetworkPolicy) -> list[tuple[str, int]]:
-    """The listed destinations on the host's IPv4 loopback that get a relay inside the
-    sandbox: each entry that is one IPv4 loopback address with a port (``127.0.0.1:8080``).
-
-    A client inside the sandbox connects to such an address directly (``NO_PROXY`` names
-    loopback, and a raw socket client knows no proxy), and the sandbox's loopback is its
-    own: without a relay the connection is refused there and the proxy never hears of
-    it. So the host listens on the same address and port inside the sandbox's namespace
-    and hands each connection to the egress proxy, which decides it by the policy of the
-    moment like any proxied request (``EgressProxy.add_relay``). An entry without a port,
-    a CIDR or ``::1`` gets no relay (a listener needs one address and one port): those
-    destinations are reachable through the proxy only (``curl -x``, ``NO_PROXY`` unset)."""
-    out: list[tuple[str, int]] = []
-    for entry in policy.hosts:
-        rule = parse_entry(entry)
-        net = rule.net
-        if (rule.kind == "net" and net is not None and rule.port is not None
-                and net.version == 4 and net.prefixlen == 32 and net.network_address.is_loopback):
-            pair = (str(net.network_address), rule.port)
-            if pair not in out:
-                out.append(pair)
-    return out
+    proxy cannot read: :func:`~corral.providers.linux.host.egress.compile_network`, its
+    result dropped (the provider's plan keeps it: ``SandboxPlan.egress``)."""
+    compile_network(policy)
 
 
 def proxy_env(ca_bundle: str | None = None) -> dict[str, str]:
@@ -185,14 +147,23 @@ class SandboxNetwork:
     """One sandbox's egress proxy (when its policy is not ``none``) and preview URLs.
 
     ``new_socket`` asks the sandbox's agent for a fresh socket of its namespace.
+    ``egress``: ``policy`` as the proxy reads it, parsed once when the sandbox's plan was
+    made (``SandboxPlan.egress``); parsed here only when not given.
     ``resolver`` replaces the host's resolver (tests map names to loopback).
+
+    Every preview connection is a task of the network's own task group
+    (:class:`~corral.providers.linux.host.egress.tasks.TaskOwner`), cancelled and awaited
+    by :meth:`unexpose` (its port's) and :meth:`aclose` (all).
     """
 
     def __init__(self, policy: NetworkPolicy, new_socket: NewSocket, *,
+                 egress: EgressPolicy | None = None,
                  resolver: Resolver | None = None,
                  upstream_ssl_context: ssl.SSLContext | None = None,
                  never: NeverReach | None = None) -> None:
         self.policy = policy
+        self.egress = egress if egress is not None or policy.kind == "none" \
+            else compile_network(policy)
         self._never = never
         self._new_socket = new_socket
         self._resolver = resolver
@@ -202,25 +173,15 @@ class SandboxNetwork:
         self._exposed: dict[int, tuple[asyncio.Server, set[asyncio.Task[None]]]] = {}
         self._tokens: dict[int, str] = {}  # port inside -> its URL's token
         self._closed = False
+        self._owner = TaskOwner("preview URLs")
         self.ca_bundle_pem: bytes | None = None
-
-    @staticmethod
-    def egress_policy(policy: NetworkPolicy) -> EgressPolicy:
-        """The proxy's policy for a spec's network policy (allowlist / unrestricted)."""
-        if policy.kind == "allowlist":
-            out = EgressPolicy.allowlist(*policy.hosts)
-        else:
-            out = EgressPolicy.unrestricted(*policy.hosts)
-        for entry, headers in policy.secret_headers.items():
-            out = out.with_secret(entry, dict(headers))
-        return out
 
     async def start(self) -> None:
         """Serve the egress proxy inside the sandbox on 127.0.0.1:3128 (policy not
         ``none``); nothing to do for ``none``."""
-        if self.policy.kind == "none":
+        if self.egress is None:
             return
-        proxy = EgressProxy(self.egress_policy(self.policy), resolver=self._resolver,
+        proxy = EgressProxy(self.egress, resolver=self._resolver,
                             upstream_ssl_context=self._upstream_ssl, never=self._never)
         try:
             sock = check_agent_socket(await self._new_socket())
@@ -231,7 +192,7 @@ class SandboxNetwork:
                 sock.close()
                 raise
             await proxy.add_listener(sock)
-            for host, port in loopback_relays(self.policy):
+            for host, port in loopback_relays(self.egress):
                 relay = check_agent_socket(await self._new_socket())
                 try:
                     relay.bind((host, port))
@@ -313,9 +274,6 @@ class SandboxNetwork:
         pending = [0]
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            conns.add(task)
             try:
                 if pending[0] >= MAX_PREVIEW_PENDING:
                     return  # too many connections without a token yet: closed unread
@@ -332,9 +290,19 @@ class SandboxNetwork:
                 pass
             finally:
                 writer.transport.abort()
-                conns.discard(task)
 
-        server = await asyncio.start_server(serve, host="127.0.0.1", port=0,
+        def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            # a plain callback, so the server makes no task: the connection is a task of
+            # the network's group (closed unread once the sandbox is being destroyed)
+            task = self._owner.spawn(serve(reader, writer))
+            if task is None:
+                writer.transport.abort()
+                return
+            conns.add(task)
+            task.add_done_callback(conns.discard)
+
+        await self._owner.open()
+        server = await asyncio.start_server(accept, host="127.0.0.1", port=0,
                                             limit=_CHUNK)
         self._exposed[port] = (server, conns)
         self._tokens[port] = token
@@ -362,8 +330,8 @@ class SandboxNetwork:
         server.close()
         for t in list(conns):
             t.cancel()
-        if conns:
-            await asyncio.gather(*conns, return_exceptions=True)
+        if conns:   # the group owns them; this waits for their end, never cancels them
+            await asyncio.wait(list(conns))
         await server.wait_closed()
 
     async def _forward(self, port: int, first: bytes, reader: asyncio.StreamReader,
@@ -382,7 +350,12 @@ class SandboxNetwork:
             if first:
                 in_w.write(first)
                 await in_w.drain()
-            await asyncio.gather(_copy(reader, in_w), _copy(in_r, writer))
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(_copy(reader, in_w))
+                    group.create_task(_copy(in_r, writer))
+            except ExceptionGroup as eg:
+                raise first_error(eg) from None
         finally:
             in_w.transport.abort()
 
@@ -392,6 +365,7 @@ class SandboxNetwork:
         self._closed = True
         for port in list(self._exposed):
             await self.unexpose(port)
+        await self._owner.aclose()
         if self.proxy is not None:
             await self.proxy.aclose()
 

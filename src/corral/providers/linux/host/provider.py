@@ -183,7 +183,7 @@ class LinuxProvider(SandboxProvider):
         self.snapshots = SnapshotStore(SnapshotLimits.of(snapshots))
         caps = {"strict", "streaming", "streaming-exec", "warm-fork", "process-count",
                 "snapshot", "restore", "network-allowlist", "network-unrestricted",
-                "preview-url"}
+                "preview-url", "files"}
         self.egress_never = egress_never
         if self._cgroups.support.has("freezer"):
             caps.add("pause")
@@ -264,7 +264,6 @@ class LinuxProvider(SandboxProvider):
         ``image`` is ``spec.image`` unpacked; when not given it is unpacked here
         (blocking; ``create`` does it in a worker thread).
         """
-        check_entries(spec.network)
         if spec.image is not None and image is None:
             check_spec(spec)
             image = self._unpack(spec.image)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import errno
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 from corral.core.contract import Sandbox
 from corral.core.errors import (
@@ -17,8 +16,9 @@ from corral.core.errors import (
     LimitsExceededError,
     PauseNotSupportedError,
     ProviderError,
-    error_from_code,
+    error_from_dict,
 )
+from corral.core.files import FileInfo
 from corral.core.preview import PreviewURL
 from corral.core.result import NetworkDenial, Outcome, OutputBuffer, RunResult
 from corral.core.spec import (
@@ -42,6 +42,7 @@ from corral.providers.linux.host.process import (
 from corral.providers.linux.host.spares import kill_and_remove, only_init_left, wait_exit
 from corral.providers.linux.policy.outcomes import CPU_KILLED, limit_hit
 from corral.providers.linux.policy.plan import SandboxPlan
+from corral.wire import agentmsg as _msg
 
 if TYPE_CHECKING:
     import ssl
@@ -64,12 +65,8 @@ _BYTES_PER_S = 32 * 1024 * 1024
 _KILL_TIMEOUT_S = 5.0
 
 
-def _int(h: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    """An integer field of an agent frame (ValueError if missing or not an int)."""
-    v = h.get(key, default)
-    if type(v) is not int:
-        raise ValueError(f"field {key!r} is not an integer")
-    return v
+#: requests whose OS errors are the caller's: the builtin OSError of the errno
+_FILE_OPS: Final = (_msg.Read, _msg.ListDir, _msg.Remove, _msg.MakeDir, _msg.Stat)
 
 
 def _check_argv(argv: Sequence[str]) -> list[str]:
@@ -132,9 +129,12 @@ class LinuxSandbox(Sandbox):
         self._cpu_over = 0
         self._resumed = asyncio.Event()
         self._resumed.set()
+        #: runs whose kill came while the sandbox was paused: killed at resume (a frozen
+        #: agent cannot answer, and a timeout must not wait for it)
+        self._kill_at_resume: dict[int, Run] = {}
         #: the egress proxy (network allowlist/unrestricted) and preview URLs; started
         #: by the provider's create before the sandbox is handed out
-        self.network = SandboxNetwork(spec.network, self._agent_socket,
+        self.network = SandboxNetwork(spec.network, self._agent_socket, egress=plan.egress,
                                       resolver=host.egress_resolver,
                                       upstream_ssl_context=host.egress_upstream_ssl,
                                       never=host.egress_never)
@@ -161,11 +161,12 @@ class LinuxSandbox(Sandbox):
     def _on_event(self, h: dict[str, Any]) -> None:
         """An event frame from the agent (an exit); a malformed one raises, and the
         channel then closes as a protocol violation."""
-        if h.get("ev") != "exit":
+        ev = _msg.decode_event(h)
+        if ev is None:
             return
-        pid = _int(h, "pid")
-        info = ExitInfo(code=_int(h, "code"), cpu_ms=_int(h, "cpu_ms", 0),
-                        maxrss_kb=_int(h, "maxrss_kb", 0), disk_free=_int(h, "disk_free", -1))
+        pid = ev.pid
+        info = ExitInfo(code=ev.code, cpu_ms=ev.cpu_ms, maxrss_kb=ev.maxrss_kb,
+                        disk_free=ev.disk_free)
         run = self._runs.pop(pid, None)
         if run is None:
             if len(self._early) >= _MAX_EARLY:
@@ -190,13 +191,19 @@ class LinuxSandbox(Sandbox):
                 run.exit.set_result(ExitInfo(code=-signal.SIGKILL))
         self._runs.clear()
 
-    async def _call(self, header: dict[str, Any], payload: bytes = b"",
-                    fds: Sequence[int] = (), *, reply_payload: bool = False,
-                    timeout: float | None = None) -> tuple[dict[str, Any], bytes]:
-        """One request to the agent. Its reply may carry a payload only when
-        ``reply_payload`` (read, snapshot), up to the most the agent could hold in
-        memory; every request has a deadline (the paused time aside: a frozen agent
-        answers once resumed), and a late or malformed answer kills the sandbox."""
+    async def _call(self, req: _msg.Request, payload: bytes = b"",
+                    fds: Sequence[int] = (), *, expect: tuple[type, ...] = (_msg.Done,),
+                    reply_payload: bool = False,
+                    timeout: float | None = None) -> tuple[_msg.Reply, bytes]:
+        """One request to the agent (:mod:`corral.wire.agentmsg`); its reply, one of
+        ``expect``. The reply may carry a payload only when ``reply_payload`` (read,
+        snapshot, list), up to the most the agent could hold in memory; every request
+        has a deadline (the paused time aside: a frozen agent answers once resumed),
+        and a late or malformed answer kills the sandbox (ProviderError).
+
+        An error reply raises: corral's error as the agent named it (the one error
+        codec: an unknown code is ProviderError), or for a file operation the builtin
+        OSError of its errno (FileNotFoundError ...), else ProviderError."""
         self._live()
         await self._resumed.wait()
         self._live()
@@ -204,19 +211,22 @@ class LinuxSandbox(Sandbox):
         if timeout is None:
             timeout = REQUEST_TIMEOUT_S + (
                 len(payload) + (cap if reply_payload else 0)) / _BYTES_PER_S
-        h, p, _fds = await self._chan.request(header, payload, fds, timeout=timeout,
+        h, p, _fds = await self._chan.request(_msg.encode_request(req), payload, fds,
+                                              timeout=timeout,
                                               max_reply=cap if reply_payload else 0)
-        if "error" in h:
-            reason = str(h.get("reason", ""))[:_MAX_REASON]
-            if h["error"] == "not-found":
-                raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox",
-                                        str(h.get("path"))[:_MAX_REASON])
-            if h["error"] == "config-invalid":
-                raise ConfigInvalidError(str(h.get("field", "?"))[:_MAX_REASON], reason)
-            if h["error"] == "os":
-                raise ProviderError(f"sandbox agent: {reason}")
-            raise error_from_code(str(h["error"])[:_MAX_REASON], reason)
-        return h, p
+        try:
+            reply = _msg.decode_reply(h, expect)
+        except _msg.BadMessage as e:
+            raise self._chan.violate(f"a malformed reply to {type(req).__name__}: "
+                                     f"{e.reason}") from None
+        if type(reply) is _msg.Failed:
+            raise error_from_dict(reply.error)
+        if type(reply) is _msg.OsFailed:
+            reason = reply.reason[:_MAX_REASON]
+            if type(req) in _FILE_OPS:  # as open() and os raise it
+                raise OSError(reply.errno, reason, reply.path[:_MAX_REASON])
+            raise ProviderError(f"sandbox agent: {reason}")
+        return reply, p
 
     async def _agent_socket(self) -> int:
         """A fresh unbound TCP socket of the sandbox's network namespace, from its agent
@@ -224,13 +234,17 @@ class LinuxSandbox(Sandbox):
         self._live()
         await self._resumed.wait()
         self._live()
-        h, _p, fds = await self._chan.request({"op": "socket"}, max_fds=1,
-                                              timeout=REQUEST_TIMEOUT_S)
-        if "error" in h or len(fds) != 1:
+        h, _p, fds = await self._chan.request(_msg.encode_request(_msg.SocketReq()),
+                                              max_fds=1, timeout=REQUEST_TIMEOUT_S)
+        try:
+            reply: _msg.Reply | None = _msg.decode_reply(h, (_msg.Done,))
+        except _msg.BadMessage:
+            reply = None
+        if type(reply) is not _msg.Done or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
-            raise ProviderError(f"sandbox agent gave no socket: "
-                                f"{str(h.get('reason', h.get('error', '?')))[:_MAX_REASON]}")
+            why = reply.reason if isinstance(reply, _msg.OsFailed) else type(reply).__name__
+            raise ProviderError(f"sandbox agent gave no socket: {why[:_MAX_REASON]}")
         return fds[0]
 
     async def start_network(self) -> None:
@@ -277,12 +291,11 @@ class LinuxSandbox(Sandbox):
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         try:
-            req: dict[str, Any] = {"op": "spawn", "argv": args, "env": e, "cwd": c}
-            if entry is not None:
-                req = {"op": "fork_call", "entry": entry, "args": args, "env": e, "cwd": c}
-            if self.plan.cpu_rlimit_s is not None:  # per command: spares share no plan
-                req["cpu_s"] = self.plan.cpu_rlimit_s
-            h, _p = await self._call(req, fds=[in_r, out_w, err_w])
+            cpu_s = self.plan.cpu_rlimit_s  # per command: spares share no plan
+            req: _msg.Request = (_msg.Spawn(args, e, c, cpu_s) if entry is None
+                                 else _msg.ForkCall(entry, args, e, c, cpu_s))
+            reply, _p = await self._call(req, fds=[in_r, out_w, err_w],
+                                         expect=(_msg.Started, _msg.StartFailed))
         except BaseException:
             for fd in (in_w, out_r, err_r):
                 os.close(fd)
@@ -290,9 +303,10 @@ class LinuxSandbox(Sandbox):
         finally:
             for fd in (in_r, out_w, err_w):
                 os.close(fd)
-        if "pid" not in h:
-            return None, in_w, out_r, err_r, str(h.get("reason", "cannot start"))[:_MAX_REASON]
-        pid = _int(h, "pid")
+        if not isinstance(reply, _msg.Started):
+            why = reply.reason if isinstance(reply, _msg.StartFailed) else "cannot start"
+            return None, in_w, out_r, err_r, why[:_MAX_REASON]
+        pid = reply.pid
         run = Run(pid)
         early = self._early.pop(pid, None)
         if early is not None:
@@ -306,11 +320,13 @@ class LinuxSandbox(Sandbox):
         if run.exit.done():
             return
         run.killed_for = run.killed_for or why
+        if self._paused:  # frozen: it cannot run, and dies when resumed (or destroyed)
+            self._kill_at_resume[run.pid] = run
+            return
         try:
             # a timeout must end promptly: an agent that cannot answer a kill in a few
             # seconds is treated as crashed and the whole sandbox dies
-            await self._call({"op": "kill", "pid": run.pid, "sig": int(signal.SIGKILL)},
-                             timeout=_KILL_TIMEOUT_S)
+            await self._call(_msg.Kill(run.pid, int(signal.SIGKILL)), timeout=_KILL_TIMEOUT_S)
         except ProviderError:
             pass
 
@@ -446,6 +462,10 @@ class LinuxSandbox(Sandbox):
         opts = opts or ExecOpts()
         loop = asyncio.get_running_loop()
         started = loop.time()
+        timeout = None if opts.timeout_ms is None else opts.timeout_ms / 1000
+        deadline = None if timeout is None else started + timeout
+        if self._paused:  # the timeout counts from the call, paused time too
+            await self._wait_resumed(deadline, opts.timeout_ms, started)
         denial_mark = self.network.denial_mark()
         # counters before this command (a sandbox that never ran one has none yet)
         before = (self._oom_kills(), self._pids_max_events()) if self._ran else (0, 0)
@@ -487,14 +507,14 @@ class LinuxSandbox(Sandbox):
                 bufs[1].feed(spawn_err.encode() + b"\n")
                 return result(Outcome.EXIT, code, detail=spawn_err)
             feeder = asyncio.ensure_future(self._feed(stdin, opts.stdin))
-            timeout = None if opts.timeout_ms is None else opts.timeout_ms / 1000
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout_at(deadline):
                     info = await asyncio.shield(run.exit)
                     await asyncio.wait([r.eof for r in readers], timeout=_EOF_GRACE_S)
             except TimeoutError:
                 await self._kill_run(run, "timeout")
-                await asyncio.wait([run.exit], timeout=5)
+                if not self._paused:  # a frozen command dies at resume: no waiting for it
+                    await asyncio.wait([run.exit], timeout=5)
                 await asyncio.wait([r.eof for r in readers], timeout=_EOF_GRACE_S)
                 got = run.exit.result() if run.exit.done() and not run.exit.exception() \
                     else None
@@ -524,6 +544,20 @@ class LinuxSandbox(Sandbox):
             raise _error(result(outcome, info.code, info, limit=limit, observed=observed,
                                 detail=detail))
         return result(Outcome.EXIT, info.code, info)
+
+    async def _wait_resumed(self, deadline: float | None, timeout_ms: int | None,
+                            started: float) -> None:
+        """Wait for :meth:`resume` until ``deadline``; past it, the exec's timeout: its
+        command never started (SandboxTimeoutError, ``err.result`` saying so)."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._resumed.wait()
+        except TimeoutError:
+            wall = int((asyncio.get_running_loop().time() - started) * 1000)
+            raise _error(RunResult(
+                outcome=Outcome.TIMEOUT, exit_code=None, duration_ms=float(wall),
+                limit_value=timeout_ms, usage=ResourceUsage(wall_ms=wall),
+                detail="the sandbox stayed paused: the command never started")) from None
 
     @staticmethod
     async def _feed(stdin: StdinPipe, data: bytes | None) -> None:
@@ -623,18 +657,64 @@ class LinuxSandbox(Sandbox):
         self._check_cpu()
         raw = data.encode() if isinstance(data, str) else bytes(data)
         split_relative(path, root_alias=self.plan.work_dir)
-        await self._call({"op": "write", "path": path}, raw)
+        await self._call(_msg.Write(path), raw)
 
     async def read_file(self, path: str) -> bytes:
         self._check_cpu()
         split_relative(path, root_alias=self.plan.work_dir)
-        _h, payload = await self._call({"op": "read", "path": path}, reply_payload=True)
+        _r, payload = await self._call(_msg.Read(path), reply_payload=True)
         return payload
+
+    # -- the file operations (capability "files"): typed agent requests ------------------
+    def _info(self, e: _msg.EntryInfo, parts: list[str], *, leaf: bool) -> FileInfo:
+        """A FileInfo of an agent's entry (checked: its name is one component)."""
+        if not leaf and (not e.name or "/" in e.name or e.name in (".", "..")):
+            raise self._chan.violate(f"a listing entry named {e.name[:80]!r}")
+        if e.type not in ("file", "dir", "symlink", "other"):
+            raise self._chan.violate(f"an entry of type {e.type[:40]!r}")
+        names = parts if leaf else [*parts, e.name]
+        path = "/".join([self.plan.work_dir.rstrip("/"), *names])
+        return FileInfo(name=names[-1] if names else "", path=path,
+                        type=e.type,  # type: ignore[arg-type]
+                        size=e.size, mode=e.mode & 0o7777, modified=float(e.mtime),
+                        symlink_target=e.target if e.type == "symlink" else None)
+
+    async def list_files(self, path: str = "") -> list[FileInfo]:
+        self._check_cpu()
+        parts = split_relative(path, root_alias=self.plan.work_dir, allow_root=True)
+        reply, payload = await self._call(_msg.ListDir("/".join(parts)),
+                                          expect=(_msg.Listing,), reply_payload=True)
+        assert isinstance(reply, _msg.Listing)
+        try:
+            entries = _msg.decode_listing(payload, reply.n)
+        except _msg.BadMessage as e:
+            raise self._chan.violate(f"a malformed listing: {e.reason}") from None
+        return [self._info(e, parts, leaf=False) for e in entries]
+
+    async def get_info(self, path: str) -> FileInfo:
+        self._check_cpu()
+        parts = split_relative(path, root_alias=self.plan.work_dir, allow_root=True)
+        reply, _p = await self._call(_msg.Stat("/".join(parts)), expect=(_msg.EntryInfo,))
+        assert isinstance(reply, _msg.EntryInfo)
+        return self._info(reply, parts, leaf=True)
+
+    async def make_dir(self, path: str, *, parents: bool = True) -> bool:
+        self._check_cpu()
+        parts = split_relative(path, root_alias=self.plan.work_dir, allow_root=True)
+        reply, _p = await self._call(_msg.MakeDir("/".join(parts), parents),
+                                     expect=(_msg.Made,))
+        assert isinstance(reply, _msg.Made)
+        return reply.created
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        self._check_cpu()
+        parts = split_relative(path, root_alias=self.plan.work_dir)
+        await self._call(_msg.Remove("/".join(parts), recursive))
 
     async def snapshot(self) -> SnapshotHandle:
         """Capture /work (regular files and dirs); the handle restores in this provider only."""
         self._check_cpu()
-        _h, payload = await self._call({"op": "snapshot"}, reply_payload=True)
+        _r, payload = await self._call(_msg.Snapshot(), reply_payload=True)
         return await self._host.snapshots.put(payload, tenant=self.spec.tenant_id,
                                                   owner=self.id)
 
@@ -643,7 +723,7 @@ class LinuxSandbox(Sandbox):
         the sandbox's own CA bundle (a policy with secret headers) is written again."""
         self._check_cpu()
         data = await self._host.snapshots.get(handle, tenant=self.spec.tenant_id)
-        await self._call({"op": "restore"}, data)
+        await self._call(_msg.Restore(), data)
         if self._ca_bundle is not None:
             await self.write_file(*self._ca_bundle)
 
@@ -661,10 +741,14 @@ class LinuxSandbox(Sandbox):
         self._resumed.clear()
 
     async def resume(self) -> None:
-        """Thaw what :meth:`pause` froze."""
+        """Thaw what :meth:`pause` froze; a command whose timeout passed meanwhile is
+        killed now (its exec raised SandboxTimeoutError at the deadline)."""
         await asyncio.to_thread(self._freezer().thaw)
         self._paused = False
         self._resumed.set()
+        runs, self._kill_at_resume = list(self._kill_at_resume.values()), {}
+        for run in runs:
+            await self._kill_run(run, run.killed_for or "timeout")
 
     # -- network: the egress policy at run time and preview URLs -------------------------
     def allow_host(self, entry: str) -> None:

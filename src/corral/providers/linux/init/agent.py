@@ -50,10 +50,18 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from corral.core.errors import ConfigInvalidError
-from corral.providers.confined import read_file_under, split_relative, write_file_under
+from corral.providers.confined import (
+    list_dir_under,
+    make_dir_under,
+    read_file_under,
+    remove_under,
+    split_relative,
+    stat_under,
+    write_file_under,
+)
 from corral.providers.linux import _sys_unsafe as su, fdpass as _fdpass, snapshots
 from corral.providers.linux.init import contain
-from corral.wire import agent as _frames
+from corral.wire import agent as _frames, agentmsg as _msg
 
 __all__ = ["RAW_STDIO", "fork_entries", "main", "register_fork_entries", "seal_imports"]
 
@@ -164,56 +172,85 @@ class _Agent:
 
     # -- requests ---------------------------------------------------------------
     def handle(self, h: dict[str, Any], payload: bytes) -> None:
+        """Serve one request (:mod:`corral.wire.agentmsg`) and send its reply."""
         rid = h.get("id")
+        req: _msg.Request | None = None
+        out = b""
         try:
-            op = h["op"]
-            if op == "spawn":
-                self.send({"id": rid, **self.spawn(h)})
-            elif op == "fork_call":
-                self.send({"id": rid, **self.fork_call(h)})
-            elif op == "kill":
-                self.kill(int(h["pid"]), int(h.get("sig", signal.SIGKILL)))
-                self.send({"id": rid, "ok": True})
-            elif op == "write":
-                write_file_under(self.work, h["path"], payload, root_alias=self.work)
-                self.send({"id": rid, "ok": True})
-            elif op == "read":
-                self.send({"id": rid, "ok": True},
-                          read_file_under(self.work, h["path"], root_alias=self.work))
-            elif op == "snapshot":
-                self.send({"id": rid, "ok": True}, snapshots.tar_dir(self.work))
-            elif op == "restore":
-                snapshots.replace_dir(self.work, payload)
-                self.send({"id": rid, "ok": True})
-            elif op == "ping":
-                self.send({"id": rid, "ok": True})
-            elif op == "socket":
-                self.new_socket(rid, h)
-            else:
-                self.send({"id": rid, "error": "config-invalid", "field": "op",
-                           "reason": f"unknown op {op!r}"})
+            req = _msg.decode_request(h)
+            if type(req) is _msg.SocketReq:
+                self.new_socket(rid, req)
+                return
+            reply, out = _SERVE[type(req)](self, req, payload)
+        except _msg.BadMessage as e:
+            reply = _msg.Failed(ConfigInvalidError("op", e.reason).to_dict())
         except ConfigInvalidError as e:
-            self.send({"id": rid, "error": "config-invalid", "field": e.field,
-                       "reason": e.reason})
-        except FileNotFoundError as e:
-            if op == "read":  # the contract: a missing file is the builtin FileNotFoundError
-                self.send({"id": rid, "error": "not-found", "path": str(h.get("path"))})
-            else:
-                self.send({"id": rid, "error": "config-invalid", "field": "path",
-                           "reason": f"no such file: {e.filename or h.get('path')!r}"})
+            reply = _msg.Failed(e.to_dict())
         except OSError as e:
-            self.send({"id": rid, "error": "os", "errno": e.errno or 0, "reason": str(e)})
+            path = getattr(req, "path", "") if req is not None else ""
+            if type(e) is FileNotFoundError and type(req) not in _FILE_OPS:
+                # a spawn's cwd, a restore's dir: the caller's input names nothing here
+                reply = _msg.Failed(ConfigInvalidError(
+                    "path", f"no such file: {e.filename or path!r}").to_dict())
+            else:
+                reply = _msg.OsFailed(e.errno or 0, e.strerror or str(e), str(path))
+        self.send({"id": rid, **_msg.encode_reply(reply)}, out)
 
-    def new_socket(self, rid: Any, h: Mapping[str, Any]) -> None:
+    def _done(self, _req: object, _payload: bytes) -> tuple[_msg.Reply, bytes]:
+        return _msg.DONE, b""
+
+    def _kill_req(self, req: _msg.Kill, _payload: bytes) -> tuple[_msg.Reply, bytes]:
+        self.kill(req.pid, req.sig)
+        return _msg.DONE, b""
+
+    def _write(self, req: _msg.Write, payload: bytes) -> tuple[_msg.Reply, bytes]:
+        write_file_under(self.work, req.path, payload, root_alias=self.work)
+        return _msg.DONE, b""
+
+    def _read(self, req: _msg.Read, _payload: bytes) -> tuple[_msg.Reply, bytes]:
+        return _msg.DONE, read_file_under(self.work, req.path, root_alias=self.work)
+
+    def _list(self, req: _msg.ListDir, _payload: bytes) -> tuple[_msg.Reply, bytes]:
+        entries = list_dir_under(self.work, req.path, root_alias=self.work,
+                                 max_entries=_msg.MAX_ENTRIES)
+        return _msg.Listing(len(entries)), _msg.encode_listing(
+            [_msg.EntryInfo(*e) for e in entries])
+
+    def _remove(self, req: _msg.Remove, _payload: bytes) -> tuple[_msg.Reply, bytes]:
+        remove_under(self.work, req.path, recursive=req.recursive, root_alias=self.work)
+        return _msg.DONE, b""
+
+    def _mkdir(self, req: _msg.MakeDir, _payload: bytes) -> tuple[_msg.Reply, bytes]:
+        created = make_dir_under(self.work, req.path, parents=req.parents,
+                                 root_alias=self.work)
+        return _msg.Made(created), b""
+
+    def _stat(self, req: _msg.Stat, _payload: bytes) -> tuple[_msg.Reply, bytes]:
+        return _msg.EntryInfo(*stat_under(self.work, req.path, root_alias=self.work)), b""
+
+    def _snapshot(self, _req: _msg.Snapshot, _payload: bytes) -> tuple[_msg.Reply, bytes]:
+        return _msg.DONE, snapshots.tar_dir(self.work)
+
+    def _restore(self, _req: _msg.Restore, payload: bytes) -> tuple[_msg.Reply, bytes]:
+        snapshots.replace_dir(self.work, payload)
+        return _msg.DONE, b""
+
+    def _spawn_req(self, req: _msg.Spawn, _payload: bytes) -> tuple[_msg.Reply, bytes]:
+        return self.spawn(req), b""
+
+    def _fork_req(self, req: _msg.ForkCall, _payload: bytes) -> tuple[_msg.Reply, bytes]:
+        return self.fork_call(req), b""
+
+    def new_socket(self, rid: Any, req: _msg.SocketReq) -> None:
         """Reply with a fresh, unbound TCP socket of the sandbox's network namespace
         (``family``: 4 or 6), passed to the host as SCM_RIGHTS. The host binds or
         connects it itself: a socket stays in the namespace it was made in, so the
         host's egress listener on 127.0.0.1 and its preview-URL connections to a port
         inside live here while the host drives them. The agent keeps no copy."""
-        family = socket.AF_INET6 if h.get("family") == 6 else socket.AF_INET
+        family = socket.AF_INET6 if req.family == 6 else socket.AF_INET
         s = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            data = _frames.encode({"id": rid, "ok": True, "nfds": 1})
+            data = _frames.encode({"id": rid, **_msg.encode_reply(_msg.DONE), "nfds": 1})
             n = self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                             s.fileno().to_bytes(4, sys.byteorder))])
             if n < len(data):
@@ -247,16 +284,17 @@ class _Agent:
         """The CPU rlimit of a started command, in place before the reply."""
         contain.limit_cpu(pid, cpu_s)
 
-    def spawn(self, h: Mapping[str, Any]) -> dict[str, Any]:
+    def spawn(self, req: _msg.Spawn) -> _msg.Reply:
         fds = self._take_stdio("spawn")
         try:
-            argv = [str(a) for a in h["argv"]]
-            env = {str(k): str(v) for k, v in h["env"].items()}
-            cwd = self._cwd(h)
+            argv, env = req.argv, req.env
+            if not argv:
+                raise ConfigInvalidError("argv", "must not be empty")
+            cwd = self._cwd(req.cwd)
             try:
                 prog = self._resolve(argv[0], env.get("PATH", ""))
             except FileNotFoundError:
-                return {"errno": errno.ENOENT, "reason": f"command not found: {argv[0]}"}
+                return _msg.StartFailed(errno.ENOENT, f"command not found: {argv[0]}")
             os.chdir(cwd)
             try:
                 if self.command_rlimits:  # set in the child before it runs: no window
@@ -264,12 +302,12 @@ class _Agent:
                 else:
                     pid = contain.spawn(prog, argv, env, fds)
             except OSError as e:
-                return {"errno": e.errno or 0, "reason": f"{argv[0]}: {e.strerror}"}
+                return _msg.StartFailed(e.errno or 0, f"{argv[0]}: {e.strerror}")
             finally:
                 os.chdir(self.work)
             self.children.add(pid)
-            self._limit_cpu(pid, h.get("cpu_s", self.cpu_s))
-            return {"pid": pid}
+            self._limit_cpu(pid, req.cpu_s if req.cpu_s is not None else self.cpu_s)
+            return _msg.Started(pid)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -301,15 +339,15 @@ class _Agent:
                 os._exit(127)
         raise AssertionError("unreachable")
 
-    def _cwd(self, h: Mapping[str, Any]) -> str:
-        if h.get("cwd"):
-            return os.path.join(self.work, *split_relative(h["cwd"], root_alias=self.work))
+    def _cwd(self, cwd: str) -> str:
+        if cwd:
+            return os.path.join(self.work, *split_relative(cwd, root_alias=self.work))
         return self.cwd
 
-    def fork_call(self, h: Mapping[str, Any]) -> dict[str, Any]:
+    def fork_call(self, req: _msg.ForkCall) -> _msg.Reply:
         fds = self._take_stdio("fork_call")
         try:
-            entry = str(h["entry"])
+            entry = req.entry
             if entry not in _FORK_ENTRIES:
                 raise ConfigInvalidError("entry", f"not an in-process entry point: {entry!r}")
             modname, _, fname = entry.partition(":")
@@ -317,10 +355,9 @@ class _Agent:
             if module is None:
                 raise ConfigInvalidError("entry", f"{modname} is not preloaded in this sandbox")
             func = getattr(module, fname)
-            args = [str(a) for a in h.get("args", ())]
-            env = {str(k): str(v) for k, v in h["env"].items()}
-            cwd = self._cwd(h)
-            cpu_s = h.get("cpu_s", self.cpu_s)
+            args, env = req.args, req.env
+            cwd = self._cwd(req.cwd)
+            cpu_s = req.cpu_s if req.cpu_s is not None else self.cpu_s
             os.chdir(cwd)  # the child inherits it
             try:
                 # bare: no at-fork hooks (threading, logging) to run on either side, the
@@ -333,7 +370,7 @@ class _Agent:
             self.children.add(pid)
             self.forked.add(pid)
             self._limit_cpu(pid, cpu_s)
-            return {"pid": pid}
+            return _msg.Started(pid)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -434,9 +471,8 @@ class _Agent:
                         free = st.f_bavail * st.f_frsize
                     except OSError:
                         pass
-                self.send({"ev": "exit", "pid": pid,
-                           "code": os.waitstatus_to_exitcode(status),
-                           "cpu_ms": cpu_ms, "maxrss_kb": ru.ru_maxrss, "disk_free": free})
+                self.send(_msg.encode_event(_msg.Exit(
+                    pid, os.waitstatus_to_exitcode(status), cpu_ms, ru.ru_maxrss, free)))
 
     def _warm(self) -> None:
         """Run the framing every request takes once on a dummy frame, sending nothing, so
@@ -445,7 +481,8 @@ class _Agent:
         needs them, and each page they touch would be its own for its whole life."""
         self.decoder.feed(b'{"op":"ping","id":0}\n')
         for header, _payload, _nfds in self.decoder.frames():
-            _frames.encode({"id": header["id"], "pid": 0})
+            _msg.decode_request(header)
+            _frames.encode({"id": header["id"], **_msg.encode_reply(_msg.Started(0))})
 
     def serve(self) -> None:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -472,6 +509,17 @@ class _Agent:
                 for header, payload, _nfds in self.decoder.frames():
                     self.handle(header, payload)
                 self.reap()
+
+
+#: how the agent serves each request type
+_SERVE: Final[dict[type, Callable[[_Agent, Any, bytes], tuple[_msg.Reply, bytes]]]] = {
+    _msg.Spawn: _Agent._spawn_req, _msg.ForkCall: _Agent._fork_req, _msg.Kill: _Agent._kill_req,
+    _msg.Write: _Agent._write, _msg.Read: _Agent._read, _msg.ListDir: _Agent._list,
+    _msg.Remove: _Agent._remove, _msg.MakeDir: _Agent._mkdir, _msg.Stat: _Agent._stat,
+    _msg.Snapshot: _Agent._snapshot, _msg.Restore: _Agent._restore, _msg.Ping: _Agent._done,
+}
+#: requests whose OS errors are the caller's (the builtin OSError on the host)
+_FILE_OPS: Final = (_msg.Read, _msg.ListDir, _msg.Remove, _msg.MakeDir, _msg.Stat)
 
 
 def main(sock_fd: int, plan: Mapping[str, Any]) -> None:

@@ -15,10 +15,13 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from corral.core.errors import ConfigInvalidError, LevelNotSupportedError
 from corral.core.spec import InvocationMode, Level, SandboxLimits, SandboxSpec
+
+if TYPE_CHECKING:
+    from corral.providers.linux.host.egress.policy import EgressPolicy
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -298,6 +301,9 @@ class SandboxPlan:
     network: str = "none"
     #: (name under /proc/sys/user, value) for the sandbox's user namespace
     user_sysctls: tuple[tuple[str, int], ...] = USER_SYSCTLS
+    #: the spec's network policy as the egress proxy reads it, parsed once here (None for
+    #: ``none``: no proxy); host-side only, not in the wire form
+    egress: EgressPolicy | None = None
     #: the root is an image's (:class:`ImageRoot`): no host file of corral's or its
     #: interpreter is in the view, so the agent loads no module from files
     image_root: bool = False
@@ -341,8 +347,8 @@ def _check_level_and_network(spec: SandboxSpec) -> None:
             "the linux provider gives only the strict level; use the subproc or inprocess "
             "provider for weaker levels")
     # network allowlist / unrestricted: the sandbox keeps its loopback-only namespace and
-    # reaches out only through the host's egress proxy (host/netrelay.py); the provider
-    # checks the entries as the proxy reads them (netrelay.check_entries)
+    # reaches out only through the host's egress proxy (host/netrelay.py); build_plan
+    # parses the entries as the proxy reads them (SandboxPlan.egress)
     if spec.image is not None and spec.mode is not None and spec.mode not in _IMAGE_MODES:
         raise ConfigInvalidError(
             "image", "the linux provider takes an image as the sandbox's root (no mode) "
@@ -517,8 +523,14 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
     root instead (:func:`_image_root_plan`): none of the host's dirs is shown.
     """
     _check_level_and_network(spec)
+    egress = None
+    if spec.network.kind != "none" or spec.network.hosts or spec.network.secret_headers:
+        # imported only for a sandbox with a network policy (the one-shot path has none)
+        from corral.providers.linux.host.egress.policy import compile_network
+        egress = compile_network(spec.network)
     if is_image_root(spec) or image_root is not None:
-        return _image_root_plan(spec, options=options, host=host, image=image_root)
+        return _image_root_plan(spec, options=options, host=host, image=image_root,
+                                egress=egress)
     if (spec.image is None) != (rootfs is None):
         raise ConfigInvalidError(
             "image", "the plan needs the unpacked rootfs of exactly the spec's image")
@@ -543,7 +555,7 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
     steps.extend(_own_dirs(host, disk_bytes))
     steps.extend(after)
     return _plan(spec, options, limits, uid_map, gid_map, steps, disk_bytes,
-                 env_base={**ENV_BASE, **(image_env or {})})
+                 env_base={**ENV_BASE, **(image_env or {})}, egress=egress)
 
 
 def _own_dirs(host: HostLayout, disk_bytes: int) -> list[MountStep]:
@@ -569,7 +581,7 @@ def _own_dirs(host: HostLayout, disk_bytes: int) -> list[MountStep]:
 
 
 def _image_root_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
-                     image: ImageRoot | None) -> SandboxPlan:
+                     image: ImageRoot | None, egress: EgressPolicy | None) -> SandboxPlan:
     """The plan of a sandbox whose root is ``image`` (see docs/images.md, "The image
     as the root"): the image's top-level entries bound read-only (``rootfs`` step,
     its /etc entry by entry among the sandbox's hosts, hostname and resolv.conf),
@@ -609,13 +621,14 @@ def _image_root_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayo
         steps.append(MountStep(kind="dir", target=cwd, mode=0o755))
     steps.extend(after)
     return _plan(spec, options, limits, uid_map, gid_map, steps, disk_bytes,
-                 env_base={**ENV_BASE, **image.env}, image_root=True, cwd=cwd)
+                 env_base={**ENV_BASE, **image.env}, egress=egress, image_root=True, cwd=cwd)
 
 
 def _plan(spec: SandboxSpec, options: LinuxOptions, limits: SandboxLimits,
           uid_map: tuple[int, int, int], gid_map: tuple[int, int, int],
           steps: list[MountStep], disk_bytes: int, *, env_base: Mapping[str, str],
-          image_root: bool = False, cwd: str = WORK_DIR) -> SandboxPlan:
+          egress: EgressPolicy | None, image_root: bool = False, cwd: str = WORK_DIR
+          ) -> SandboxPlan:
     rlimits: tuple[tuple[str, int, int], ...] = (
         ("RLIMIT_CORE", 0, 0), ("RLIMIT_NOFILE", _NOFILE, _NOFILE),
         ("RLIMIT_FSIZE", disk_bytes, disk_bytes),
@@ -638,5 +651,5 @@ def _plan(spec: SandboxSpec, options: LinuxOptions, limits: SandboxLimits,
         mounts=tuple(steps), work_dir=WORK_DIR, limits=limits, rlimits=rlimits,
         cpu_rlimit_s=cpu_s, env_base=env_base,
         network=spec.network.kind, command_rlimits=command_rlimits,
-        limits_by=options.limits_by, image_root=image_root, cwd=cwd,
+        limits_by=options.limits_by, egress=egress, image_root=image_root, cwd=cwd,
     )
