@@ -20,6 +20,12 @@ if ! command -v docker-registry >/dev/null && [ "$(id -u)" = 0 ] && command -v a
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     docker-registry apache2-utils busybox-static skopeo umoci >/dev/null
 fi
+# the image-root tests build one Debian root with python3-numpy (debootstrap, cached under
+# /var/cache/corral-images-test: tests/linux/test_image_root_python.py, marked image_build)
+if ! command -v debootstrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    debootstrap >/dev/null
+fi
 # the oci provider drives Debian's crun, with catatonit as each container's init
 if ! { command -v crun && command -v catatonit; } >/dev/null && [ "$(id -u)" = 0 ] \
     && command -v apt-get >/dev/null; then

@@ -122,9 +122,9 @@ def test_the_plan_binds_the_rootfs_first_and_takes_the_image_env() -> None:
     assert plan.env_base["CORRAL_HANDLER"] == "app.h" and plan.env_base["PATH"] == "/app/bin"
     with pytest.raises(ConfigInvalidError, match="unpacked rootfs"):
         build_plan(spec, options=LinuxOptions(), host=HOST)
-    with pytest.raises(ConfigInvalidError, match="only as a handler's root filesystem"):
+    with pytest.raises(ConfigInvalidError, match="ImageRoot"):  # no mode: the image's root
         build_plan(SandboxSpec(tenant_id="t", run_id="r", image="img"),
-                   options=LinuxOptions(), host=HOST)
+                   options=LinuxOptions(), host=HOST, rootfs="/cache/x/rootfs")
 
 
 linux = needs_strict(LINUX_WHY)
@@ -211,14 +211,16 @@ def test_an_image_the_sandbox_user_cannot_reach_is_refused_by_name(tmp_path: Pat
 
 
 @linux
-def test_an_image_without_a_handler_mode_is_refused() -> None:
+def test_an_image_with_a_mode_that_takes_none_is_refused() -> None:
+    # (without a mode an image is the sandbox's root: tests/linux/test_image_root.py)
     from corral.providers.linux import LinuxProvider
 
     async def go() -> None:
         p = LinuxProvider(image_cache_dir=shared_cache())
         try:
             with pytest.raises(ConfigInvalidError, match="image") as ei:
-                await p.create(SandboxSpec(tenant_id="t", run_id="r", image=shared_cache()))
+                await p.create(SandboxSpec(tenant_id="t", run_id="r", image=shared_cache(),
+                                           mode="in-context"))
             assert ei.value.field == "image"
         finally:
             await p.aclose()

@@ -40,6 +40,8 @@ EXEC_TIMEOUT_MS = 20_000
 # the interpreter itself (not a venv symlink, which lives outside the sandbox)
 SANDBOX_PY = os.path.realpath(sys.executable)
 SECRET_ENV = "CORRAL_PROBE_SECRET"
+#: the sandboxes' root image (None: the host's dirs); test_image_root_probes.py sets it
+IMAGE: str | None = None
 
 Lines = dict[str, dict[str, Any]]
 
@@ -69,7 +71,7 @@ async def strict_sandbox(limits: SandboxLimits | None = None) -> AsyncIterator[A
     provider = LinuxProvider()
     try:
         spec = SandboxSpec(tenant_id="probes", run_id=f"probe-{secrets.token_hex(4)}",
-                           level="strict", limits=limits or SandboxLimits())
+                           level="strict", limits=limits or SandboxLimits(), image=IMAGE)
         sb = await provider.create(spec)
         try:
             yield sb

@@ -148,6 +148,11 @@ def add_parser(subparsers: Any) -> None:
                    help="let the strict sandbox reach HOST through its egress proxy (a name, "
                         "*.suffix, IP literal or CIDR, optional :PORT; repeatable); implies "
                         "--network allowlist. See docs/network.md")
+    p.add_argument("--image", default=None, metavar="REF",
+                   help="run CMD in this image's own root file system, read-only, with a "
+                        "private /work and /tmp (--level strict only): a local OCI layout, "
+                        "LAYOUT:TAG, tar or rootfs dir, or a registry reference pulled when "
+                        "missing (docs/images.md)")
     p.add_argument("--network", choices=("none", "allowlist", "unrestricted"), default=None,
                    help="network policy of the strict sandbox: none (default: loopback only), "
                         "allowlist (the --allow-host entries), unrestricted (every public "
@@ -243,14 +248,19 @@ def _check_loopback_entry(entry: str) -> None:
            if rule.port == PROXY_PORT else ""))
 
 
-def _command(argv: list[str], *, strict: bool) -> tuple[str, list[str]] | RunResult:
+def _command(argv: list[str], *, strict: bool, image: bool = False
+             ) -> tuple[str, list[str]] | RunResult:
     """The command's absolute path and its arguments; or, for a command not found on
-    PATH, the ``spawn-error`` result the run would have given (exit 127)."""
+    PATH, the ``spawn-error`` result the run would have given (exit 127). With
+    ``--image`` the command is the image's: given as written (a bare name is looked up
+    on the image's PATH inside)."""
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         raise ConfigInvalidError("CMD", "no command given (corral run [options] -- CMD ARGS)")
     cmd = argv[0]
+    if image:
+        return cmd, argv[1:]
     if strict and "/" in cmd and not os.path.isabs(cmd):
         return cmd, argv[1:]  # a path inside the sandbox: resolved against its cwd
     if not os.path.isabs(cmd):
@@ -467,7 +477,8 @@ def _with_signals_cancelling(token: CancelToken, fn: Callable[[], RunResult]) ->
 
 #: options only the strict level takes: given with the default level, strict is kept even
 #: where it cannot run (the run then fails saying why) rather than falling back
-_STRICT_ONLY: Final = ("bind", "ro_bind", "allow_host", "network", "max_processes", "disk_mb")
+_STRICT_ONLY: Final = ("bind", "ro_bind", "allow_host", "network", "max_processes", "disk_mb",
+                       "image")
 
 
 def strict_verdict() -> tuple[bool, str]:
@@ -514,7 +525,9 @@ def run(args: argparse.Namespace) -> int:
             args.warnings.append(warning)
             print(f"corral: warning: {warning}", file=sys.stderr)
     strict = args.level == "strict"
-    command = _command(list(args.argv), strict=strict)
+    if args.image is not None and not strict:
+        raise ConfigInvalidError("--image", "the image as the root needs --level strict")
+    command = _command(list(args.argv), strict=strict, image=args.image is not None)
     if isinstance(command, RunResult):
         return _finish(args, command, None, [])
     cmd, cmd_args = command
@@ -548,7 +561,7 @@ def _run(args: argparse.Namespace, cmd: str, cmd_args: list[str], status: LiveSt
         saved: list[dict[str, Any]] = []
         result = _with_signals_cancelling(
             token, lambda: _run_strict(args, cmd, cmd_args, token, out, copies, wanted, saved))
-        if not (args.json or args.events):
+        if not (args.json or args.events or args.image):  # an image's files are its own
             _hint_unseen(cmd, result)
         return _finish(args, result, out, saved, status)
     if _network(args).kind != "none":
@@ -704,6 +717,8 @@ def _strict_on(provider: LinuxProvider, args: argparse.Namespace, cmd: str,
     command = os.path.realpath(cmd) if cmd.startswith("/") else (
         f"/work/{inside(cmd)}" if not args.cwd or not args.cwd.startswith("/")
         else os.path.join(args.cwd, cmd))
+    if args.image is not None:  # the image's own file (or a name on its PATH)
+        command = cmd if cmd.startswith("/") or "/" not in cmd else command
     return run_strict(
         command, cmd_args, timeout_ms=args.timeout, env=_env(args),
         cwd=args.cwd, stdin=_stdin(args.stdin), max_stdout_bytes=args.max_stdout,
@@ -711,6 +726,7 @@ def _strict_on(provider: LinuxProvider, args: argparse.Namespace, cmd: str,
         provider=provider, make_cwd=args.cwd is not None, network=_network(args),
         files_in={inside(d): data for d, data in copies.items()},
         files_out=[inside(src) for src, _ in wanted], on_file_out=on_file_out,
+        image=args.image,
         on_stdout=out[0].write if out else None,
         on_stderr=out[1].write if out else None)
 

@@ -331,8 +331,10 @@ class SandboxSpec:
 
     ``mode`` is ``None`` for a general-purpose sandbox (exec, files, processes)
     and names an :class:`InvocationMode` for handler dispatch; ``json-stdio``
-    and ``handler-image`` need ``image``. For quick use every field has a
-    default: ``SandboxSpec()`` is a strict sandbox with the provider's default
+    and ``handler-image`` need ``image``. A general-purpose sandbox with an
+    ``image`` runs in that image's root file system where the provider has one
+    (linux and oci, docs/images.md); others refuse it. For quick use every
+    field has a default: ``SandboxSpec()`` is a strict sandbox with the provider's default
     limits, tenant ``"default"`` and a fresh random run id; a multi-tenant
     caller names its tenant (the snippet pool keys its slots by it).
     """

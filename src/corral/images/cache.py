@@ -320,7 +320,8 @@ class ImageCache:
             return None
         try:
             doc = json.loads(os.read(fd, 1 << 20))
-            if doc.get("path") != path or doc.get("ref") != ref or doc.get("seen") != seen:
+            if doc.get("path") != path or doc.get("ref") != ref or doc.get("seen") != seen \
+                    or "user" not in doc:  # a record from before ``User`` was kept
                 return None
             got = parse_answer(doc)
         except (ValueError, AttributeError, OSError):
@@ -336,7 +337,8 @@ class ImageCache:
         c = result.config
         doc = {"path": path, "ref": ref, "seen": seen, "digest": result.key[7:],
                "source": result.source, "size": None, "entrypoint": list(c.entrypoint),
-               "cmd": list(c.cmd), "env": list(c.env), "working_dir": c.working_dir}
+               "cmd": list(c.cmd), "env": list(c.env), "working_dir": c.working_dir,
+               "user": c.user}
         tmp = f"{record}.{os.getpid()}.{threading.get_ident()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)

@@ -189,13 +189,15 @@ def parse_answer(ok: Any) -> ChildResult:
         return tuple(v)
     if not isinstance(ok, dict) or not isinstance(ok.get("digest"), str) \
             or not _HEX64.fullmatch(ok["digest"]) or ok.get("source") not in _SOURCES \
-            or not isinstance(ok.get("working_dir"), str):
+            or not isinstance(ok.get("working_dir"), str) \
+            or not isinstance(ok.get("user", ""), str):
         raise bad("the unpacking process gave a malformed answer")
     size = ok.get("size")
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
         raise bad("the unpacking process gave a malformed answer")
     config = ImageConfig(entrypoint=strings(ok.get("entrypoint")), cmd=strings(ok.get("cmd")),
-                         env=strings(ok.get("env")), working_dir=ok["working_dir"])
+                         env=strings(ok.get("env")), working_dir=ok["working_dir"],
+                         user=ok.get("user", ""))
     return ChildResult(digest=ok["digest"], config=config, source=ok["source"], size=size)
 
 
@@ -239,7 +241,8 @@ def _work(req: dict[str, Any]) -> dict[str, Any]:
             raise bad(f"{len(layers)} layers but {len(diff_ids)} diff_ids in the config")
         doc: dict[str, Any] = {"digest": digest, "source": source, "size": None,
                                "entrypoint": list(config.entrypoint), "cmd": list(config.cmd),
-                               "env": list(config.env), "working_dir": config.working_dir}
+                               "env": list(config.env), "working_dir": config.working_dir,
+                               "user": config.user}
         root = req["root"]
         if root is not None and os.path.isdir(os.path.join(root, digest, "rootfs")):
             return doc

@@ -37,6 +37,8 @@ class ImageConfig:
     cmd: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
     working_dir: str = ""
+    #: the config's ``User`` (``""``: not set, which means root)
+    user: str = ""
 
 
 
@@ -61,9 +63,11 @@ def parse_config(raw: bytes) -> tuple[ImageConfig, list[str]]:
     cfg = doc.get("config") if isinstance(doc, dict) else None
     diff_ids = list(_strings(doc.get("rootfs") if isinstance(doc, dict) else None, "diff_ids"))
     wd = cfg.get("WorkingDir") if isinstance(cfg, dict) else None
+    user = cfg.get("User") if isinstance(cfg, dict) else None
     return ImageConfig(entrypoint=_strings(cfg, "Entrypoint"), cmd=_strings(cfg, "Cmd"),
                        env=_strings(cfg, "Env"),
-                       working_dir=wd if isinstance(wd, str) else ""), diff_ids
+                       working_dir=wd if isinstance(wd, str) else "",
+                       user=user if isinstance(user, str) else ""), diff_ids
 
 
 # ---------------------------------------------------------------- reading image sources

@@ -85,12 +85,15 @@ async def run_strict_async(
     on_file_out: Callable[[str, bytes | None], object] | None = None,
     make_cwd: bool = False,
     network: NetworkPolicy | None = None,
+    image: str | None = None,
 ) -> RunResult:
     """Run ``command args`` once in a fresh strict sandbox; return how it ended.
 
     Args:
         command: absolute path of the executable as seen inside the sandbox
-            (the host's /usr and the interpreter's prefix are visible, read-only).
+            (the host's /usr and the interpreter's prefix are visible, read-only);
+            with ``image``, a path in the image or a bare name looked up on the
+            image's ``PATH`` (its ``Env`` over the base).
         timeout_ms: wall-clock limit, enforced from outside (> 0).
         env: the command's environment, an allowlist over a minimal base.
         cwd: working directory inside the sandbox, relative to ``/work``.
@@ -119,6 +122,9 @@ async def run_strict_async(
             ``/work`` does not refuse it.
         network: the sandbox's network policy (default ``none``: loopback only); the
             result's ``denials`` list what it refused (see docs/network.md).
+        image: an image (local layout, tar, rootfs dir or registry reference) that is
+            the sandbox's root instead of the host's dirs (docs/images.md, "The image
+            as the sandbox's root").
 
     Raises:
         LevelNotSupportedError: ``provider`` does not offer the strict level, or
@@ -127,7 +133,7 @@ async def run_strict_async(
     """
     if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms <= 0:
         raise ConfigInvalidError("timeout_ms", "must be a positive integer")
-    if not command.startswith("/"):
+    if not command.startswith("/") and (image is None or "/" in command or not command):
         raise ConfigInvalidError("command", f"must be an absolute path: {command!r}")
     if files_out and on_file_out is None:
         raise ConfigInvalidError("on_file_out", "files_out needs a callback to hand them to")
@@ -165,7 +171,7 @@ async def run_strict_async(
     try:
         spec = SandboxSpec(tenant_id=tenant_id, run_id=uuid.uuid4().hex, level=Level.STRICT,
                            limits=limits or SandboxLimits(),
-                           network=network or NetworkPolicy())
+                           network=network or NetworkPolicy(), image=image)
         try:
             sandbox = await provider.create(spec, cancel=cancel)
         except CreateCancelledError:  # the cancel came while the sandbox was being made

@@ -32,12 +32,14 @@ from corral.providers.linux.init import mounts
 from corral.providers.linux.policy.plan import (
     DEFAULT_LIMITS,
     Bind,
+    ImageRoot,
     LinuxOptions,
     SandboxPlan,
     _extra_binds,
     _id_maps,
     build_plan,
     check_spec,
+    is_image_root,
 )
 from corral.providers.linux.snapshots import SnapshotLimits, SnapshotStore
 
@@ -72,8 +74,10 @@ class LinuxProvider(SandboxProvider):
         cgroup_root: a delegated cgroup dir (or v1 mapping) to nest sandboxes in.
         stdout_cap / stderr_cap: per-exec output caps (bytes).
         image_cache_dir: where ``spec.image`` is unpacked (``images.ImageCache``;
-            default ``images.default_cache_dir()``). An image is taken only with
-            mode ``json-stdio`` or ``handler-image``; its rootfs is bound
+            default ``images.default_cache_dir()``; a registry reference is pulled
+            when missing, ``images.resolve``). Without a mode the image is the
+            sandbox's root (its own /usr, /etc ..., read-only; docs/images.md);
+            with mode ``json-stdio`` or ``handler-image`` its rootfs is bound
             read-only under the host's system dirs, interpreter and corral.
         spares: how many pre-warmed spare sandboxes to keep ready (default 1;
             0: every ``create`` builds its sandbox cold). A spare is built like
@@ -263,9 +267,13 @@ class LinuxProvider(SandboxProvider):
         if spec.image is not None and image is None:
             check_spec(spec)
             image = self._unpack(spec.image)
-        plan = build_plan(spec, options=self.options, host=self._host,
-                          rootfs=None if image is None else image.rootfs,
-                          image_env=None if image is None else _env_of(image.config.env))
+        if image is not None and is_image_root(spec):
+            plan = build_plan(spec, options=self.options, host=self._host,
+                              image_root=image_root_of(image))
+        else:
+            plan = build_plan(spec, options=self.options, host=self._host,
+                              rootfs=None if image is None else image.rootfs,
+                              image_env=None if image is None else _env_of(image.config.env))
         self._cgroups.require(self._cgroup_limits(plan.limits))
         return plan
 
@@ -273,7 +281,8 @@ class LinuxProvider(SandboxProvider):
         """Unpack (or find in the cache) ``image``, reachable by the sandbox's user."""
         if self.images is None:
             self.images = ImageCache(self._image_cache_dir)
-        unpacked = self.images.unpack(image)
+        from corral.images import resolve  # a registry reference is pulled when missing
+        unpacked = resolve(image, cache=self.images)
         (_u, uid_out, _n), (_g, gid_out, _m) = _id_maps(self.options, self._host)
         blocked = unreachable_part(unpacked.rootfs, uid_out, gid_out)
         if blocked is not None:
@@ -535,6 +544,29 @@ def _check_source(p: str, field: str) -> None:
         raise ConfigInvalidError(
             field, f"{p!r} is or holds a unix socket, {sock!r}: a sandbox could "
             "connect to it through a bind (read-only or not); bind a tree without sockets")
+
+
+def image_root_of(image: UnpackedImage) -> ImageRoot:
+    """The facts of an unpacked image the plan of an image root needs (plan.ImageRoot)."""
+    c, root = image.config, image.rootfs
+
+    def real(rel: str, check: Any) -> bool:
+        # no symlink on the way: the image's own links point into the image, not here
+        path = root
+        for part in rel.strip("/").split("/"):
+            if not part:
+                continue
+            path = os.path.join(path, part)
+            if os.path.islink(path):
+                return False
+        return bool(check(path))
+
+    wd = c.working_dir.strip() if c.working_dir else ""
+    return ImageRoot(rootfs=root, env=_env_of(c.env), working_dir=wd, user=c.user,
+                     has_passwd=real("etc/passwd", os.path.isfile),
+                     has_group=real("etc/group", os.path.isfile),
+                     has_working_dir=bool(wd) and real(wd, os.path.isdir),
+                     top_level=frozenset(os.listdir(root)))
 
 
 def _env_of(entries: tuple[str, ...]) -> dict[str, str]:

@@ -147,6 +147,7 @@ class _Agent:
     def __init__(self, sock: socket.socket, plan: Mapping[str, Any]) -> None:
         self.sock = sock
         self.work = str(plan["work_dir"])
+        self.cwd = str(plan.get("cwd") or self.work)  # an image root's WorkingDir
         self.cpu_s: int | None = plan.get("cpu_rlimit_s")
         #: rlimits each command gets in its own process before it runs (limits_by "rlimit")
         self.command_rlimits = [(getattr(resource, str(n)), int(a), int(b))
@@ -341,7 +342,7 @@ class _Agent:
     def _cwd(self, cwd: str) -> str:
         if cwd:
             return os.path.join(self.work, *split_relative(cwd, root_alias=self.work))
-        return self.work
+        return self.cwd
 
     def fork_call(self, req: _msg.ForkCall) -> _msg.Reply:
         fds = self._take_stdio("fork_call")

@@ -311,14 +311,29 @@ def _stage(sources: Iterable[str]) -> str:
     raise OSError(2, "no directory to stage the sandbox root in")
 
 
-def _bind_rootfs(source: str, root: str, steps: list[Mapping[str, Any]]) -> None:
+def _bind_rootfs(source: str, root: str, steps: list[Mapping[str, Any]],
+                 spread: Sequence[str] = ()) -> None:
     """An image's rootfs under the new root: each top-level entry no other step
     mounts (the host's system dirs, /etc, /proc, /dev, /work, /tmp ...) is bound
-    read-only; a top-level symlink is recreated with the same text."""
-    taken = {s["target"].split("/")[1] for s in steps
-             if s["kind"] != "rootfs" and s["target"].startswith("/")}
+    read-only; a top-level symlink is recreated with the same text. A dir named in
+    ``spread`` (an image root's ``etc``) is not skipped but made in the new root and
+    filled the same way, entry by entry, leaving out the names other steps write
+    there (hosts, hostname, resolv.conf)."""
+    targets = [s["target"] for s in steps if s["kind"] != "rootfs" and s["target"]]
+    taken = {t.split("/")[1] for t in targets if t.startswith("/")}
+    _bind_entries(source, root, taken | set(spread), dotfiles=False)
+    for name in spread:
+        sub = os.path.join(source, name)
+        if os.path.islink(sub) or not os.path.isdir(sub):
+            continue
+        os.makedirs(f"{root}/{name}", exist_ok=True)
+        inner = {t.split("/")[2] for t in targets if t.startswith(f"/{name}/")}
+        _bind_entries(sub, f"{root}/{name}", inner, dotfiles=True)
+
+
+def _bind_entries(source: str, root: str, taken: set[str], *, dotfiles: bool) -> None:
     for name in sorted(os.listdir(source)):
-        if name in taken or name.startswith("."):
+        if name in taken or (name.startswith(".") and not dotfiles):
             continue
         path = os.path.join(source, name)
         if os.path.islink(path):
@@ -355,7 +370,8 @@ def init_child(steps: Iterable[Mapping[str, Any]], *,
             if attach is not None:  # bound from where the tree is attached for a moment
                 source = root + _IMAGE
                 _attach(next(attach), source)
-            _bind_rootfs(source, root, steps)
+            spread = [x for x in str(s.get("data") or "").split(",") if x]
+            _bind_rootfs(source, root, steps, spread)
             if attach is not None:
                 su.umount2(source, su.MNT_DETACH)  # the binds of its entries keep it alive
                 os.rmdir(source)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
-__all__ = ["bring_up", "main"]
+__all__ = ["bring_up", "main", "seal_file_imports"]
 
 #: SCM_RIGHTS' own limit (SCM_MAX_FD): the zygote never sends more
 _MAX_FDS = 253
@@ -61,7 +61,23 @@ def main(ctl_fd: int, prog: su.Seccomp) -> None:
 
     bring_up(plan, keep_fd=agent_fd, procs=procs, trees=trees, prog=prog, report=report)
     from corral.providers.linux.init import agent
+    if plan.get("image_root"):
+        seal_file_imports()
     agent.main(agent_fd, plan)
+
+
+def seal_file_imports() -> None:
+    """An image root: no module is loaded from a file from now on (only built-in and
+    frozen ones). The agent is a fork of the zygote with everything it runs loaded
+    and mapped already, so it needs none of the host interpreter's files, and none is
+    in the view; but the image may hold files at the host's paths (a Debian image's
+    ``/usr/lib/python3.11``, say) and a lazy import must never run them in pid 1.
+    Dropping the path finder from ``sys.meta_path`` covers ``sys.path`` and every
+    package's ``__path__`` at once (one list changed: one page copied)."""
+    import sys
+    sys.meta_path[:] = [f for f in sys.meta_path
+                        if getattr(f, "__name__", "") in ("BuiltinImporter", "FrozenImporter")]
+    sys.path_importer_cache.clear()
 
 
 def bring_up(plan: Mapping[str, Any], *, keep_fd: int, procs: list[int], trees: list[int],

@@ -34,6 +34,7 @@ __all__ = [
     "WORK_DIR",
     "Bind",
     "HostLayout",
+    "ImageRoot",
     "LinuxOptions",
     "MountStep",
     "SandboxPlan",
@@ -93,8 +94,14 @@ _WRITABLE: Final = (WORK_DIR, "/tmp")
 
 MountKind = Literal["bind", "tmpfs", "dir", "symlink", "file", "proc", "area", "area_bind",
                     "rootfs"]
-#: the modes that take ``spec.image`` (unpacked by the provider, see images.py)
+#: the modes that take ``spec.image`` as handler files over the host's system dirs
+#: (unpacked by the provider, see images.py); without a mode an image is the root
 _IMAGE_MODES: Final = (InvocationMode.JSON_STDIO, InvocationMode.HANDLER_IMAGE)
+#: an image root's top-level dirs whose entries are bound one by one into a dir of
+#: the sandbox's own, so the plan's files (hosts, hostname, resolv.conf) sit among them
+_SPREAD: Final = ("etc",)
+#: the image ``User`` values a strict sandbox runs as (its one mapped id is 0 inside)
+_ROOT_USERS: Final = frozenset({"", "0", "root", "0:0", "root:root", "root:0", "0:root"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,6 +193,35 @@ class HostLayout:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ImageRoot:
+    """An unpacked image that is the sandbox's root file system (``spec.image``
+    without a handler mode), with the facts the provider read from it.
+
+    Attributes:
+        rootfs: the unpacked root file system (a host dir, read-only to the sandbox).
+        env: the image config's ``Env`` (over :data:`ENV_BASE`; the caller's env over it).
+        working_dir: the config's ``WorkingDir`` (``""``: /work); one under /work or
+            /tmp is made there, any other must be a dir of the image (the provider
+            checks: ``has_working_dir``).
+        user: the config's ``User``: only root (``""``, ``0``, ``root``, ``0:0`` ...)
+            maps; anything else is refused.
+        has_passwd / has_group: the image has its own /etc/passwd, /etc/group (else
+            the sandbox's minimal ones are written).
+        has_working_dir: ``working_dir`` is a dir in the image (the provider looked).
+        top_level: the names at the image's top level (a caller's bind may not hide one).
+    """
+
+    rootfs: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    working_dir: str = ""
+    user: str = ""
+    has_passwd: bool = False
+    has_group: bool = False
+    has_working_dir: bool = False
+    top_level: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LinuxOptions:
     """Provider options that shape every plan.
 
@@ -268,10 +304,16 @@ class SandboxPlan:
     #: the spec's network policy as the egress proxy reads it, parsed once here (None for
     #: ``none``: no proxy); host-side only, not in the wire form
     egress: EgressPolicy | None = None
+    #: the root is an image's (:class:`ImageRoot`): no host file of corral's or its
+    #: interpreter is in the view, so the agent loads no module from files
+    image_root: bool = False
+    #: where a command runs when the caller names no cwd (an image's WorkingDir)
+    cwd: str = WORK_DIR
 
     def to_wire(self) -> dict[str, Any]:
-        """A JSON-safe dict for the zygote (mount data as latin-1 text)."""
-        return {
+        """A JSON-safe dict for the zygote (mount data as latin-1 text); an image
+        root adds ``image_root`` and ``cwd``."""
+        wire = {
             "namespaces": self.namespaces,
             "uid_map": list(self.uid_map),
             "gid_map": list(self.gid_map),
@@ -289,6 +331,9 @@ class SandboxPlan:
             "env_base": dict(self.env_base),
             "user_sysctls": [list(x) for x in self.user_sysctls],
         }
+        if self.image_root:
+            wire.update(image_root=True, cwd=self.cwd)
+        return wire
 
 
 def _under(path: str, root: str) -> bool:
@@ -304,18 +349,44 @@ def _check_level_and_network(spec: SandboxSpec) -> None:
     # network allowlist / unrestricted: the sandbox keeps its loopback-only namespace and
     # reaches out only through the host's egress proxy (host/netrelay.py); build_plan
     # parses the entries as the proxy reads them (SandboxPlan.egress)
-    if spec.image is not None and spec.mode not in _IMAGE_MODES:
+    if spec.image is not None and spec.mode is not None and spec.mode not in _IMAGE_MODES:
         raise ConfigInvalidError(
-            "image", "the linux provider runs an image only as a handler's root filesystem "
-            f"(mode 'json-stdio' or 'handler-image'), not with mode "
-            f"{getattr(spec.mode, 'value', None)!r}; general-purpose sandboxes use the "
-            "host's own binaries read-only")
+            "image", "the linux provider takes an image as the sandbox's root (no mode) "
+            "or as a handler's files (mode 'json-stdio' or 'handler-image'), not with "
+            f"mode {getattr(spec.mode, 'value', None)!r}")
 
 
 def check_spec(spec: SandboxSpec) -> None:
-    """The refusals that need no host facts (level, network, image without a handler
-    mode); the provider runs them before unpacking an image."""
+    """The refusals that need no host facts (level, network, an image with a mode that
+    takes none); the provider runs them before unpacking an image."""
     _check_level_and_network(spec)
+
+
+def is_image_root(spec: SandboxSpec) -> bool:
+    """``spec.image`` is the sandbox's root (no handler mode): :class:`ImageRoot`."""
+    return spec.image is not None and spec.mode is None
+
+
+def check_image_root(image: ImageRoot) -> str:
+    """Refuse what an image may not set; the commands' default cwd."""
+    if image.user.strip() not in _ROOT_USERS:
+        raise ConfigInvalidError(
+            "image", f"the image's User {image.user!r} does not map: a strict sandbox has "
+            "one id, root (uid 0) inside, mapped to a host uid of its own; run the image "
+            "as root (its files are read-only) or use the oci provider")
+    wd = image.working_dir or WORK_DIR
+    if not wd.startswith("/") or "\0" in wd or wd.startswith("//") or (
+            posixpath.normpath(wd) != (wd.rstrip("/") or "/")):
+        raise ConfigInvalidError("image", f"WorkingDir {wd!r} is not a normalized "
+                                          "absolute path")
+    wd = posixpath.normpath(wd)
+    if any(_under(wd, r) for r in ("/proc", "/dev")):
+        raise ConfigInvalidError("image", f"WorkingDir {wd!r} is in the sandbox's own "
+                                          f"{wd.split('/')[1]!r}")
+    if not any(_under(wd, w) for w in _WRITABLE) and wd != "/" and not image.has_working_dir:
+        raise ConfigInvalidError("image", f"WorkingDir {wd!r} is not a directory of the "
+                                          "image (it is read-only: nothing is made there)")
+    return wd
 
 
 def _merged_limits(spec: SandboxSpec, options: LinuxOptions) -> SandboxLimits:
@@ -438,8 +509,8 @@ def _extra_binds(host: HostLayout, options: LinuxOptions,
 
 
 def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
-               rootfs: str | None = None, image_env: Mapping[str, str] | None = None
-               ) -> SandboxPlan:
+               rootfs: str | None = None, image_env: Mapping[str, str] | None = None,
+               image_root: ImageRoot | None = None) -> SandboxPlan:
     """Turn ``spec`` into a plan, or refuse it with one specific error.
 
     ``rootfs`` is the unpacked ``spec.image`` (a host dir; required exactly when
@@ -447,6 +518,9 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
     the host's system dirs, prefixes, corral, /etc, /proc, /dev, /work and /tmp,
     which all sit where they would without an image. ``image_env`` (the image
     config's ``Env``) goes over the env base.
+
+    ``image_root``: a spec whose image has no handler mode takes the image as its
+    root instead (:func:`_image_root_plan`): none of the host's dirs is shown.
     """
     _check_level_and_network(spec)
     egress = None
@@ -454,6 +528,9 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
         # imported only for a sandbox with a network policy (the one-shot path has none)
         from corral.providers.linux.host.egress.policy import compile_network
         egress = compile_network(spec.network)
+    if is_image_root(spec) or image_root is not None:
+        return _image_root_plan(spec, options=options, host=host, image=image_root,
+                                egress=egress)
     if (spec.image is None) != (rootfs is None):
         raise ConfigInvalidError(
             "image", "the plan needs the unpacked rootfs of exactly the spec's image")
@@ -475,10 +552,18 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
     for f in host.etc_files:
         steps.append(MountStep(kind="bind", target=f, source=f))
     steps.extend(before)
-    steps.append(MountStep(kind="proc", target="/proc"))
-    # read-only once its nodes and links are in: nothing else is written there
-    steps.append(MountStep(kind="tmpfs", target="/dev", size_bytes=64 * 1024, mode=0o755,
-                           readonly=True))
+    steps.extend(_own_dirs(host, disk_bytes))
+    steps.extend(after)
+    return _plan(spec, options, limits, uid_map, gid_map, steps, disk_bytes,
+                 env_base={**ENV_BASE, **(image_env or {})}, egress=egress)
+
+
+def _own_dirs(host: HostLayout, disk_bytes: int) -> list[MountStep]:
+    """/proc, /dev and the writable /work and /tmp: every sandbox's own."""
+    steps = [MountStep(kind="proc", target="/proc"),
+             # read-only once its nodes and links are in: nothing else is written there
+             MountStep(kind="tmpfs", target="/dev", size_bytes=64 * 1024, mode=0o755,
+                       readonly=True)]
     for node in host.dev_nodes:
         steps.append(MountStep(kind="bind", target=f"/dev/{node}", source=f"/dev/{node}",
                                readonly=False))
@@ -492,8 +577,58 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
                            readonly=False))
     steps.append(MountStep(kind="area_bind", target="/tmp", source="tmp", mode=0o1777,
                            readonly=False))
-    steps.extend(after)
+    return steps
 
+
+def _image_root_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
+                     image: ImageRoot | None, egress: EgressPolicy | None) -> SandboxPlan:
+    """The plan of a sandbox whose root is ``image`` (see docs/images.md, "The image
+    as the root"): the image's top-level entries bound read-only (``rootfs`` step,
+    its /etc entry by entry among the sandbox's hosts, hostname and resolv.conf),
+    then the sandbox's own /proc, /dev, /work, /tmp and the caller's binds; none of
+    the host's system dirs, interpreter prefixes or corral. The image's ``Env`` over
+    the env base, its ``WorkingDir`` as the commands' default cwd."""
+    if image is None or not is_image_root(spec):
+        raise ConfigInvalidError(
+            "image", "an image root needs a spec with an image and no mode, and the "
+            "unpacked image (ImageRoot)")
+    rootfs = image.rootfs
+    if not rootfs.startswith("/") or posixpath.normpath(rootfs) == "/":
+        raise ConfigInvalidError("image", f"not a usable rootfs dir: {rootfs!r}")
+    cwd = check_image_root(image)
+    limits = _merged_limits(spec, options)
+    uid_map, gid_map = _id_maps(options, host)
+    disk_bytes = (limits.disk_mb or _FALLBACK_DISK_MB) * 1024 * 1024
+    # the caller's binds, checked as without an image but against no host dir
+    bare = HostLayout(euid=host.euid, egid=host.egid, system_dirs=(), dev_nodes=host.dev_nodes)
+    before, after = _extra_binds(bare, options, with_package=False)
+    for b in before:  # (``after``: under /work or /tmp)
+        top = b.target.split("/")[1]
+        if top in image.top_level:
+            raise ConfigInvalidError(
+                "binds", f"dst {b.target!r} would hide the image's /{top} (a bind takes its "
+                "top-level name in an image root): bind under /work, /tmp or a top-level "
+                "name the image does not have")
+    steps = [MountStep(kind="rootfs", target="/", source=posixpath.normpath(rootfs),
+                       data=",".join(_SPREAD).encode())]
+    etc = _etc_files(options.hostname)
+    drop = {"/etc/passwd"} if image.has_passwd else set()
+    drop |= {"/etc/group"} if image.has_group else set()
+    steps.extend(s for s in etc if s.target not in drop)
+    steps.extend(before)
+    steps.extend(_own_dirs(host, disk_bytes))
+    if cwd != WORK_DIR and any(_under(cwd, w) for w in _WRITABLE):
+        steps.append(MountStep(kind="dir", target=cwd, mode=0o755))
+    steps.extend(after)
+    return _plan(spec, options, limits, uid_map, gid_map, steps, disk_bytes,
+                 env_base={**ENV_BASE, **image.env}, egress=egress, image_root=True, cwd=cwd)
+
+
+def _plan(spec: SandboxSpec, options: LinuxOptions, limits: SandboxLimits,
+          uid_map: tuple[int, int, int], gid_map: tuple[int, int, int],
+          steps: list[MountStep], disk_bytes: int, *, env_base: Mapping[str, str],
+          egress: EgressPolicy | None, image_root: bool = False, cwd: str = WORK_DIR
+          ) -> SandboxPlan:
     rlimits: tuple[tuple[str, int, int], ...] = (
         ("RLIMIT_CORE", 0, 0), ("RLIMIT_NOFILE", _NOFILE, _NOFILE),
         ("RLIMIT_FSIZE", disk_bytes, disk_bytes),
@@ -514,7 +649,7 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
     return SandboxPlan(
         namespaces=NAMESPACES, uid_map=uid_map, gid_map=gid_map, hostname=options.hostname,
         mounts=tuple(steps), work_dir=WORK_DIR, limits=limits, rlimits=rlimits,
-        cpu_rlimit_s=cpu_s, env_base={**ENV_BASE, **(image_env or {})},
+        cpu_rlimit_s=cpu_s, env_base=env_base,
         network=spec.network.kind, command_rlimits=command_rlimits,
-        limits_by=options.limits_by, egress=egress,
+        limits_by=options.limits_by, egress=egress, image_root=image_root, cwd=cwd,
     )
