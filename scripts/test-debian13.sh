@@ -8,7 +8,8 @@
 # mount namespace (proc, sys, dev and the checkout mounted there; every mount goes with the
 # namespace when the run ends), as root, with CORRAL_REQUIRE_STRICT as the caller sets it.
 #
-# Usage: scripts/test-debian13.sh [pytest args...]  (default: the tier's tests, not slow,
+# Usage: scripts/test-debian13.sh [pytest args...]  (default: the tier's tests, not slow, not the one
+#        debootstrapped test image (its own root has no debootstrap: marked image_build),
 #        as scripts/test-tiers.sh runs them)
 # Exit: pytest's, or 2 when the root could not be built.
 set -euo pipefail
@@ -18,7 +19,7 @@ T0=$(date +%s)
 say() { printf '[debian13 %4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 die() { say "ERROR: $*"; exit 2; }
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, chroot, mounts)"
-[ $# -gt 0 ] || set -- -m "not slow" tests/linux tests/snippets tests/runner tests/cli \
+[ $# -gt 0 ] || set -- -m "not slow and not image_build" tests/linux tests/snippets tests/runner tests/cli \
   tests/test_main_job.py
 command -v debootstrap >/dev/null || {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
@@ -35,7 +36,7 @@ if [ "$(cat "$CACHE/key" 2>/dev/null)" != "$KEY" ]; then
   say "debootstrap trixie from $MIRROR into $CACHE"
   rm -rf "$CACHE/rootfs" "$CACHE/key" "$CACHE/build"
   B=$CACHE/build
-  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,iproute2,util-linux,passwd \
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,busybox-static,iproute2,util-linux,passwd \
     trixie "$B" "$MIRROR" > "$CACHE/debootstrap.log" 2>&1 \
     || { tail -20 "$CACHE/debootstrap.log"; rm -rf "$B"; die "debootstrap failed"; }
   chroot "$B" /usr/bin/python3 -m venv /opt/venv
