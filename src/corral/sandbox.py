@@ -127,7 +127,7 @@ def _shutdown() -> None:
     """At exit: destroy every sync sandbox still alive, then close the shared providers."""
     for sb in list(_alive):
         with contextlib.suppress(BaseException):
-            sb._finish(wait=True)
+            sb._finish()
     with _lock:
         providers = list(_shared.values())
         _shared.clear()
@@ -153,18 +153,21 @@ def _register_shutdown() -> None:
 _register_shutdown()
 
 
+async def _end(inner: AsyncSandbox, destroy: bool, owned: SandboxProvider | None) -> None:
+    """Destroy the sandbox (unless detached), then close the provider it owned."""
+    try:
+        if destroy:
+            await inner.destroy()
+    finally:
+        if owned is not None:
+            await owned.aclose()
+
+
 def _release(inner: AsyncSandbox, destroy: bool, owned: SandboxProvider | None) -> None:
-    """The finalizer of a collected :class:`Sandbox`: destroy its sandbox (and close the
-    provider it owned) on the loop, without waiting (it may run in any thread)."""
-    async def go() -> None:
-        try:
-            if destroy:
-                await inner.destroy()
-        finally:
-            if owned is not None:
-                await owned.aclose()
+    """The finalizer of a collected :class:`Sandbox`: :func:`_end` on the loop, without
+    waiting (it may run in any thread)."""
     with contextlib.suppress(BaseException):
-        asyncio.run_coroutine_threadsafe(go(), background_loop())
+        asyncio.run_coroutine_threadsafe(_end(inner, destroy, owned), background_loop())
 
 
 # -- commands -------------------------------------------------------------------------
@@ -509,31 +512,23 @@ class Sandbox:
     def kill(self) -> None:
         """Destroy the sandbox: every process, file and limit of it is released.
         Idempotent."""
-        self._finish(wait=True)
+        self._finish()
 
     close = kill
 
     def detach(self) -> None:
         """Let go of a remote sandbox without destroying it (it lives on the server
         until its lifetime ends; :meth:`connect` finds it again)."""
-        self._finish(wait=True, destroy=False)
+        self._finish(destroy=False)
 
-    def _finish(self, *, wait: bool, destroy: bool = True) -> None:
+    def _finish(self, *, destroy: bool = True) -> None:
         inner, self._inner = self._inner, None
         self._fin.detach()
         _alive.discard(self)
         if inner is None:
             return
         owned, self._owned = self._owned, None
-
-        async def go() -> None:
-            try:
-                if destroy:
-                    await inner.destroy()
-            finally:
-                if owned is not None:
-                    await owned.aclose()
-        run_sync(go())
+        run_sync(_end(inner, destroy, owned))
 
     def __enter__(self) -> Sandbox:
         return self
