@@ -61,6 +61,7 @@ from corral.providers.confined import read_file_under, split_relative, write_fil
 from corral.providers.oci import _bundle
 from corral.providers.oci._host import RUNTIMES, HostFacts, RuntimeInfo, probe, probe_runtime
 from corral.providers.subproc._process import ChunkQueue, SubprocProcess
+from corral.providers.subproc._provider import _check_argv  # the same rules as subproc
 from corral.run.engine import BoundedRun
 from corral.run.options import make_options
 from corral.run.tree import spawn_process
@@ -86,16 +87,6 @@ MIN_MEM_MB: Final = 16
 def _sys_unsafe_path() -> str:
     from corral.providers.linux import _sys_unsafe
     return os.path.abspath(_sys_unsafe.__file__)
-
-
-def _check_argv(argv: Sequence[str]) -> list[str]:
-    if isinstance(argv, str | bytes) or not argv:
-        raise ConfigInvalidError("argv", "must be a non-empty sequence of strings")
-    out = list(argv)
-    for i, a in enumerate(out):
-        if not isinstance(a, str) or "\0" in a or (i == 0 and not a):
-            raise ConfigInvalidError(f"argv[{i}]", "must be a non-empty string without NUL")
-    return out
 
 
 def _tail(data: bytes, n: int = 600) -> str:
