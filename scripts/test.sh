@@ -16,7 +16,9 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
 fi
 # the image tests run a registry on loopback (Debian's docker-registry, htpasswd for its
 # Basic auth) and push busybox-static images; skopeo and umoci are there for interop
-if ! command -v docker-registry >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+if ! { command -v docker-registry && command -v htpasswd && command -v busybox \
+        && command -v skopeo && command -v umoci; } >/dev/null \
+    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     docker-registry apache2-utils busybox-static skopeo umoci >/dev/null
 fi
