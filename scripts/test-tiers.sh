@@ -17,6 +17,8 @@ ROOT=${PYENV_ROOT:-$HOME/.pyenv}
 TIERS=${TIERS:-"3.11.7 3.12.1 3.13.0"}
 VENVS=${TIER_VENVS:-$(mktemp -d /tmp/corral-tiers-XXXXXX)}
 [ -n "${TIER_VENVS:-}" ] || trap 'rm -rf "$VENVS"' EXIT
+# mktemp makes it 0700: the non-root tests run uid 65534 on the venv's site-packages
+chmod 755 "$VENVS"
 # the tier's tests: the strict provider (it binds the interpreter and its libraries into
 # the sandbox), the snippet worker (it runs on the interpreter, with its guards), the bounded
 # runner (it execs it under rlimits), the CLI and the service (asyncio, uvicorn), and the
