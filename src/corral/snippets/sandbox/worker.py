@@ -685,13 +685,16 @@ _ARM_STATE: dict[str, Any] = {}
 
 
 def _arm_guard(allowed: frozenset[str], tops: frozenset[str], refusals: list[str],
-               sources: Any = ()) -> None:
+               sources: Any = ()) -> list[Any]:
     """Load the allowlist's modules that the payload names and that are not loaded yet
     (usually none: they are preloaded where runs are forked from), so that what they
     import is loaded before the guard; then add the run's audit hook. From here on, for
     the rest of this process's life, every audit event goes through it; an audit hook
     cannot be removed from Python. (An allowed module imported by a name built at run
-    time, and not preloaded, may have its own imports refused: the guard fails closed.)"""
+    time, and not preloaded, may have its own imports refused: the guard fails closed.)
+    Before the hook, the run sheds what the worker and the agent loaded for themselves
+    (:func:`_shed_runtime`); the modules it dropped are returned, for the caller to hold
+    while the run lasts."""
     loaded: frozenset[str] = _ARM_STATE.get("loaded") or frozenset()
     for name in allowed - loaded:  # (a set difference: no per-name work for the preloads)
         if name not in sys.modules and not name.endswith("*") \
@@ -702,7 +705,76 @@ def _arm_guard(allowed: frozenset[str], tops: frozenset[str], refusals: list[str
                 pass
     if not _ARM_STATE:  # (else done where runs are forked from)
         _without_frames()
+    shed = _shed_runtime(allowed, tops)
     sys.addaudithook(_audit_hook(allowed, tops, refusals))
+    return shed
+
+
+#: the top-level names of modules that the worker and the sandbox's agent (a strict run is
+#: forked from it) load for themselves and that no snippet is granted: a run's process
+#: drops them from ``sys.modules`` (:func:`_shed_runtime`), so a snippet that reaches
+#: ``sys`` or ``importlib`` gets none of them (importing one again is an import event,
+#: refused by the run-time guard); one the run's allowlist grants stays
+_RUNTIME_TOPS = frozenset({
+    "corral", "asyncio", "_asyncio", "subprocess", "_posixsubprocess", "multiprocessing",
+    "_multiprocessing", "_posixshmem", "concurrent", "selectors", "select", "socket",
+    "_socket", "ssl", "_ssl", "fcntl", "termios", "pty", "tty", "resource", "grp", "pwd",
+    "shutil", "tempfile", "tarfile", "zipfile", "ctypes", "_ctypes", "mmap", "gc", "signal",
+    "_signal", "marshal", "runpy", "pdb", "code", "socketserver", "bz2", "_bz2", "lzma",
+    "_lzma", "_compression", "fnmatch",
+})
+
+
+def _refused_fork_exec(*args: Any, **kwargs: Any) -> NoReturn:
+    """What a run's process has for ``_posixsubprocess.fork_exec`` (and ``subprocess``'s
+    copy of it): the C function starts a process without raising an audit event, so the
+    run-time guard would never see it. This one raises one, which the guard refuses
+    (and reports); without a guard it refuses all the same."""
+    sys.audit("_posixsubprocess.fork_exec")
+    raise GuardViolation("the run-time guard refused _posixsubprocess.fork_exec")
+
+
+def _runtime_state() -> dict[str, Any]:
+    """Where runs are forked from (:func:`_harden`), or in a run that finds it missing:
+    the loaded modules of :data:`_RUNTIME_TOPS`, and every module attribute that holds
+    ``_posixsubprocess.fork_exec`` (``_posixsubprocess.fork_exec``,
+    ``subprocess._fork_exec``) as ``(module dict, name)`` pairs."""
+    modules = sys.modules
+    runtime = tuple(sorted(n for n in modules if n.partition(".")[0] in _RUNTIME_TOPS))
+    spawn: list[tuple[dict[str, Any], str]] = []
+    posixsubprocess = modules.get("_posixsubprocess")
+    fork_exec = getattr(posixsubprocess, "fork_exec", None)
+    if fork_exec is not None:
+        for module in list(modules.values()):
+            space = getattr(module, "__dict__", None)
+            if type(space) is dict:
+                spawn += [(space, k) for k, v in list(space.items()) if v is fork_exec]
+    return {"runtime": runtime, "spawn": tuple(spawn),
+            "from": (posixsubprocess, modules.get("subprocess"))}
+
+
+def _shed_runtime(allowed: frozenset[str], tops: frozenset[str]) -> list[Any]:
+    """In a run's process, before the snippet's first line: no module attribute holds
+    ``fork_exec`` any more (the function is freed: nothing reaches it, not even a walk
+    from an object the snippet holds through ``__globals__`` or ``__subclasses__``),
+    the run may not start a process at all (``RLIMIT_NPROC`` 0: the kernel refuses the
+    fork, whatever code asks, for a sandbox's user; not for the host's root), and the
+    modules of :data:`_RUNTIME_TOPS` the allowlist does not grant leave ``sys.modules``.
+    Returns those modules: they stay alive (freeing them would write to every page they
+    fill) but are held by no module, only by this process's caller."""
+    state = _ARM_STATE.get("shed")
+    modules = sys.modules
+    if state is None or state["from"] != (modules.get("_posixsubprocess"),
+                                          modules.get("subprocess")):
+        state = _runtime_state()  # (either loaded since: found here, at a cost)
+    for space, name in state["spawn"]:
+        space[name] = _refused_fork_exec
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+    except (OSError, ValueError):
+        pass
+    return [modules.pop(name) for name in state["runtime"] if name in modules and not
+            _import_ok(name, allowed, tops, _LAZY_STDLIB, PKG, type, str)]
 
 
 def _without_frames() -> None:
@@ -764,9 +836,11 @@ def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict
             raise _Timeout
 
     _signal.signal(_SIGALRM, on_alarm)  # _signal's: no enum conversions
+    # the modules the run dropped from sys.modules (a local: held, reached by no module)
+    shed: list[Any] = []
     if options.get("allowed") is not None:  # None: no guards (unvalidated test runs)
-        _arm_guard(frozenset(options["allowed"]), frozenset(payload.tops), refusals,
-                   files.values())
+        shed = _arm_guard(frozenset(options["allowed"]), frozenset(payload.tops), refusals,
+                          files.values())
     t0 = time.perf_counter()
     try:
         code, expr = _compile_main(files["main.py"], options.get("split"))
@@ -799,6 +873,7 @@ def run_child(files: dict[str, str], options: dict[str, Any], out: _Out) -> dict
             stream.flush()
         facts, facts_cut = _facts(g, caps)
     _report_refusals(errors, refusals)
+    del shed  # (the process ends with the run)
     errors_cut = any(e["message"].endswith(MARK) or e["traceback"].startswith(MARK)
                      for e in errors)
     truncated = [n for n, c in (("result", cut), ("facts", facts_cut), ("logs", out.dropped),
@@ -1075,7 +1150,8 @@ def _harden() -> None:
         _capture_logging(modules["logging"])
     sys.meta_path.insert(0, _GUARD_FINDER)
     _without_frames()
-    _ARM_STATE.update(consts=_guard_constants(), loaded=frozenset(modules))
+    _ARM_STATE.update(consts=_guard_constants(), loaded=frozenset(modules),
+                      shed=_runtime_state())
 
 
 class _RunLog:
