@@ -14,6 +14,8 @@
 # Exit: pytest's, or 2 when the root could not be built.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib/checkout-copy.sh
+. "$ROOT/scripts/lib/checkout-copy.sh"
 CACHE=${CORRAL_D13_CACHE:-$HOME/.cache/corral-debian13}
 T0=$(date +%s)
 say() { printf '[debian13 %4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
@@ -55,9 +57,7 @@ say "Debian $(cat "$R/etc/debian_version"), python $GVER"
 JOB=$(mktemp -d "$CACHE/job.XXXXXX")
 trap 'rm -rf "$JOB"' EXIT
 mkdir -p "$JOB/src" "$JOB/wheels"
-(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
-   | xargs -0 -I{} sh -c 'test -e "{}" && printf "%s\0" "{}"' \
-   | tar --null -T - -cf -) | tar -xf - -C "$JOB/src"
+checkout_copy "$ROOT" "$JOB/src"
 "$PY" - "$ROOT/pyproject.toml" > "$JOB/requirements.txt" <<'EOF'
 import sys, tomllib
 doc = tomllib.load(open(sys.argv[1], "rb"))

@@ -17,6 +17,8 @@
 # Exit: 0 when every scenario passed, 1 when one failed, 2 when the guest could not run.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib/checkout-copy.sh
+. "$ROOT/scripts/lib/checkout-copy.sh"
 CACHE=${CORRAL_V2_CACHE:-$HOME/.cache/corral-v2}
 SCENARIOS=${CORRAL_V2_SCENARIOS:-a b c d e}
 TIMEOUT=${CORRAL_V2_TIMEOUT:-600}
@@ -106,9 +108,7 @@ fi
 JOB=$(mktemp -d "$CACHE/job.XXXXXX")
 trap 'rm -rf "$JOB"' EXIT
 mkdir -p "$JOB/disk/src" "$JOB/disk/v2"
-(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
-   | xargs -0 -I{} sh -c 'test -e "{}" && printf "%s\0" "{}"' \
-   | tar --null -T - -cf -) | tar -xf - -C "$JOB/disk/src"
+checkout_copy "$ROOT" "$JOB/disk/src"
 cp "$ROOT/scripts/v2/guest.sh" "$JOB/disk/guest.sh"
 cp "$ROOT/scripts/v2/v2_hypothesis.py" "$ROOT/scripts/v2/times.py" "$JOB/disk/v2/"
 printf '%s\n' "$@" > "$JOB/disk/pytest-args"  # one argument a line
