@@ -6,14 +6,14 @@ forked from it starts with ``dataclasses``, ``copy`` and ``logging`` already gua
 anywhere else: it changes those standard-library modules for the whole process. The
 run-time guard's audit hook is not added here (agents fork and open files): each run adds
 its own, in its own process (``worker._arm_guard``, docs/snippets.md). It also
-builds the snippet builtins every run takes (``worker.prepare_builtins``) and warms the
-code of a run (``worker.warm``).
+builds the snippet builtins every run takes (``worker.prepare_builtins``), works out the
+modules a run drops (``worker.prepare_shed``) and warms the code of a run (``worker.warm``).
 """
 
 from __future__ import annotations
 
-from corral.snippets.sandbox.worker import _harden, prepare_builtins, warm
-from corral.snippets.validator.policy import FORBIDDEN_NAMES
+from corral.snippets.sandbox.worker import _harden, prepare_builtins, prepare_shed, warm
+from corral.snippets.validator.policy import DEFAULT_ALLOWED_IMPORTS, FORBIDDEN_NAMES
 
 __all__: list[str] = []
 
@@ -21,4 +21,6 @@ _harden()
 # the builtins of a validated run (runner._job: the forbidden names but __build_class__)
 # and of an unvalidated one (none forbidden), built here once for every run
 prepare_builtins(FORBIDDEN_NAMES - {"__build_class__"}, frozenset())
+# which of the agent's modules a run with the default allowlist drops (worker._shed_runtime)
+prepare_shed(DEFAULT_ALLOWED_IMPORTS)
 warm()  # the code every run takes, specialised here and shared

@@ -705,7 +705,7 @@ def _arm_guard(allowed: frozenset[str], tops: frozenset[str], refusals: list[str
                 pass
     if not _ARM_STATE:  # (else done where runs are forked from)
         _without_frames()
-    shed = _shed_runtime(allowed, tops)
+    shed = _shed_runtime(allowed)
     sys.addaudithook(_audit_hook(allowed, tops, refusals))
     return shed
 
@@ -749,11 +749,29 @@ def _runtime_state() -> dict[str, Any]:
             space = getattr(module, "__dict__", None)
             if type(space) is dict:
                 spawn += [(space, k) for k, v in list(space.items()) if v is fork_exec]
-    return {"runtime": runtime, "spawn": tuple(spawn),
+    return {"runtime": runtime, "spawn": tuple(spawn), "drops": {},
             "from": (posixsubprocess, modules.get("subprocess"))}
 
 
-def _shed_runtime(allowed: frozenset[str], tops: frozenset[str]) -> list[Any]:
+def _drops(state: dict[str, Any], allowed: frozenset[str]) -> tuple[str, ...]:
+    """The names of ``state["runtime"]`` a run with this allowlist drops (a payload's
+    module of the same name does not keep one: the payload's is imported instead)."""
+    return tuple(n for n in state["runtime"] if not _import_ok(
+        n, allowed, frozenset(), _LAZY_STDLIB, PKG, type, str))
+
+
+def prepare_shed(*allowed_sets: frozenset[str]) -> None:
+    """Work out here, once, which modules a run with one of these allowlists (and a
+    payload that shadows none of them) drops (:func:`_shed_runtime`): a run forked from
+    this process takes that list as it is. Call it where runs are forked from only, after
+    :func:`_harden`."""
+    state = _ARM_STATE.get("shed")
+    if state is not None:
+        for allowed in allowed_sets:
+            state["drops"][frozenset(allowed)] = _drops(state, frozenset(allowed))
+
+
+def _shed_runtime(allowed: frozenset[str]) -> list[Any]:
     """In a run's process, before the snippet's first line: no module attribute holds
     ``fork_exec`` any more (the function is freed: nothing reaches it, not even a walk
     from an object the snippet holds through ``__globals__`` or ``__subclasses__``),
@@ -773,8 +791,10 @@ def _shed_runtime(allowed: frozenset[str], tops: frozenset[str]) -> list[Any]:
         resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
     except (OSError, ValueError):
         pass
-    return [modules.pop(name) for name in state["runtime"] if name in modules and not
-            _import_ok(name, allowed, tops, _LAZY_STDLIB, PKG, type, str)]
+    names = state["drops"].get(allowed)
+    if names is None:
+        names = _drops(state, allowed)
+    return [modules.pop(name) for name in names if name in modules]
 
 
 def _without_frames() -> None:
