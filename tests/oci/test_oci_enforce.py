@@ -221,17 +221,25 @@ def test_output_cap_and_timeout_leave_it_usable(make_oci: Callable[..., Any]) ->
                               ExecOpts(max_stdout_bytes=1000))
             assert ei.value.limit == "output"
             assert ei.value.result is not None and len(ei.value.result.stdout) == 1000
+            # each command says when its child is in place; the timeout must strike after
+            # that (checked: its output), else the count below proves nothing (the tree)
+            # or fails (the daemon: killed with the group before it left it; once seen on
+            # a loaded host with a 500 ms timeout)
             tree = ("import os, time\n"
                     "if os.fork() == 0:\n    time.sleep(60); os._exit(0)\n"
-                    "time.sleep(60)\n")
-            with pytest.raises(SandboxTimeoutError):
-                await sb.exec([PY, "-c", tree], ExecOpts(timeout_ms=500))
+                    "print('forked', flush=True)\ntime.sleep(60)\n")
+            with pytest.raises(SandboxTimeoutError) as te:
+                await sb.exec([PY, "-c", tree], ExecOpts(timeout_ms=3000))
+            assert te.value.stdout == b"forked\n", te.value.stdout
             assert sb.process_count() == 0  # the child in the command's group died too
             daemon = ("import os, time\n"
-                      "if os.fork() == 0:\n    os.setsid(); time.sleep(60); os._exit(0)\n"
-                      "time.sleep(60)\n")
-            with pytest.raises(SandboxTimeoutError):
-                await sb.exec([PY, "-c", daemon], ExecOpts(timeout_ms=500))
+                      "r, w = os.pipe()\n"
+                      "if os.fork() == 0:\n"
+                      "    os.setsid(); os.write(w, b'x'); time.sleep(60); os._exit(0)\n"
+                      "os.read(r, 1)\nprint('detached', flush=True)\ntime.sleep(60)\n")
+            with pytest.raises(SandboxTimeoutError) as te:
+                await sb.exec([PY, "-c", daemon], ExecOpts(timeout_ms=3000))
+            assert te.value.stdout == b"detached\n", te.value.stdout
             assert sb.process_count() >= 1  # the setsid'd child, adopted by the init
             r = await sb.exec([PY, "-c", "print('alive')"])
             assert r.stdout == b"alive\n"
