@@ -204,3 +204,21 @@ for cls in type.__subclasses__(object):
     assert not {m for m in loaded if m.startswith(("corral.", "asyncio."))}, loaded
     assert {"logging", "json", "re", "dataclasses", "zoneinfo"} <= loaded
     assert lines[1:] in ([], ["STANDIN _refused_fork_exec"]), lines
+
+
+@needs_strict(STRICT_SKIP)
+def test_a_network_run_keeps_the_network_modules() -> None:
+    """A run whose allowlist names a network client keeps socket and what socket's own
+    methods import lazily (``selectors``: ``socket.sendfile``); the rest is shed."""
+    source = """\
+import logging
+import socket
+mods = logging.sys.modules
+print(sorted(n for n in ("socket", "_socket", "select", "selectors", "ssl", "subprocess",
+                         "asyncio") if n in mods))
+"""
+    t = _DEFAULT.submit(lambda pool: _run_in(
+        pool, [("main.py", source)], tenant_id="spawn-reach", level=Level.STRICT,
+        timeout_ms=10_000, allowed=DEFAULT_ALLOWED_IMPORTS | {"socket"}, guard=True)).result()
+    assert [line.text for line in t.logs] == [
+        "['_socket', 'select', 'selectors', 'socket', 'ssl']"], (t.logs, t.errors)

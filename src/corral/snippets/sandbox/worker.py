@@ -753,11 +753,17 @@ def _runtime_state() -> dict[str, Any]:
             "from": (posixsubprocess, modules.get("subprocess"))}
 
 
+#: what a run whose allowlist names a network client (:data:`_NETWORK_MODULES`) keeps:
+#: the clients import some of these lazily (``socket.sendfile``: ``selectors``)
+_NETWORK_TOPS = frozenset({"socket", "_socket", "ssl", "_ssl", "select", "selectors"})
+
+
 def _drops(state: dict[str, Any], allowed: frozenset[str]) -> tuple[str, ...]:
     """The names of ``state["runtime"]`` a run with this allowlist drops (a payload's
     module of the same name does not keep one: the payload's is imported instead)."""
-    return tuple(n for n in state["runtime"] if not _import_ok(
-        n, allowed, frozenset(), _LAZY_STDLIB, PKG, type, str))
+    keep = _NETWORK_TOPS if allowed & _NETWORK_MODULES else frozenset()
+    return tuple(n for n in state["runtime"] if n.partition(".")[0] not in keep
+                 and not _import_ok(n, allowed, frozenset(), _LAZY_STDLIB, PKG, type, str))
 
 
 def prepare_shed(*allowed_sets: frozenset[str]) -> None:
