@@ -680,7 +680,7 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
             for fd in (*procs, *trees, theirs.detach()):
                 os.close(fd)
                 s.fds.remove(fd)
-            clone.write_maps(pid, uid, gid)
+            clone.write_maps(pid, uid, gid, (wire["uid_map"][0], wire["gid_map"][0]))
             mine.send(b"go")
             mine.sendmsg([b"\0".join(os.fsencode(a) for a in req.argv)],
                          [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,

@@ -562,11 +562,70 @@ def image_root_of(image: UnpackedImage) -> ImageRoot:
         return bool(check(path))
 
     wd = c.working_dir.strip() if c.working_dir else ""
+    has_passwd = real("etc/passwd", os.path.isfile)
+    has_group = real("etc/group", os.path.isfile)
+    uid, gid = _resolve_user(c.user, root, has_passwd, has_group)
     return ImageRoot(rootfs=root, env=_env_of(c.env), working_dir=wd, user=c.user,
-                     has_passwd=real("etc/passwd", os.path.isfile),
-                     has_group=real("etc/group", os.path.isfile),
+                     has_passwd=has_passwd, has_group=has_group,
                      has_working_dir=bool(wd) and real(wd, os.path.isdir),
-                     top_level=frozenset(os.listdir(root)))
+                     top_level=frozenset(os.listdir(root)), uid=uid, gid=gid,
+                     entrypoint=c.entrypoint, cmd=c.cmd)
+
+
+#: how much of an image's /etc/passwd or /etc/group is read to resolve its User
+_ID_FILE_CAP = 1 << 20
+
+
+def _id_table(root: str, name: str, present: bool) -> dict[str, tuple[int, int]]:
+    """``name`` (etc/passwd or etc/group) of the image: entry name -> (id, group id);
+    empty when absent or unreadable. Opened without following a symlink at its end
+    (``image_root_of`` checked the parents), at most ``_ID_FILE_CAP`` bytes."""
+    if not present:
+        return {}
+    try:
+        fd = os.open(os.path.join(root, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(_ID_FILE_CAP)
+    out: dict[str, tuple[int, int]] = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        parts = line.split(":")
+        if len(parts) >= 3 and parts[0] and parts[2].isascii() and parts[2].isdigit():
+            gid = parts[3] if len(parts) > 3 and parts[3].isascii() and parts[3].isdigit() \
+                else parts[2]
+            out.setdefault(parts[0], (int(parts[2]), int(gid)))
+    return out
+
+
+def _resolve_user(user: str, root: str, has_passwd: bool,
+                  has_group: bool) -> tuple[int | None, int | None]:
+    """An image config's ``User`` (``name``, ``uid``, ``name:group``, ``uid:gid`` ...)
+    as the ids it names, from the image's own /etc/passwd and /etc/group (a number
+    stands for itself; a user alone takes its passwd group, a bare uid without a
+    passwd entry group 0, as Docker does). ``(None, None)`` when something does not
+    resolve: the plan then refuses any User but root's (``plan.inside_ids``)."""
+    user = (user or "").strip()
+    if not user:
+        return 0, 0
+    name, _, group = user.partition(":")
+    passwd = _id_table(root, "etc/passwd", has_passwd)
+    if name.isascii() and name.isdigit():
+        uid = int(name)
+        gid = next((g for u, g in passwd.values() if u == uid), 0)
+    elif name in passwd:
+        uid, gid = passwd[name]
+    else:
+        return None, None
+    if group:
+        if group.isascii() and group.isdigit():
+            gid = int(group)
+        else:
+            groups = _id_table(root, "etc/group", has_group)
+            if group not in groups:
+                return None, None
+            gid = groups[group][0]
+    return uid, gid
 
 
 def _env_of(entries: tuple[str, ...]) -> dict[str, str]:
