@@ -75,9 +75,10 @@ class LinuxProvider(SandboxProvider):
         stdout_cap / stderr_cap: per-exec output caps (bytes).
         image_cache_dir: where ``spec.image`` is unpacked (``images.ImageCache``;
             default ``images.default_cache_dir()``; a registry reference is pulled
-            when missing, ``images.resolve``). Without a mode the image is the
-            sandbox's root (its own /usr, /etc ..., read-only; docs/images.md);
-            with mode ``json-stdio`` or ``handler-image`` its rootfs is bound
+            when missing, ``images.resolve``). Without a mode, or with mode
+            ``handler-image`` (which runs its Entrypoint + Cmd), the image is the
+            sandbox's root (its own /usr, /etc ..., read-only, its User the one id
+            inside; docs/images.md); with mode ``json-stdio`` its rootfs is bound
             read-only under the host's system dirs, interpreter and corral.
         spares: how many pre-warmed spare sandboxes to keep ready (default 1;
             0: every ``create`` builds its sandbox cold). A spare is built like
