@@ -332,6 +332,39 @@ def test_corral_run_image(images: Path) -> None:
     assert bad.returncode == 64 and "--image" in bad.stderr
 
 
+#: the console script's code with argv passed (tests/cli/test_oneshot.py's ENTRY), saying
+#: whether the library path (asyncio) was loaded
+ENTRY = ("import sys, _corral_cli; code = _corral_cli.main(sys.argv[1:]); "
+         "sys.stderr.write('corral-test: asyncio %s\\n' % ('asyncio' in sys.modules)); "
+         "sys.exit(code)")
+
+
+@linux
+def test_corral_run_image_takes_the_one_shot_path(images: Path) -> None:
+    layout = busybox_layout(str(images / "layout"), {
+        "Env": ["PATH=/bin", "FOO=img"], "WorkingDir": "/app", "User": "1000"})
+    env = {**os.environ, "XDG_CACHE_HOME": str(images / "xdg"), "CORRAL_CLI_TRACE": "1"}
+    argv = [sys.executable, "-c", ENTRY, "run", "--image", layout, "--", "sh", "-c",
+            "pwd; id -u; echo $FOO; cat /etc/image-marker; test -e /usr || echo no-usr"]
+    for _ in range(2):  # the first unpacks the image, the second finds it in the cache
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env,
+                              stdin=subprocess.DEVNULL, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == ["/app", "1000", "img", "from the image", "no-usr"]
+        assert "corral: trace: one-shot path" in done.stderr, done.stderr
+        assert "corral-test: asyncio False" in done.stderr
+    # a bare name not on the image's PATH: not found, as on the library path
+    done = subprocess.run([*argv[:7], "--", "python3", "-c", "1"], capture_output=True,
+                          text=True, timeout=120, env=env, stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 127, done.stderr
+    # a User that does not map: the one-shot path leaves it to the library path's refusal
+    bad = busybox_layout(str(images / "bad"), {"User": "ghost"})
+    done = subprocess.run([*argv[:5], bad, "--", "true"], capture_output=True, text=True,
+                          timeout=120, env=env, stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 64 and "does not map" in done.stderr, done.stderr
+    assert "one-shot path" not in done.stderr
+
+
 @linux
 def test_a_fork_of_the_agent_never_imports_the_images_files(images: Path) -> None:
     # the image holds a module at the host interpreter's own stdlib path, which is on

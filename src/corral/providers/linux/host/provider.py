@@ -19,11 +19,12 @@ from corral.core.errors import (
 )
 from corral.core.result import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES
 from corral.core.spec import Level, SandboxLimits, SandboxSpec, SnapshotHandle
-from corral.images.cache import ImageCache, UnpackedImage, unreachable_part
+from corral.images.cache import ImageCache, UnpackedImage
 from corral.providers.linux import _sys_unsafe as su
 from corral.providers.linux.host.channel import Zygote
 from corral.providers.linux.host.cpuwatch import CpuWatch
 from corral.providers.linux.host.egress import NeverReach, Resolver
+from corral.providers.linux.host.imageroot import env_of, image_root_of, reachable
 from corral.providers.linux.host.launch import launch, race
 from corral.providers.linux.host.netrelay import check_entries
 from corral.providers.linux.host.sandbox import LinuxSandbox, SandboxHost
@@ -32,7 +33,6 @@ from corral.providers.linux.init import mounts
 from corral.providers.linux.policy.plan import (
     DEFAULT_LIMITS,
     Bind,
-    ImageRoot,
     LinuxOptions,
     SandboxPlan,
     _extra_binds,
@@ -274,7 +274,7 @@ class LinuxProvider(SandboxProvider):
         else:
             plan = build_plan(spec, options=self.options, host=self._host,
                               rootfs=None if image is None else image.rootfs,
-                              image_env=None if image is None else _env_of(image.config.env))
+                              image_env=None if image is None else env_of(image.config.env))
         self._cgroups.require(self._cgroup_limits(plan.limits))
         return plan
 
@@ -282,17 +282,8 @@ class LinuxProvider(SandboxProvider):
         """Unpack (or find in the cache) ``image``, reachable by the sandbox's user."""
         if self.images is None:
             self.images = ImageCache(self._image_cache_dir)
-        from corral.images import resolve  # a registry reference is pulled when missing
-        unpacked = resolve(image, cache=self.images)
         (_u, uid_out, _n), (_g, gid_out, _m) = _id_maps(self.options, self._host)
-        blocked = unreachable_part(unpacked.rootfs, uid_out, gid_out)
-        if blocked is not None:
-            who = "a uid of its own" if uid_out < 0 else f"uid {uid_out}"
-            raise ConfigInvalidError(
-                "image", f"the sandbox's user ({who}) cannot reach {unpacked.rootfs!r}: "
-                f"{blocked!r} is not searchable by it; put the image (or image_cache_dir) "
-                "where it is")
-        return unpacked
+        return reachable(image, self.images, uid_out, gid_out)
 
     async def _plan_for(self, spec: SandboxSpec) -> SandboxPlan:
         if spec.image is None:
@@ -545,95 +536,3 @@ def _check_source(p: str, field: str) -> None:
         raise ConfigInvalidError(
             field, f"{p!r} is or holds a unix socket, {sock!r}: a sandbox could "
             "connect to it through a bind (read-only or not); bind a tree without sockets")
-
-
-def image_root_of(image: UnpackedImage) -> ImageRoot:
-    """The facts of an unpacked image the plan of an image root needs (plan.ImageRoot)."""
-    c, root = image.config, image.rootfs
-
-    def real(rel: str, check: Any) -> bool:
-        # no symlink on the way: the image's own links point into the image, not here
-        path = root
-        for part in rel.strip("/").split("/"):
-            if not part:
-                continue
-            path = os.path.join(path, part)
-            if os.path.islink(path):
-                return False
-        return bool(check(path))
-
-    wd = c.working_dir.strip() if c.working_dir else ""
-    has_passwd = real("etc/passwd", os.path.isfile)
-    has_group = real("etc/group", os.path.isfile)
-    uid, gid = _resolve_user(c.user, root, has_passwd, has_group)
-    return ImageRoot(rootfs=root, env=_env_of(c.env), working_dir=wd, user=c.user,
-                     has_passwd=has_passwd, has_group=has_group,
-                     has_working_dir=bool(wd) and real(wd, os.path.isdir),
-                     top_level=frozenset(os.listdir(root)), uid=uid, gid=gid,
-                     entrypoint=c.entrypoint, cmd=c.cmd)
-
-
-#: how much of an image's /etc/passwd or /etc/group is read to resolve its User
-_ID_FILE_CAP = 1 << 20
-
-
-def _id_table(root: str, name: str, present: bool) -> dict[str, tuple[int, int]]:
-    """``name`` (etc/passwd or etc/group) of the image: entry name -> (id, group id);
-    empty when absent or unreadable. Opened without following a symlink at its end
-    (``image_root_of`` checked the parents), at most ``_ID_FILE_CAP`` bytes."""
-    if not present:
-        return {}
-    try:
-        fd = os.open(os.path.join(root, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return {}
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(_ID_FILE_CAP)
-    out: dict[str, tuple[int, int]] = {}
-    for line in data.decode("utf-8", "replace").splitlines():
-        parts = line.split(":")
-        if len(parts) >= 3 and parts[0] and parts[2].isascii() and parts[2].isdigit():
-            gid = parts[3] if len(parts) > 3 and parts[3].isascii() and parts[3].isdigit() \
-                else parts[2]
-            out.setdefault(parts[0], (int(parts[2]), int(gid)))
-    return out
-
-
-def _resolve_user(user: str, root: str, has_passwd: bool,
-                  has_group: bool) -> tuple[int | None, int | None]:
-    """An image config's ``User`` (``name``, ``uid``, ``name:group``, ``uid:gid`` ...)
-    as the ids it names, from the image's own /etc/passwd and /etc/group (a number
-    stands for itself; a user alone takes its passwd group, a bare uid without a
-    passwd entry group 0, as Docker does). ``(None, None)`` when something does not
-    resolve: the plan then refuses any User but root's (``plan.inside_ids``)."""
-    user = (user or "").strip()
-    if not user:
-        return 0, 0
-    name, _, group = user.partition(":")
-    passwd = _id_table(root, "etc/passwd", has_passwd)
-    if name.isascii() and name.isdigit():
-        uid = int(name)
-        gid = next((g for u, g in passwd.values() if u == uid), 0)
-    elif name in passwd:
-        uid, gid = passwd[name]
-    else:
-        return None, None
-    if group:
-        if group.isascii() and group.isdigit():
-            gid = int(group)
-        else:
-            groups = _id_table(root, "etc/group", has_group)
-            if group not in groups:
-                return None, None
-            gid = groups[group][0]
-    return uid, gid
-
-
-def _env_of(entries: tuple[str, ...]) -> dict[str, str]:
-    """An image config's ``Env`` (``NAME=value`` strings) as a dict."""
-    out: dict[str, str] = {}
-    for e in entries:
-        name, eq, value = e.partition("=")
-        if eq and name and "\0" not in e:
-            out[name] = value
-    return out
