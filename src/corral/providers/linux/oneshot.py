@@ -273,6 +273,10 @@ def _pid1(sock: _socket.socket, plan: Mapping[str, Any], prog: Any, procs: list[
         os._exit(72)
     pid1.bring_up(plan, keep_fd=sock.fileno(), procs=procs, trees=trees, prog=prog,
                   report=lambda why: _send(sock, f"E {why}"), proctitle=PROCTITLE)
+    if plan.get("image_root"):
+        # as the library's pid 1: the image may hold files at the host interpreter's
+        # paths, and no lazy import may run them here (_serve_one needs none)
+        pid1.seal_file_imports()
     try:
         _serve_one(sock, plan)
     except BaseException as e:
@@ -286,11 +290,10 @@ def _lookup(prog: str, path_env: str) -> str:
     (spawning it then fails: not found)."""
     if "/" in prog:
         return prog
-    import stat
-    for d in path_env.split(":"):
+    for d in path_env.split(":"):  # no import here: C2's imports are sealed by now
         cand = os.path.join(d or ".", prog)
         try:
-            if stat.S_ISREG(os.stat(cand).st_mode) and os.access(cand, os.X_OK):
+            if os.stat(cand).st_mode & 0o170000 == 0o100000 and os.access(cand, os.X_OK):
                 return cand
         except OSError:
             continue
