@@ -142,8 +142,7 @@ def test_an_image_without_entrypoint_or_cmd_is_refused(images: Path) -> None:
     with pytest.raises(ConfigInvalidError, match="Entrypoint and Cmd") as ei:
         _invoke(images, img)
     assert ei.value.field == "image"
-    # named by the ref it runs (the script is executable: a shebang-less sh script
-    # runs through the kernel's ENOEXEC fallback only in a shell, so name sh too)
+    # an image with an Entrypoint and no Cmd: the ref's entrypoint_path completes it
     img = _layout(images, "entry", Entrypoint=["/bin/sh"], Cmd=None)
     ref = HandlerRef(artifact_id="a", version="1", entrypoint_path="/app/echo.sh")
     assert _invoke(images, img, ref).value["uid"] == "0"
