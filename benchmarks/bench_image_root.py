@@ -9,8 +9,9 @@ started, the image unpacked before the clock): create + ``exec true`` (the image
 a busybox-static image root and, when it is cached (tests/linux/imageroot_support.py),
 the Debian python3-numpy root (its ``/etc`` has ~100 entries, each bound). Then the
 whole CLI (the console script): ``corral run -- /bin/true`` (the one-shot path) against ``corral run
---image BUSYBOX -- true`` (the library path with its fork server: what --image
-takes). Rows interleaved per round (the order reversed every other round);
+--image BUSYBOX -- true`` (the one-shot path too, since it takes ``--image``) and the
+same through ``python -m corral`` (the full CLI: the library path with its fork server,
+what ``--image`` took before). Rows interleaved per round (the order reversed every other round);
 medians in ms and the median of the per-round ratios against the default row.
 
 ``--before`` runs the default (no image) row in a worker importing another tree's
@@ -111,12 +112,17 @@ def main() -> None:
         script = os.path.join(os.path.dirname(sys.executable), "corral")  # the console script
         corral = [script if os.path.exists(script) else "corral", "run", "--level", "strict"]
         cli([*corral, "--image", bb, "--", "true"], env)  # unpack once
+        # ``python -m corral`` is the full CLI only: the library path, with its fork server
+        library = [sys.executable, "-m", "corral", "run", "--level", "strict"]
         clis: dict[str, list[float]] = {"corral run -- /bin/true": [],
-                                        "corral run --image BUSYBOX -- true": []}
+                                        "corral run --image BUSYBOX -- true": [],
+                                        "  the same on the library path": []}
         for _ in range(args.runs):
             clis["corral run -- /bin/true"].append(cli([*corral, "--", "/bin/true"], env))
             clis["corral run --image BUSYBOX -- true"].append(
                 cli([*corral, "--image", bb, "--", "true"], env))
+            clis["  the same on the library path"].append(
+                cli([*library, "--image", bb, "--", "true"], env))
         print("\nCLI, whole process (the corral console script)")
         table(clis, "corral run -- /bin/true")
     finally:

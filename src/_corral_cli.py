@@ -1,6 +1,6 @@
 """The ``corral`` command's entry point: the one-shot strict path, else the full CLI.
 
-``corral run [--level strict] [--timeout MS] [--mem-mb N] [--cpu-ms MS] -- CMD ...``
+``corral run [--level strict] [--timeout MS] [--mem-mb N] [--cpu-ms MS] [--image REF] -- CMD``
 (strict is the default level) with its output going to pipes or files (not a terminal:
 the full CLI sanitizes that) runs through :mod:`corral.providers.linux.oneshot`: the same sandbox as
 ``run_strict``, built from this process, without the fork server, asyncio or the

@@ -12,6 +12,7 @@ in through ``files=``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -64,6 +65,10 @@ def _remove_shared() -> Iterator[None]:
 def entrypoint_member() -> Member:
     return Member("corral/handler-base/entrypoint.py",
                   data=Path(entrypoint_script()).read_bytes(), mode=0o755)
+
+
+#: where base_image() carries the handler-base entrypoint
+IMAGE_ENTRYPOINT = "/corral/handler-base/entrypoint.py"
 
 
 def base_image() -> str:
@@ -141,8 +146,12 @@ class Via:
                      common: dict[str, Any], kw: dict[str, Any]) -> HandlerReply:
         from corral.providers.linux import LinuxProvider
         provider = LinuxProvider(image_cache_dir=shared_cache())
-        mode = (InvocationMode.HANDLER_IMAGE if self.name.endswith("handler-image")
-                else InvocationMode.JSON_STDIO)
+        mode = InvocationMode.JSON_STDIO
+        if self.name.endswith("image-entry") and ref.entrypoint_path is None:
+            # the entrypoint the image carries, run by the host's interpreter (the image
+            # is handler files over the host's system dirs; mode handler-image runs an
+            # image's own userland: tests/linux/test_handler_image*.py)
+            ref = dataclasses.replace(ref, entrypoint_path=IMAGE_ENTRYPOINT)
         try:
             spec = SandboxSpec(mode=mode, image=base_image(), **common)
             return await invoke(provider, spec, ref, payload, ctx, files=files, **kw)
@@ -178,10 +187,10 @@ VIAS: list[Via | str] = [
     _SUBPROC_WHY or Via("subproc-json-stdio", process=True),
     _SUBPROC_WHY or Via("subproc-json-stdio-own", process=True),
     LINUX_WHY or Via("linux-json-stdio", process=True),
-    LINUX_WHY or Via("linux-handler-image", process=True),
+    LINUX_WHY or Via("linux-json-stdio-image-entry", process=True),
 ]
 _IDS = ["inprocess-in-context", "inprocess-json-stdio", "subproc-json-stdio",
-        "subproc-json-stdio-own", "linux-json-stdio", "linux-handler-image"]
+        "subproc-json-stdio-own", "linux-json-stdio", "linux-json-stdio-image-entry"]
 
 
 def _pick(param: Via | str) -> Via:

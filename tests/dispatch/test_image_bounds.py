@@ -223,7 +223,7 @@ def test_a_cancelled_create_leaves_no_child_and_no_temp_dir(tmp_path: Path) -> N
         p.images = ImageCache(str(root), max_wall_s=3)
         try:
             task = asyncio.ensure_future(p.create(SandboxSpec(
-                tenant_id="t", run_id="r", image=img, mode=InvocationMode.HANDLER_IMAGE)))
+                tenant_id="t", run_id="r", image=img, mode=InvocationMode.JSON_STDIO)))
             await asyncio.to_thread(_our_child, str(tmp_path))
             task.cancel()
             with pytest.raises(asyncio.CancelledError):

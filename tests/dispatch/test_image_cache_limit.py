@@ -116,7 +116,7 @@ def test_an_image_a_live_sandbox_has_mounted_is_never_evicted() -> None:
             img = _image(work, "a")
             a = cache.unpack(img)
             sb = await p.create(SandboxSpec(tenant_id="t", run_id="r", image=img,
-                                            mode=InvocationMode.HANDLER_IMAGE))
+                                            mode=InvocationMode.JSON_STDIO))
             try:
                 assert a.key[7:] in mounted_digests()
                 b = cache.unpack(_image(work, "b"))

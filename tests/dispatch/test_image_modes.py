@@ -4,6 +4,7 @@ or a read-only root filesystem under the host's interpreter (linux)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import stat
 from pathlib import Path
@@ -114,7 +115,7 @@ HOST = HostLayout(euid=1000, egid=1000, prefixes=("/opt/venv",), package_root="/
 
 
 def test_the_plan_binds_the_rootfs_first_and_takes_the_image_env() -> None:
-    spec = SandboxSpec(tenant_id="t", run_id="r", mode="handler-image", image="img")
+    spec = SandboxSpec(tenant_id="t", run_id="r", mode="json-stdio", image="img")
     plan = build_plan(spec, options=LinuxOptions(), host=HOST, rootfs="/cache/x/rootfs",
                       image_env={"CORRAL_HANDLER": "app.h", "PATH": "/app/bin"})
     assert (plan.mounts[0].kind, plan.mounts[0].source) == ("rootfs", "/cache/x/rootfs")
@@ -151,9 +152,13 @@ def _run_linux(image: str, ref: HandlerRef, **kw: Any) -> Any:
     async def go() -> Any:
         p = LinuxProvider(image_cache_dir=shared_cache())
         try:
-            spec = SandboxSpec(tenant_id="t", run_id="r", mode=InvocationMode.HANDLER_IMAGE,
+            # json-stdio: the image's files over the host's system dirs, its entrypoint
+            # run by the host's interpreter (mode handler-image runs the image's own
+            # userland: tests/linux/test_handler_image.py)
+            spec = SandboxSpec(tenant_id="t", run_id="r", mode=InvocationMode.JSON_STDIO,
                                image=image)
-            return await invoke(p, spec, ref, None, timeout_ms=20_000, **kw)
+            entry = dataclasses.replace(ref, entrypoint_path="/corral/handler-base/entrypoint.py")
+            return await invoke(p, spec, entry, None, timeout_ms=20_000, **kw)
         finally:
             spares = await p.wait_spares()  # also finishes removing destroyed ones
             live = len(mine()) - spares  # this process's sandbox cgroups less idle spares
@@ -163,12 +168,12 @@ def _run_linux(image: str, ref: HandlerRef, **kw: Any) -> Any:
 
 
 @linux
-def test_handler_image_runs_the_images_files_and_env_read_only() -> None:
+def test_an_images_entrypoint_runs_its_files_and_env_read_only() -> None:
     img = oci_layout(os.path.join(shared_tmp("app"), "img"), [
         [Member("corral/", "dir"), Member("corral/handler-base/", "dir"), entrypoint_member()],
         [Member("app/", "dir"), Member("app/h.py", data=APP)]],
         config={"Env": ["CORRAL_HANDLER=/app/h.py:handler", "GREETING=hi"]})
-    ref = HandlerRef(artifact_id="a", version="1")  # the target comes from the image's Env
+    ref = HandlerRef(artifact_id="a", version="1", module_path="/app/h.py")
     assert _run_linux(img, ref) == HandlerOutput(value=_WANT)
 
 

@@ -51,3 +51,22 @@ def test_corral_run_image_pulls_and_runs_in_the_image(plain_registry: rs.Registr
         lines = json.loads(done.stdout)["stdout"].splitlines()
         assert lines[:2] == ["/app", "pulled"]  # the image's WorkingDir and file
         assert "usr" not in lines and {"bin", "etc", "work", "tmp"} <= set(lines)
+
+
+def test_a_reference_is_pulled_on_the_library_path_then_runs_one_shot(
+        plain_registry: rs.Registry, xdg: str) -> None:
+    # the one-shot path never pulls (pull_policy never): a reference the cache lacks goes
+    # to the library path, which pulls it; the next run finds it and takes the fast path
+    plain_registry.push("corral/oneshot", "1", rs.busybox_image({"app/hello.txt": "fast\n"}))
+    entry = ("import sys, _corral_cli; sys.exit(_corral_cli.main(sys.argv[1:]))")
+    argv = [sys.executable, "-c", entry, "run", "--image",
+            f"{plain_registry.host}/corral/oneshot:1", "--", "cat", "hello.txt"]
+    env = {**os.environ, "XDG_CACHE_HOME": xdg, "CORRAL_REGISTRIES": f"http://{plain_registry.host}",
+           "CORRAL_CLI_TRACE": "1"}
+    paths = []
+    for _ in range(2):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env,
+                              stdin=subprocess.DEVNULL, check=False)
+        assert done.returncode == 0 and done.stdout == "fast\n", done.stderr
+        paths.append("corral: trace: one-shot path" in done.stderr)
+    assert paths == [False, True]

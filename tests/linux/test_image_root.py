@@ -84,11 +84,27 @@ def test_a_root_user_maps(user: str) -> None:
 
 
 @pytest.mark.parametrize("user", ["1000", "nobody", "0:1000", "app:app"])
-def test_a_user_that_does_not_map_is_refused(user: str) -> None:
+def test_an_unresolved_user_is_refused(user: str) -> None:
+    # the provider resolves User against the image's files (uid/gid); unresolved: None
     with pytest.raises(ConfigInvalidError, match="does not map") as ei:
         build_plan(_spec(), options=LinuxOptions(), host=HOST,
                    image_root=ImageRoot(rootfs="/r", user=user))
     assert ei.value.field == "image"
+
+
+@pytest.mark.parametrize(("uid", "gid"), [(1000, 1000), (7, 0), (0, 50)])
+def test_a_resolved_user_is_the_one_id_inside(uid: int, gid: int) -> None:
+    plan = build_plan(_spec(), options=LinuxOptions(), host=HOST,
+                      image_root=ImageRoot(rootfs="/r", user="app", uid=uid, gid=gid))
+    assert plan.uid_map == (uid, -1, 1) and plan.gid_map == (gid, -1, 1)
+    assert plan.to_wire()["uid_map"] == [uid, -1, 1]
+
+
+@pytest.mark.parametrize(("uid", "gid"), [(65534, 0), (0, 65534), (2**31, 0), (-1, 0)])
+def test_a_user_outside_the_mappable_ids_is_refused(uid: int, gid: int) -> None:
+    with pytest.raises(ConfigInvalidError, match="does not map"):
+        build_plan(_spec(), options=LinuxOptions(), host=HOST,
+                   image_root=ImageRoot(rootfs="/r", user="x", uid=uid, gid=gid))
 
 
 def test_a_bind_that_would_hide_an_image_dir_is_refused() -> None:
@@ -226,14 +242,53 @@ def test_the_command_sees_the_image_and_no_host_file(images: Path) -> None:
 
 
 @linux
-def test_a_user_the_sandbox_cannot_map_is_refused_at_create(images: Path) -> None:
-    layout = busybox_layout(str(images / "layout"), {"User": "1000"})
+@pytest.mark.parametrize("user", ["app", "1000:nogroup", "root:nogroup", "65534", "4294967295"])
+def test_a_user_the_sandbox_cannot_map_is_refused_at_create(images: Path, user: str) -> None:
+    # names the image's passwd/group do not have; the kernel's overflow id; past 2^31
+    layout = busybox_layout(str(images / "layout"), {"User": user})
 
     async def go(p: Any) -> None:
         with pytest.raises(ConfigInvalidError, match="does not map") as ei:
             await p.create(SandboxSpec(tenant_id="t", image=layout))
         assert ei.value.field == "image"
     _run(go, images / "cache")
+
+
+ID_VIEW = ("id -u; id -g; stat -c %u /work; echo w > /work/w && echo work-ok; "
+           "echo t > /tmp/t && echo tmp-ok; touch /app/x 2>/dev/null || echo app-ro")
+
+
+@linux
+@pytest.mark.parametrize(("user", "ids"), [
+    ("1000", ("1000", "0")),            # a bare uid: group 0 unless passwd has it
+    ("app", ("1001", "1002")),          # a name: its passwd entry
+    ("app:staff", ("1001", "50")),      # a name and a group of the image's /etc/group
+    ("1234:4321", ("1234", "4321")),
+    ("root", ("0", "0")),
+])
+def test_the_images_user_is_the_commands_uid(images: Path, user: str,
+                                             ids: tuple[str, str]) -> None:
+    passwd = (b"root:x:0:0:root:/root:/bin/sh\napp:x:1001:1002::/work:/bin/sh\n"
+              b"nobody:x:65534:65534::/:/bin/false\n")
+    layout = busybox_layout(str(images / "layout"), {"User": user}, extra={
+        "etc/passwd": passwd, "etc/group": b"root:x:0:\nstaff:x:50:\napp:x:1002:\n"})
+    # the control: a default sandbox's commands run as uid 0 inside
+    plain = busybox_layout(str(images / "plain"))
+
+    async def go(p: Any) -> tuple[Any, Any]:
+        out = []
+        for lay in (layout, plain):
+            sb = await p.create(SandboxSpec(tenant_id="t", image=lay))
+            try:
+                out.append(await sb.exec(["sh", "-c", ID_VIEW]))
+                await sb.write_file("f", b"x")  # the agent writes as that user too
+            finally:
+                await sb.destroy()
+        return out[0], out[1]
+    r, control = _run(go, images / "cache")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.decode().split() == [*ids, ids[0], "work-ok", "tmp-ok", "app-ro"]
+    assert control.stdout.decode().split()[:2] == ["0", "0"]
 
 
 @linux
@@ -275,6 +330,39 @@ def test_corral_run_image(images: Path) -> None:
     bad = subprocess.run([*cmd[:4], "--level", "context-isolated", *cmd[4:]],
                          capture_output=True, text=True, timeout=120, env=env, check=False)
     assert bad.returncode == 64 and "--image" in bad.stderr
+
+
+#: the console script's code with argv passed (tests/cli/test_oneshot.py's ENTRY), saying
+#: whether the library path (asyncio) was loaded
+ENTRY = ("import sys, _corral_cli; code = _corral_cli.main(sys.argv[1:]); "
+         "sys.stderr.write('corral-test: asyncio %s\\n' % ('asyncio' in sys.modules)); "
+         "sys.exit(code)")
+
+
+@linux
+def test_corral_run_image_takes_the_one_shot_path(images: Path) -> None:
+    layout = busybox_layout(str(images / "layout"), {
+        "Env": ["PATH=/bin", "FOO=img"], "WorkingDir": "/app", "User": "1000"})
+    env = {**os.environ, "XDG_CACHE_HOME": str(images / "xdg"), "CORRAL_CLI_TRACE": "1"}
+    argv = [sys.executable, "-c", ENTRY, "run", "--image", layout, "--", "sh", "-c",
+            "pwd; id -u; echo $FOO; cat /etc/image-marker; test -e /usr || echo no-usr"]
+    for _ in range(2):  # the first unpacks the image, the second finds it in the cache
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env,
+                              stdin=subprocess.DEVNULL, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == ["/app", "1000", "img", "from the image", "no-usr"]
+        assert "corral: trace: one-shot path" in done.stderr, done.stderr
+        assert "corral-test: asyncio False" in done.stderr
+    # a bare name not on the image's PATH: not found, as on the library path
+    done = subprocess.run([*argv[:7], "--", "python3", "-c", "1"], capture_output=True,
+                          text=True, timeout=120, env=env, stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 127, done.stderr
+    # a User that does not map: the one-shot path leaves it to the library path's refusal
+    bad = busybox_layout(str(images / "bad"), {"User": "ghost"})
+    done = subprocess.run([*argv[:5], bad, "--", "true"], capture_output=True, text=True,
+                          timeout=120, env=env, stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 64 and "does not map" in done.stderr, done.stderr
+    assert "one-shot path" not in done.stderr
 
 
 @linux

@@ -84,7 +84,7 @@ def test_probes_refused_inside_allowed_outside(make_oci: Callable[..., Any]) -> 
     assert inside["write-usr"] in ("EROFS", "EACCES"), inside
 
 
-def _busybox_image(root: str) -> str:
+def _busybox_image(root: str, handler: bytes | None = None) -> str:
     bb = shutil.which("busybox")
     if bb is None or b"statically linked" not in subprocess.run(
             ["file", "-L", bb], capture_output=True, check=False).stdout:
@@ -96,8 +96,11 @@ def _busybox_image(root: str) -> str:
                Member("etc/corral-marker", data=b"from the image\n")]
     for applet in ("sh", "cat", "id", "ls", "echo", "test"):
         members.append(Member(f"bin/{applet}", "symlink", link="busybox"))
-    return oci_layout(root, [members], config={"Env": ["PATH=/bin", "IMAGE_VAR=set"],
-                                               "WorkingDir": "/work"})
+    config: dict[str, Any] = {"Env": ["PATH=/bin", "IMAGE_VAR=set"], "WorkingDir": "/work"}
+    if handler is not None:  # a handler image: its entrypoint a shell script
+        members += [Member("app", "dir", mode=0o755), Member("app/h.sh", data=handler)]
+        config.update(Entrypoint=["/bin/sh"], Cmd=["/app/h.sh"])
+    return oci_layout(root, [members], config=config)
 
 
 def test_image_is_the_root(make_oci: Callable[..., Any]) -> None:
@@ -377,3 +380,34 @@ def test_streaming_exec_and_destroy_while_paused(make_oci: Callable[..., Any]) -
             await p.aclose()
 
     asyncio.run(go())
+
+
+def test_handler_image_runs_the_images_entrypoint(make_oci: Callable[..., Any]) -> None:
+    """Mode handler-image through ``invoke``: the image's own Entrypoint + Cmd (busybox
+    sh, no Python inside) answers the invoke frame (tests/linux/test_handler_image.py
+    for the linux provider)."""
+    from corral.core.spec import HandlerRef
+    from corral.dispatch import HandlerOutput, invoke
+    tmp = tempfile.mkdtemp(prefix="corral-oci-handler-")
+    try:
+        script = (b"read -r line\nprintf '{\"v\":1,\"kind\":\"output\",\"output\":"
+                  b"{\"frame\":%s,\"uid\":\"%s\"}}\\n' \"$line\" \"$(id -u)\"\n")
+        image = _busybox_image(os.path.join(tmp, "layout"), script)
+
+        async def go() -> Any:
+            p = make_oci("crun", image_cache_dir=os.path.join(tmp, "cache"))
+            try:
+                spec = SandboxSpec(tenant_id="acme", run_id="r1", image=image,
+                                   mode=InvocationMode.HANDLER_IMAGE)
+                return await invoke(p, spec, HandlerRef(artifact_id="a", version="1"),
+                                    {"x": 1}, timeout_ms=60_000)
+            finally:
+                await p.aclose()
+                assert not p.leaks()
+
+        out = asyncio.run(go())
+        assert isinstance(out, HandlerOutput), out
+        assert out.value["frame"]["input"] == {"x": 1}
+        assert out.value["frame"]["ctx"]["runId"] == "r1" and out.value["uid"] != "0"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -36,7 +36,10 @@ __all__ = [
     "SnapshotHandle",
 ]
 
-#: Where the handler-base entrypoint lives inside a handler image.
+#: Where an image carries corral's handler-base entrypoint by convention (copy
+#: ``corral.handler.entrypoint_script()`` there) for mode ``json-stdio`` with
+#: ``HandlerRef(entrypoint_path=DEFAULT_ENTRYPOINT_PATH)``. Mode ``handler-image`` runs the
+#: image's own Entrypoint + Cmd instead (docs/handlers.md, "Handler images").
 DEFAULT_ENTRYPOINT_PATH: Final = "/corral/handler-base/entrypoint.py"
 #: the tenant of a SandboxSpec that names none
 DEFAULT_TENANT: Final = "default"
@@ -243,8 +246,10 @@ class HandlerRef:
     """Names a handler: an artifact and, inside it, a module and attribute.
 
     ``module_path`` is a dotted module name or a path to a ``.py`` file;
-    ``attribute`` the callable in it. ``entrypoint_path`` overrides the
-    handler-base entrypoint of an image.
+    ``attribute`` the callable in it. ``entrypoint_path``: in mode ``json-stdio`` the
+    script the host's interpreter runs instead of corral's handler-base entrypoint;
+    in mode ``handler-image`` the path that takes the image's ``Cmd``'s place
+    (``Entrypoint + [entrypoint_path]``).
     """
 
     artifact_id: str

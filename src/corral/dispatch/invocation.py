@@ -8,9 +8,9 @@ and destroys the sandbox (always, in ``finally``). The modes (``spec.mode``):
   entrypoint and a JSON round trip, so values behave as they would over a pipe.
 * ``json-stdio``: any process provider; the handler-base entrypoint runs as
   ``python -I <corral>/handler/entrypoint.py MODULE:ATTR`` in the sandbox.
-* ``handler-image``: the provider runs ``spec.image``; the dispatcher starts
-  the image's entrypoint (``handler_ref.entrypoint_path``, else
-  :data:`~corral.core.spec.DEFAULT_ENTRYPOINT_PATH`) with ``python -I``.
+* ``handler-image``: the provider runs ``spec.image`` as the sandbox's root; the
+  dispatcher starts the image's own ``Entrypoint`` + ``Cmd`` (any language: it must
+  speak the frames on stdio), ``handler_ref.entrypoint_path`` in place of ``Cmd``.
 
 The table of frames and exit codes -> outcomes and errors is in
 ``docs/handlers.md`` and in :func:`decide` (defined with the outcome types in
@@ -37,7 +37,6 @@ from corral.core.errors import (
     SandboxTimeoutError,
 )
 from corral.core.spec import (
-    DEFAULT_ENTRYPOINT_PATH,
     HandlerRef,
     InvocationMode,
     ProcessOpts,
@@ -145,22 +144,47 @@ async def _talk(proc: ProcessHandle, data: bytes, tail: _Tail, cap: int) -> Hand
             await asyncio.shield(proc.kill())
 
 
-def _opts(mode: InvocationMode) -> ProcessOpts:
-    """handler-image: the image's entrypoint script is not inside corral's package, so
-    it is told where the host's corral is (the provider binds it at the same path)."""
-    if mode is not InvocationMode.HANDLER_IMAGE:
+def _opts(mode: InvocationMode, ref: HandlerRef) -> ProcessOpts:
+    """json-stdio with an entrypoint of the image's (not inside corral's package): it is
+    told where the host's corral is (the provider binds it at the same path).
+    handler-image: the target, when the ref names one, as ``CORRAL_HANDLER``."""
+    if mode is InvocationMode.HANDLER_IMAGE:
+        if ref.module_path is None:
+            return ProcessOpts(stdin=True)
+        return ProcessOpts(stdin=True, env={"CORRAL_HANDLER": format_target(ref)})
+    if ref.entrypoint_path is None:
         return ProcessOpts(stdin=True)
     root = os.path.dirname(os.path.dirname(os.path.dirname(entrypoint_script())))
     return ProcessOpts(stdin=True, env={"CORRAL_PYTHONPATH": root})
 
 
-def _argv(mode: InvocationMode, ref: HandlerRef) -> list[str]:
+def _argv(mode: InvocationMode, ref: HandlerRef, sandbox: Sandbox) -> list[str]:
     if mode is InvocationMode.JSON_STDIO:
         entry = ref.entrypoint_path or entrypoint_script()
         return [sys.executable, "-I", entry, format_target(ref)]
-    entry = ref.entrypoint_path or DEFAULT_ENTRYPOINT_PATH
-    target = [format_target(ref)] if ref.module_path is not None else []
-    return [sys.executable, "-I", entry, *target]
+    return image_argv(sandbox, ref)
+
+
+def image_argv(sandbox: Sandbox, ref: HandlerRef) -> list[str]:
+    """What mode ``handler-image`` runs: the image's own ``Entrypoint`` + ``Cmd`` (its
+    config, as ``docker run IMAGE`` would), with ``ref.entrypoint_path`` in place of
+    ``Cmd`` when given (``docker run IMAGE PATH``; alone when the image has no
+    ``Entrypoint``). A sandbox whose root is an image tells them as
+    ``image_entrypoint`` and ``image_cmd`` (the linux and oci providers)."""
+    entry = getattr(sandbox, "image_entrypoint", None)
+    cmd = getattr(sandbox, "image_cmd", None)
+    if entry is None or cmd is None:
+        raise ConfigInvalidError(
+            "mode", f"mode 'handler-image': this {type(sandbox).__name__} has no image as "
+            "its root (the linux and oci providers run one)")
+    if ref.entrypoint_path is not None:
+        return [*entry, ref.entrypoint_path]
+    if not entry and not cmd:
+        raise ConfigInvalidError(
+            "image", "mode 'handler-image' runs the image's Entrypoint and Cmd, and the "
+            "image sets neither; set them in the image or name one with "
+            "HandlerRef(entrypoint_path=...)")
+    return [*entry, *cmd]
 
 
 # ---------------------------------------------------------------- the front door
@@ -282,7 +306,8 @@ async def invoke_in(
             await sandbox.write_file(path, data)
         if real is InvocationMode.IN_CONTEXT:
             return await in_context(sandbox, handler_ref, resumes, inv)
-        proc = await sandbox.start_process(_argv(real, handler_ref), _opts(real))
+        proc = await sandbox.start_process(_argv(real, handler_ref, sandbox),
+                                           _opts(real, handler_ref))
         return await _talk(proc, stdin, tail, max_line_bytes)
 
     return await _bounded(run(), timeout_ms, cancel, "invoke", lambda: bytes(tail.buf))

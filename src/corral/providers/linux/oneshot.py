@@ -110,21 +110,24 @@ _TRACE_VAR: Final = "CORRAL_CLI_TRACE"
 
 
 class OneShot:
-    """What ``corral run [--level strict] [--timeout MS] [--mem-mb N] [--cpu-ms MS] -- CMD``
-    asked for (a plain class: no dataclasses on this path, see "Imports")."""
+    """What ``corral run [--level strict] [--timeout MS] [--mem-mb N] [--cpu-ms MS]
+    [--image REF] -- CMD`` asked for (a plain class: no dataclasses on this path, see
+    "Imports")."""
 
-    __slots__ = ("argv", "cpu_ms", "mem_mb", "timeout_ms")
+    __slots__ = ("argv", "cpu_ms", "image", "mem_mb", "timeout_ms")
 
     def __init__(self, argv: tuple[str, ...], timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                 mem_mb: int | None = None, cpu_ms: int | None = None) -> None:
+                 mem_mb: int | None = None, cpu_ms: int | None = None,
+                 image: str | None = None) -> None:
         self.argv = argv
         self.timeout_ms = timeout_ms
         self.mem_mb = mem_mb
         self.cpu_ms = cpu_ms
+        self.image = image
 
     def __repr__(self) -> str:
         return (f"OneShot(argv={self.argv!r}, timeout_ms={self.timeout_ms}, "
-                f"mem_mb={self.mem_mb}, cpu_ms={self.cpu_ms})")
+                f"mem_mb={self.mem_mb}, cpu_ms={self.cpu_ms}, image={self.image!r})")
 
 
 class Report:
@@ -181,6 +184,10 @@ def parse_argv(argv: Sequence[str]) -> OneShot | None:
         a = argv[i]
         if a == "--":
             cmd = argv[i + 1:]
+            if "image" in vals:  # the image's command: a bare name on its PATH, inside
+                if not cmd or not cmd[0] or ("/" in cmd[0] and not cmd[0].startswith("/")):
+                    return None
+                return OneShot(argv=tuple(cmd), **vals)
             path = _resolve(cmd[0]) if cmd else None
             if path is None:
                 return None
@@ -197,6 +204,8 @@ def parse_argv(argv: Sequence[str]) -> OneShot | None:
                 return None
         elif name in _INT_FLAGS and value.isdigit() and value[0] != "0":
             vals[_INT_FLAGS[name]] = int(value)
+        elif name == "--image" and value and "image" not in vals:
+            vals["image"] = value
         else:
             return None
     return None
@@ -264,11 +273,31 @@ def _pid1(sock: _socket.socket, plan: Mapping[str, Any], prog: Any, procs: list[
         os._exit(72)
     pid1.bring_up(plan, keep_fd=sock.fileno(), procs=procs, trees=trees, prog=prog,
                   report=lambda why: _send(sock, f"E {why}"), proctitle=PROCTITLE)
+    if plan.get("image_root"):
+        # as the library's pid 1: the image may hold files at the host interpreter's
+        # paths, and no lazy import may run them here (_serve_one needs none)
+        pid1.seal_file_imports()
     try:
         _serve_one(sock, plan)
     except BaseException as e:
         _send(sock, f"F {e}")  # after the set-up: the command may have run
     os._exit(0)
+
+
+def _lookup(prog: str, path_env: str) -> str:
+    """A bare command name as the agent's spawn finds it (``init.agent._resolve``): the
+    first executable regular file of that name on ``path_env``; else ``prog`` as given
+    (spawning it then fails: not found)."""
+    if "/" in prog:
+        return prog
+    for d in path_env.split(":"):  # no import here: C2's imports are sealed by now
+        cand = os.path.join(d or ".", prog)
+        try:
+            if os.stat(cand).st_mode & 0o170000 == 0o100000 and os.access(cand, os.X_OK):
+                return cand
+        except OSError:
+            continue
+    return prog
 
 
 def _serve_one(sock: _socket.socket, plan: Mapping[str, Any]) -> None:
@@ -290,8 +319,11 @@ def _serve_one(sock: _socket.socket, plan: Mapping[str, Any]) -> None:
     _signal.set_wakeup_fd(wake_w)
     _signal.signal(_SIGCHLD, lambda *_: None)
     _signal.signal(_signal.SIGPIPE, _signal.SIG_IGN)
+    env = dict(plan["env_base"])
     try:
-        pid = contain.spawn(argv[0], argv, dict(plan["env_base"]), fds)
+        if plan.get("image_root"):  # the image's WorkingDir; a bare name on its PATH
+            os.chdir(plan["cwd"])
+        pid = contain.spawn(_lookup(argv[0], env.get("PATH", "")), argv, env, fds)
     except OSError as e:
         _send(sock, f"S {e.errno or 0} {argv[0]}: {e.strerror}")
         return
@@ -589,9 +621,14 @@ def compute(req: OneShot) -> Prepared | None:
     try:
         host = mounts.detect_host_layout()
         spec = SandboxSpec(tenant_id="corral-run", run_id=os.urandom(8).hex(),
-                           level=Level.STRICT,
+                           level=Level.STRICT, image=req.image,
                            limits=SandboxLimits(mem_mb=req.mem_mb, cpu_ms=req.cpu_ms))
-        plan = build_plan(spec, options=LinuxOptions(), host=host)
+        options = LinuxOptions()
+        if req.image is None:
+            plan = build_plan(spec, options=options, host=host)
+        else:
+            plan = build_plan(spec, options=options, host=host,
+                              image_root=_image_root(req.image, options, host))
         if plan.command_rlimits or plan.limits_by != "cgroup":
             # limits set per command: the agent's spawn applies them, this path not
             trace("the plan sets rlimits per command; library path")
@@ -608,9 +645,25 @@ def compute(req: OneShot) -> Prepared | None:
             (sup.version, tuple(sup.parents.items()), sup.oom_source))
 
 
+def _image_root(image: str, options: Any, host: Any) -> Any:
+    """``--image``: the image as the library's provider takes it (the default image
+    cache, reachable by the sandbox's uid; ``host.imageroot``), pulled never: a
+    reference not in the cache is the library path's to pull (and report)."""
+    from corral.images.cache import ImageCache
+    from corral.providers.linux.host.imageroot import image_root_of, reachable
+    from corral.providers.linux.policy.plan import _id_maps
+    (_u, uid_out, _n), (_g, gid_out, _m) = _id_maps(options, host)
+    return image_root_of(reachable(image, ImageCache(), uid_out, gid_out,
+                                   pull_policy="never"))
+
+
 def _prepare(req: OneShot) -> tuple[Prepared | None, str | None]:
     """(:func:`compute`'s value, from the cache when its key matches; the cache file
-    that gave it, if one did)."""
+    that gave it, if one did). A run with ``--image`` always computes: its plan
+    depends on the image (its files, its config, the image cache's state), which the
+    key does not see, and unpacking records the image's use for the cache's eviction."""
+    if req.image is not None:
+        return compute(req), None
     key = cache_key(req)
     path = _cache_path(req)
     got = _cache_load(path, key) if path is not None else None
@@ -680,7 +733,7 @@ def run(req: OneShot, *, out_fd: int = 1, err_fd: int = 2) -> Report | None:
             for fd in (*procs, *trees, theirs.detach()):
                 os.close(fd)
                 s.fds.remove(fd)
-            clone.write_maps(pid, uid, gid)
+            clone.write_maps(pid, uid, gid, (wire["uid_map"][0], wire["gid_map"][0]))
             mine.send(b"go")
             mine.sendmsg([b"\0".join(os.fsencode(a) for a in req.argv)],
                          [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,

@@ -72,6 +72,10 @@ class Root:
     mounts: tuple[dict[str, Any], ...]
     env: tuple[str, ...] = ()
     working_dir: str = ""
+    #: the image config's ``Entrypoint`` and ``Cmd`` (mode ``handler-image`` runs them);
+    #: None: not an image's root
+    entrypoint: tuple[str, ...] | None = None
+    cmd: tuple[str, ...] | None = None
 
 
 def _skeleton(path: str) -> None:
@@ -126,12 +130,14 @@ def host_root(path: str) -> Root:
 
 
 def image_root(path: str, rootfs: str, *, env: Sequence[str] = (),
-               working_dir: str = "") -> Root:
+               working_dir: str = "", entrypoint: Sequence[str] = (),
+               cmd: Sequence[str] = ()) -> Root:
     """The root of an unpacked image at ``path``: every top-level entry of ``rootfs``
     except the ones the provider mounts itself, bound read-only."""
     _skeleton(path)
     names = sorted(n for n in os.listdir(rootfs) if n not in _OWN)
-    return Root(path, tuple(_mirror(rootfs, names, path, "")), tuple(env), working_dir)
+    return Root(path, tuple(_mirror(rootfs, names, path, "")), tuple(env), working_dir,
+                tuple(entrypoint), tuple(cmd))
 
 
 def seccomp_profile() -> dict[str, Any]:

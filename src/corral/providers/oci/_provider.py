@@ -159,6 +159,10 @@ class OciSandbox(Sandbox):
         self.uid = uid
         self._env = dict(env)
         self._wd = working_dir
+        #: the image's ``Entrypoint`` and ``Cmd`` (mode ``handler-image`` runs them);
+        #: None without an image
+        self.image_entrypoint: tuple[str, ...] | None = None
+        self.image_cmd: tuple[str, ...] | None = None
         self.cgroups_path = f"/{_CG_PARENT}/{sid}"
         self.counters = _Counters(provider.facts, self.cgroups_path)
         self._destroyed = False
@@ -788,7 +792,8 @@ class OciProvider(SandboxProvider):
             else:
                 c = unpacked.config
                 root = await asyncio.to_thread(_bundle.image_root, path, unpacked.rootfs,
-                                               env=c.env, working_dir=c.working_dir)
+                                               env=c.env, working_dir=c.working_dir,
+                                               entrypoint=c.entrypoint, cmd=c.cmd)
             self._roots[key] = root
             return root
 
@@ -822,6 +827,7 @@ class OciProvider(SandboxProvider):
         os.makedirs(bundle, 0o700)
         wd = root.working_dir if root.working_dir.startswith(_bundle.WORK) else ""
         sb = OciSandbox(self, spec, sid, bundle, uid, self._env_for(root), wd)
+        sb.image_entrypoint, sb.image_cmd = root.entrypoint, root.cmd
         self.sandboxes[sid] = sb
         try:
             assert self.facts.init is not None

@@ -19,11 +19,12 @@ from corral.core.errors import (
 )
 from corral.core.result import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES
 from corral.core.spec import Level, SandboxLimits, SandboxSpec, SnapshotHandle
-from corral.images.cache import ImageCache, UnpackedImage, unreachable_part
+from corral.images.cache import ImageCache, UnpackedImage
 from corral.providers.linux import _sys_unsafe as su
 from corral.providers.linux.host.channel import Zygote
 from corral.providers.linux.host.cpuwatch import CpuWatch
 from corral.providers.linux.host.egress import NeverReach, Resolver
+from corral.providers.linux.host.imageroot import env_of, image_root_of, reachable
 from corral.providers.linux.host.launch import launch, race
 from corral.providers.linux.host.netrelay import check_entries
 from corral.providers.linux.host.sandbox import LinuxSandbox, SandboxHost
@@ -32,7 +33,6 @@ from corral.providers.linux.init import mounts
 from corral.providers.linux.policy.plan import (
     DEFAULT_LIMITS,
     Bind,
-    ImageRoot,
     LinuxOptions,
     SandboxPlan,
     _extra_binds,
@@ -75,9 +75,10 @@ class LinuxProvider(SandboxProvider):
         stdout_cap / stderr_cap: per-exec output caps (bytes).
         image_cache_dir: where ``spec.image`` is unpacked (``images.ImageCache``;
             default ``images.default_cache_dir()``; a registry reference is pulled
-            when missing, ``images.resolve``). Without a mode the image is the
-            sandbox's root (its own /usr, /etc ..., read-only; docs/images.md);
-            with mode ``json-stdio`` or ``handler-image`` its rootfs is bound
+            when missing, ``images.resolve``). Without a mode, or with mode
+            ``handler-image`` (which runs its Entrypoint + Cmd), the image is the
+            sandbox's root (its own /usr, /etc ..., read-only, its User the one id
+            inside; docs/images.md); with mode ``json-stdio`` its rootfs is bound
             read-only under the host's system dirs, interpreter and corral.
         spares: how many pre-warmed spare sandboxes to keep ready (default 1;
             0: every ``create`` builds its sandbox cold). A spare is built like
@@ -273,7 +274,7 @@ class LinuxProvider(SandboxProvider):
         else:
             plan = build_plan(spec, options=self.options, host=self._host,
                               rootfs=None if image is None else image.rootfs,
-                              image_env=None if image is None else _env_of(image.config.env))
+                              image_env=None if image is None else env_of(image.config.env))
         self._cgroups.require(self._cgroup_limits(plan.limits))
         return plan
 
@@ -281,17 +282,8 @@ class LinuxProvider(SandboxProvider):
         """Unpack (or find in the cache) ``image``, reachable by the sandbox's user."""
         if self.images is None:
             self.images = ImageCache(self._image_cache_dir)
-        from corral.images import resolve  # a registry reference is pulled when missing
-        unpacked = resolve(image, cache=self.images)
         (_u, uid_out, _n), (_g, gid_out, _m) = _id_maps(self.options, self._host)
-        blocked = unreachable_part(unpacked.rootfs, uid_out, gid_out)
-        if blocked is not None:
-            who = "a uid of its own" if uid_out < 0 else f"uid {uid_out}"
-            raise ConfigInvalidError(
-                "image", f"the sandbox's user ({who}) cannot reach {unpacked.rootfs!r}: "
-                f"{blocked!r} is not searchable by it; put the image (or image_cache_dir) "
-                "where it is")
-        return unpacked
+        return reachable(image, self.images, uid_out, gid_out)
 
     async def _plan_for(self, spec: SandboxSpec) -> SandboxPlan:
         if spec.image is None:
@@ -544,36 +536,3 @@ def _check_source(p: str, field: str) -> None:
         raise ConfigInvalidError(
             field, f"{p!r} is or holds a unix socket, {sock!r}: a sandbox could "
             "connect to it through a bind (read-only or not); bind a tree without sockets")
-
-
-def image_root_of(image: UnpackedImage) -> ImageRoot:
-    """The facts of an unpacked image the plan of an image root needs (plan.ImageRoot)."""
-    c, root = image.config, image.rootfs
-
-    def real(rel: str, check: Any) -> bool:
-        # no symlink on the way: the image's own links point into the image, not here
-        path = root
-        for part in rel.strip("/").split("/"):
-            if not part:
-                continue
-            path = os.path.join(path, part)
-            if os.path.islink(path):
-                return False
-        return bool(check(path))
-
-    wd = c.working_dir.strip() if c.working_dir else ""
-    return ImageRoot(rootfs=root, env=_env_of(c.env), working_dir=wd, user=c.user,
-                     has_passwd=real("etc/passwd", os.path.isfile),
-                     has_group=real("etc/group", os.path.isfile),
-                     has_working_dir=bool(wd) and real(wd, os.path.isdir),
-                     top_level=frozenset(os.listdir(root)))
-
-
-def _env_of(entries: tuple[str, ...]) -> dict[str, str]:
-    """An image config's ``Env`` (``NAME=value`` strings) as a dict."""
-    out: dict[str, str] = {}
-    for e in entries:
-        name, eq, value = e.partition("=")
-        if eq and name and "\0" not in e:
-            out[name] = value
-    return out

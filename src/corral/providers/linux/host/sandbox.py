@@ -115,6 +115,12 @@ class LinuxSandbox(Sandbox):
         self.id = sid
         self.spec = spec
         self.plan = plan
+        #: the image's ``Entrypoint`` and ``Cmd`` when the image is the root (mode
+        #: ``handler-image`` runs them), else None
+        self.image_entrypoint: tuple[str, ...] | None = None
+        self.image_cmd: tuple[str, ...] | None = None
+        if plan.image_root:
+            self.image_entrypoint, self.image_cmd = plan.image_entrypoint, plan.image_cmd
         self._host = host
         self._chan = channel
         self._pidfd = pidfd

@@ -7,7 +7,8 @@ new namespaces before and right after pid 1 is cloned.
    a read-write bind, its idmapped writer (``mounts.idmap_trees``);
 2. :func:`clone_pid1`: pid 1 cloned straight into the new namespaces with a pidfd, with
    that uid as effective uid so the new user namespace is owned by it;
-3. :func:`write_maps`: uid/gid 0 inside -> that uid/gid outside, no setgroups.
+3. :func:`write_maps`: uid/gid 0 (or an image's User) inside -> that uid/gid outside,
+   no setgroups.
 
 pid 1 then runs :func:`pid1.bring_up` (view, cgroup, contain) and becomes the agent or
 the one-shot relay's pid 1. Standard library and corral's own ``init`` modules only (the
@@ -85,11 +86,12 @@ def clone_pid1(flags: int, uid: int, gid: int, *, switch: bool) -> tuple[int, in
     return pid, pidfd
 
 
-def write_maps(pid: int, uid: int, gid: int) -> None:
-    """uid/gid 0 inside pid 1's user namespace -> ``uid``/``gid`` outside (one id each),
-    no setgroups."""
-    for name, data in (("setgroups", b"deny"), ("uid_map", b"0 %d 1\n" % uid),
-                       ("gid_map", b"0 %d 1\n" % gid)):
+def write_maps(pid: int, uid: int, gid: int, inside: tuple[int, int] = (0, 0)) -> None:
+    """uid/gid ``inside`` (the plan's ``uid_map[0]``/``gid_map[0]``: 0, or an image's
+    User) in pid 1's user namespace -> ``uid``/``gid`` outside (one id each), no
+    setgroups."""
+    for name, data in (("setgroups", b"deny"), ("uid_map", b"%d %d 1\n" % (inside[0], uid)),
+                       ("gid_map", b"%d %d 1\n" % (inside[1], gid))):
         fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
         try:
             os.write(fd, data)

@@ -106,9 +106,11 @@ def contain(plan: Mapping[str, Any], *, keep_fd: int,
     """
     if not seccomp_prog:
         raise OSError(22, "no seccomp filter: refusing to run unfiltered")
-    # 1. identity: uid/gid 0 inside (cloned with the caller's ids, mapped by now)
-    os.setresgid(0, 0, 0)
-    os.setresuid(0, 0, 0)
+    # 1. identity: uid/gid 0 inside, or an image's User (cloned with the caller's ids,
+    # mapped by now)
+    uid, gid = plan["uid_map"][0], plan["gid_map"][0]
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
     os.umask(0o022)
     # 2. the cgroup namespace, rooted at the sandbox's cgroup; the view's work dir
     if plan["namespaces"] & su.CLONE_NEWCGROUP:

@@ -132,8 +132,9 @@ def _build_view(plan: Mapping[str, Any], err_fd: int, trees: list[int]) -> None:
         # permissions on the way there are still ours (a checkout under a 0700
         # home); uid 0 inside could not walk to them
         source_fds = {} if trees else _open_bind_sources(plan["mounts"])
-        os.setresgid(0, 0, 0)
-        os.setresuid(0, 0, 0)
+        uid, gid = plan["uid_map"][0], plan["gid_map"][0]  # 0, or an image's User
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
         contain.build_view(plan, source_fds=source_fds, trees=trees)
     except BaseException as e:
         code = 1

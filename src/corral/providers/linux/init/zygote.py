@@ -260,7 +260,7 @@ def _create(req: Mapping[str, Any], agent_fd: int, template: _Template, uids: Sa
             ctl_c.close()  # _TemplateGone goes up: the caller retries with a new T
         stage = "id maps"
         try:
-            clone.write_maps(c2, uid, gid)
+            clone.write_maps(c2, uid, gid, (plan["uid_map"][0], plan["gid_map"][0]))
             stage = "launch"
             head = {"plan": plan, "procs": len(procs), "trees": len(trees)}
             _fdpass.send(ctl_z, _jsonline.dumps(head), [agent_fd, *procs, *trees])

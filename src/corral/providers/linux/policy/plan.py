@@ -94,9 +94,11 @@ _WRITABLE: Final = (WORK_DIR, "/tmp")
 
 MountKind = Literal["bind", "tmpfs", "dir", "symlink", "file", "proc", "area", "area_bind",
                     "rootfs"]
-#: the modes that take ``spec.image`` as handler files over the host's system dirs
-#: (unpacked by the provider, see images.py); without a mode an image is the root
+#: the modes that take ``spec.image``: ``json-stdio`` as handler files over the host's
+#: system dirs (unpacked by the provider, see images.py); ``handler-image`` (and no
+#: mode) as the sandbox's root, the image's own userland
 _IMAGE_MODES: Final = (InvocationMode.JSON_STDIO, InvocationMode.HANDLER_IMAGE)
+_ROOT_MODES: Final = (None, InvocationMode.HANDLER_IMAGE)
 #: an image root's top-level dirs whose entries are bound one by one into a dir of
 #: the sandbox's own, so the plan's files (hosts, hostname, resolv.conf) sit among them
 _SPREAD: Final = ("etc",)
@@ -209,6 +211,11 @@ class ImageRoot:
             the sandbox's minimal ones are written).
         has_working_dir: ``working_dir`` is a dir in the image (the provider looked).
         top_level: the names at the image's top level (a caller's bind may not hide one).
+        uid / gid: the ids ``user`` names, resolved by the provider against the image's
+            own /etc/passwd and /etc/group (``None``: ``user`` is not resolved, only
+            root maps then); the sandbox runs as them inside.
+        entrypoint / cmd: the config's ``Entrypoint`` and ``Cmd`` (what mode
+            ``handler-image`` runs).
     """
 
     rootfs: str
@@ -219,6 +226,10 @@ class ImageRoot:
     has_group: bool = False
     has_working_dir: bool = False
     top_level: frozenset[str] = frozenset()
+    uid: int | None = None
+    gid: int | None = None
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -309,6 +320,10 @@ class SandboxPlan:
     image_root: bool = False
     #: where a command runs when the caller names no cwd (an image's WorkingDir)
     cwd: str = WORK_DIR
+    #: an image root's ``Entrypoint`` and ``Cmd`` (what mode ``handler-image`` runs);
+    #: host-side only, not in the wire form
+    image_entrypoint: tuple[str, ...] = ()
+    image_cmd: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         """A JSON-safe dict for the zygote (mount data as latin-1 text); an image
@@ -351,8 +366,8 @@ def _check_level_and_network(spec: SandboxSpec) -> None:
     # parses the entries as the proxy reads them (SandboxPlan.egress)
     if spec.image is not None and spec.mode is not None and spec.mode not in _IMAGE_MODES:
         raise ConfigInvalidError(
-            "image", "the linux provider takes an image as the sandbox's root (no mode) "
-            "or as a handler's files (mode 'json-stdio' or 'handler-image'), not with "
+            "image", "the linux provider takes an image as the sandbox's root (no mode, "
+            "or 'handler-image') or as a handler's files (mode 'json-stdio'), not with "
             f"mode {getattr(spec.mode, 'value', None)!r}")
 
 
@@ -363,17 +378,45 @@ def check_spec(spec: SandboxSpec) -> None:
 
 
 def is_image_root(spec: SandboxSpec) -> bool:
-    """``spec.image`` is the sandbox's root (no handler mode): :class:`ImageRoot`."""
-    return spec.image is not None and spec.mode is None
+    """``spec.image`` is the sandbox's root (no mode, or ``handler-image``): :class:`ImageRoot`."""
+    return spec.image is not None and spec.mode in _ROOT_MODES
+
+
+#: the highest id an image's User may name (below 2^31: some programs keep ids in a
+#: signed int; 65534, the kernel's overflow id, shows unmapped files and is refused too)
+MAX_IMAGE_ID: Final = 0x7FFFFFFF - 1
+_OVERFLOW_ID: Final = 65534
 
 
 def check_image_root(image: ImageRoot) -> str:
     """Refuse what an image may not set; the commands' default cwd."""
-    if image.user.strip() not in _ROOT_USERS:
-        raise ConfigInvalidError(
-            "image", f"the image's User {image.user!r} does not map: a strict sandbox has "
-            "one id, root (uid 0) inside, mapped to a host uid of its own; run the image "
-            "as root (its files are read-only) or use the oci provider")
+    inside_ids(image)
+    wd = _image_cwd(image)
+    return wd
+
+
+def inside_ids(image: ImageRoot) -> tuple[int, int]:
+    """The (uid, gid) the sandbox of ``image`` runs as inside: its one mapped id pair,
+    root unless the image's ``User`` names another (resolved by the provider into
+    ``image.uid``/``gid``). A ``User`` that does not resolve, or names an id outside
+    ``0..MAX_IMAGE_ID`` or the overflow id 65534, is refused: never run as root instead."""
+    if image.uid is None or image.gid is None:
+        if image.user.strip() not in _ROOT_USERS:
+            raise ConfigInvalidError(
+                "image", f"the image's User {image.user!r} does not map: it names no user "
+                "or group of the image's /etc/passwd and /etc/group (a strict sandbox "
+                "maps one id pair inside, the image's User; it never runs such an image "
+                "as root instead)")
+        return 0, 0
+    for what, v in (("uid", image.uid), ("gid", image.gid)):
+        if isinstance(v, bool) or not 0 <= v <= MAX_IMAGE_ID or v == _OVERFLOW_ID:
+            raise ConfigInvalidError(
+                "image", f"the image's User {image.user!r} does not map: {what} {v} is "
+                f"outside 0..{MAX_IMAGE_ID} or the kernel's overflow id {_OVERFLOW_ID}")
+    return image.uid, image.gid
+
+
+def _image_cwd(image: ImageRoot) -> str:
     wd = image.working_dir or WORK_DIR
     if not wd.startswith("/") or "\0" in wd or wd.startswith("//") or (
             posixpath.normpath(wd) != (wd.rstrip("/") or "/")):
@@ -590,14 +633,16 @@ def _image_root_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayo
     the env base, its ``WorkingDir`` as the commands' default cwd."""
     if image is None or not is_image_root(spec):
         raise ConfigInvalidError(
-            "image", "an image root needs a spec with an image and no mode, and the "
-            "unpacked image (ImageRoot)")
+            "image", "an image root needs a spec with an image and no mode (or mode "
+            "'handler-image'), and the unpacked image (ImageRoot)")
     rootfs = image.rootfs
     if not rootfs.startswith("/") or posixpath.normpath(rootfs) == "/":
         raise ConfigInvalidError("image", f"not a usable rootfs dir: {rootfs!r}")
     cwd = check_image_root(image)
     limits = _merged_limits(spec, options)
     uid_map, gid_map = _id_maps(options, host)
+    uid, gid = inside_ids(image)  # the image's User: the one id pair inside
+    uid_map, gid_map = (uid, uid_map[1], uid_map[2]), (gid, gid_map[1], gid_map[2])
     disk_bytes = (limits.disk_mb or _FALLBACK_DISK_MB) * 1024 * 1024
     # the caller's binds, checked as without an image but against no host dir
     bare = HostLayout(euid=host.euid, egid=host.egid, system_dirs=(), dev_nodes=host.dev_nodes)
@@ -621,13 +666,15 @@ def _image_root_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayo
         steps.append(MountStep(kind="dir", target=cwd, mode=0o755))
     steps.extend(after)
     return _plan(spec, options, limits, uid_map, gid_map, steps, disk_bytes,
-                 env_base={**ENV_BASE, **image.env}, egress=egress, image_root=True, cwd=cwd)
+                 env_base={**ENV_BASE, **image.env}, egress=egress, image_root=True, cwd=cwd,
+                 image_command=(tuple(image.entrypoint), tuple(image.cmd)))
 
 
 def _plan(spec: SandboxSpec, options: LinuxOptions, limits: SandboxLimits,
           uid_map: tuple[int, int, int], gid_map: tuple[int, int, int],
           steps: list[MountStep], disk_bytes: int, *, env_base: Mapping[str, str],
-          egress: EgressPolicy | None, image_root: bool = False, cwd: str = WORK_DIR
+          egress: EgressPolicy | None, image_root: bool = False, cwd: str = WORK_DIR,
+          image_command: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
           ) -> SandboxPlan:
     rlimits: tuple[tuple[str, int, int], ...] = (
         ("RLIMIT_CORE", 0, 0), ("RLIMIT_NOFILE", _NOFILE, _NOFILE),
@@ -652,4 +699,5 @@ def _plan(spec: SandboxSpec, options: LinuxOptions, limits: SandboxLimits,
         cpu_rlimit_s=cpu_s, env_base=env_base,
         network=spec.network.kind, command_rlimits=command_rlimits,
         limits_by=options.limits_by, egress=egress, image_root=image_root, cwd=cwd,
+        image_entrypoint=image_command[0], image_cmd=image_command[1],
     )
