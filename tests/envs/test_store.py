@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from corral.core.errors import ConfigInvalidError
-from corral.envs import BuildOptions, EnvStore, Environment
+from corral.envs import BuildOptions, Environment, EnvStore
 from corral.envs.build import build_inputs, top_level_modules
 from corral.envs.store import ENV_MOUNT, digest_of, normalize_requirements
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import platform
+import posixpath
+import stat
 import sys
 import sysconfig
 import tarfile
@@ -67,6 +70,10 @@ class BuildOptions:
         timeout_s: wall-clock bound of the install.
         cert_pem: extra CA certificates pip trusts (over the host's system bundle).
         max_bytes: cap on the installed tree read back from the sandbox.
+        extra_hosts: more network entries for the build (not part of the digest), e.g.
+            the index's address as a CIDR where the host's resolver maps it to a
+            non-public range (a mirror or proxy on the LAN): the egress proxy refuses
+            non-public addresses unless listed (docs/network.md).
     """
 
     index_url: str = DEFAULT_INDEX
@@ -76,12 +83,14 @@ class BuildOptions:
     timeout_s: float = 900.0
     cert_pem: bytes | None = None
     max_bytes: int = 2 * 1024 * 1024 * 1024
+    extra_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         u = urlsplit(self.index_url)
         if u.scheme not in ("https", "http") or not u.hostname:
             raise ConfigInvalidError("index_url", f"not an http(s) index URL: {self.index_url!r}")
         object.__setattr__(self, "index_hosts", tuple(self.index_hosts))
+        object.__setattr__(self, "extra_hosts", tuple(self.extra_hosts))
         if not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
             raise ConfigInvalidError("timeout_s", "must be a positive number")
 
@@ -93,6 +102,28 @@ class BuildOptions:
         if self.index_url.rstrip("/") == DEFAULT_INDEX.rstrip("/"):
             return DEFAULT_INDEX_HOSTS
         return (f"{u.hostname}:{port}",)
+
+
+def non_public_index_entries(options: BuildOptions) -> tuple[str, ...]:
+    """``ip/32:port`` entries for the index hosts' addresses, as the host resolves them,
+    that are not public (what :attr:`BuildOptions.extra_hosts` needs on a host whose
+    resolver sends the index to a mirror or proxy in a private range)."""
+    import ipaddress
+    import socket
+    out: list[str] = []
+    for entry in options.hosts():
+        host, _, port = entry.rpartition(":")
+        try:
+            infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except (OSError, ValueError):
+            continue
+        for info in infos:
+            ip = ipaddress.ip_address(info[4][0])
+            bits = 32 if ip.version == 4 else 128
+            e = f"{ip}/{bits}:{port}" if ip.version == 4 else f"[{ip}/{bits}]:{port}"
+            if not ip.is_global and e not in out:
+                out.append(e)
+    return tuple(out)
 
 
 def _interpreter() -> dict[str, Any]:
@@ -202,7 +233,8 @@ async def _build(store: EnvStore, digest: str, inputs: dict[str, Any],
 async def _install(provider: SandboxProvider, inputs: dict[str, Any],
                    options: BuildOptions, tar_path: Path) -> str:
     """pip install in a fresh strict sandbox; the installed tree streamed to ``tar_path``."""
-    spec = SandboxSpec(tenant_id="corral-envs", network=NetworkPolicy.allowlist(*options.hosts()),
+    spec = SandboxSpec(tenant_id="corral-envs", network=NetworkPolicy.allowlist(
+        *options.hosts(), *options.extra_hosts),
                        limits=options.limits)
     from corral.providers.linux.host.sandbox import _system_cas
     ca = _system_cas() + (options.cert_pem or b"")
@@ -261,10 +293,16 @@ def _tail(text: str, n: int = 2000) -> str:
 
 
 def _unpack(tar_path: Path, temp: Path, max_bytes: int) -> tuple[int, set[str]]:
-    """Unpack the sandbox's tar into ``temp/site`` (``data`` filter, size and member
-    caps); return (size, top-level modules)."""
+    """Unpack the sandbox's tar into ``temp/site``; return (size, top-level modules).
+
+    Bytes from a sandbox: every name must be a plain relative path under ``site/``
+    (no ``..``, none absolute), only regular files, dirs, symlinks that stay inside
+    ``site/`` and hard links to a file already out are taken; no parent of an entry
+    may be a symlink (a file is never written through one); modes are 0644/0755 and
+    0755 for dirs; the total size and the member count are capped."""
     total = 0
     count = 0
+    done: set[str] = set()
     with tarfile.open(tar_path, mode="r:") as t:
         for m in t:
             count += 1
@@ -272,13 +310,68 @@ def _unpack(tar_path: Path, temp: Path, max_bytes: int) -> tuple[int, set[str]]:
             if count > _TAR_MAX_MEMBERS or total > max_bytes:
                 raise LimitsExceededError("disk", max_bytes >> 20, total >> 20,
                                           f"the built environment ({count} entries)")
-            if not (m.name == "site" or m.name.startswith("site/")):
-                raise ProviderError(f"the build's tree holds an unexpected entry {m.name!r}")
-            t.extract(m, temp, filter="data")
+            parts = _parts(m.name)
+            dest = temp.joinpath(*parts)
+            parent = temp
+            for part in parts[:-1]:
+                parent = parent / part
+                st = os.lstat(parent)
+                if not stat.S_ISDIR(st.st_mode):
+                    raise ProviderError(f"the build's tree has {m.name!r} under a non-dir")
+            if m.isdir():
+                try:
+                    if not stat.S_ISDIR(os.lstat(dest).st_mode):
+                        raise ProviderError(f"the build's tree has {m.name!r} twice")
+                except FileNotFoundError:
+                    os.mkdir(dest, 0o755)
+                continue
+            if "/".join(parts) in done:
+                raise ProviderError(f"the build's tree has {m.name!r} twice")
+            if m.isfile():
+                src = t.extractfile(m)
+                if src is None:
+                    raise ProviderError(f"the build's tree has an unreadable {m.name!r}")
+                with src:
+                    _write_new(dest, src, 0o755 if m.mode & 0o100 else 0o644)
+            elif m.issym():
+                target = m.linkname
+                inside = posixpath.normpath(posixpath.join(posixpath.dirname("/".join(parts)),
+                                                           target))
+                if target.startswith("/") or not (inside == "site" or inside.startswith("site/")):
+                    raise ProviderError(f"the build's tree has a link out: {m.name!r} -> "
+                                        f"{target!r}")
+                os.symlink(target, dest)
+            elif m.islnk():
+                other = "/".join(_parts(m.linkname))
+                if other not in done or not os.path.isfile(temp / other) or os.path.islink(
+                        temp / other):
+                    raise ProviderError(f"the build's tree has a bad hard link {m.name!r}")
+                with open(temp / other, "rb") as src2:
+                    _write_new(dest, src2, stat.S_IMODE(os.stat(temp / other).st_mode))
+            else:
+                raise ProviderError(f"the build's tree has a special file {m.name!r}")
+            done.add("/".join(parts))
     site = temp / "site"
-    if not site.is_dir():
+    if not site.is_dir() or site.is_symlink():
         raise ProviderError("the build produced no tree")
     return total, top_level_modules(site)
+
+
+def _parts(name: str) -> tuple[str, ...]:
+    parts = tuple(p for p in name.split("/") if p not in ("", "."))
+    if (name.startswith("/") or not parts or parts[0] != "site" or ".." in parts
+            or any("\0" in p for p in parts)):
+        raise ProviderError(f"the build's tree holds an unexpected entry {name!r}")
+    return parts
+
+
+def _write_new(dest: Path, src: Any, mode: int) -> None:
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode)
+    with os.fdopen(fd, "wb") as f:
+        while chunk := src.read(1 << 20):
+            f.write(chunk)
+    os.chmod(dest, mode)
 
 
 def top_level_modules(site: Path) -> set[str]:
