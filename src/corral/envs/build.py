@@ -130,8 +130,7 @@ def _interpreter() -> dict[str, Any]:
     return {"implementation": sys.implementation.name,
             "version": list(sys.version_info[:3]),
             "soabi": sysconfig.get_config_var("SOABI") or "",
-            "abiflags": getattr(sys, "abiflags", ""),
-            "executable": sys.executable}
+            "abiflags": getattr(sys, "abiflags", "")}
 
 
 def build_inputs(requirements: Sequence[str] | str, options: BuildOptions,
