@@ -42,6 +42,8 @@ DEFAULT_INDEX_HOSTS: Final = ("pypi.org:443", "files.pythonhosted.org:443")
 BUILD_LIMITS: Final = SandboxLimits(mem_mb=2048, disk_mb=2048, max_processes=256)
 _TAR_MAX_MEMBERS: Final = 200_000
 _SANDBOX_TARGET: Final = "/work/env"
+#: dirs pip --target makes for scripts and data files, not importable packages
+_NOT_MODULES: Final = frozenset({"bin", "share", "include", "etc", "man", "__pycache__"})
 
 #: counters for tests and benchmarks: builds that ran a sandbox, cache hits
 stats: dict[str, int] = {"sandbox_builds": 0, "cache_hits": 0}
@@ -392,7 +394,7 @@ def top_level_modules(site: Path) -> set[str]:
                             if line.isidentifier():
                                 names.add(line)
                 continue
-            if n.isidentifier() and n not in ("bin", "__pycache__"):
+            if n.isidentifier() and n not in _NOT_MODULES:
                 names.add(n)
         elif p.is_file():
             stem = n.split(".", 1)[0]
