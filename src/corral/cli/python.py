@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         from corral.envs.store import EnvStore
         env = EnvStore().get(args.environment)
         if allowed is not None:
-            allowed |= env.modules
+            allowed |= env.allowed_imports()
     status = LiveStatus(f"running a snippet at {args.level}", stream=sys.stderr,
                         enabled=is_tty(sys.stderr) and not args.json,
                         palette=Palette.for_stream(sys.stderr))

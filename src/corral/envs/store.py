@@ -129,6 +129,12 @@ class Environment:
         """(host path, path inside) pairs, each bound read-only into a sandbox."""
         return [(str(self.site), ENV_MOUNT)]
 
+    def allowed_imports(self) -> frozenset[str]:
+        """What a snippet's validator allows of it: each top-level module and its
+        submodules (``pandas``, ``pandas.*``): a package imports its own submodules
+        lazily, through the snippet's import."""
+        return frozenset(self.modules) | frozenset(f"{m}.*" for m in self.modules)
+
     def sandbox_env(self) -> dict[str, str]:
         """The variables every command of a sandbox using it gets (``PYTHONPATH``)."""
         return {"PYTHONPATH": ENV_MOUNT, "CORRAL_ENVIRONMENT": self.digest}

@@ -396,12 +396,18 @@ def _from_wire(output: Any, level: Level) -> Transcript:
     return transcript_from_wire(output, sandbox_paths=_SANDBOX_PATHS, level=level)
 
 
+#: the environment modules an environment pool's template imports by default (the ones
+#: worth it: slow to import, used by most snippets that name the environment)
+_HEAVY: Final = frozenset({"numpy", "pandas", "scipy", "sklearn", "polars", "pyarrow",
+                           "sympy", "networkx", "statsmodels"})
+
+
 def env_preload(modules: frozenset[str]) -> frozenset[str]:
     """What an environment pool's template imports once: the default preloads and the
     environment's top-level modules (private ``_x`` ones left to their packages)."""
     from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS
     return (DEFAULT_ALLOWED_IMPORTS | {"traceback", "ast"}
-            | {m for m in modules if not m.startswith("_")})
+            | {m for m in modules if m in _HEAVY})
 
 
 async def _on_provider(provider: SandboxProvider | None, level: Level,
@@ -476,7 +482,7 @@ async def run_snippet(
     if environment is not None:
         from corral.envs.store import EnvStore
         env = EnvStore().get(environment)  # ConfigInvalidError (environment) if none
-        environment, env_modules = env.digest, env.modules
+        environment, env_modules = env.digest, env.allowed_imports()
     if pool is not None and provider is not None:
         raise ConfigInvalidError("provider", "pass pool= or provider=, not both")
     lv, timeout = _level_on(level, provider), _timeout(timeout_ms)

@@ -544,6 +544,8 @@ _TZ_ROOTS = ("/usr/share/zoneinfo", "/usr/lib/zoneinfo", "/usr/share/lib/zoneinf
 _MAX_REFUSALS = 8
 
 
+#: the pool's warm-up code (``--warmup``), run once in the template after the preloads
+_WARMUP: list[str] = []
 #: an environment's dir (``--path``): its packages read their own files at run time
 _EXTRA_ROOTS: list[str] = []
 
@@ -1388,6 +1390,8 @@ def main(argv: list[str]) -> int:
     if "--once" in argv:
         serve_once()
     preload = argv[argv.index("--preload") + 1].split(",") if "--preload" in argv else []
+    if "--warmup" in argv:  # the pool's own warm-up code (trusted, never a snippet's):
+        _WARMUP.append(argv[argv.index("--warmup") + 1])  # run once before any fork
     if "--path" in argv:  # an environment's packages (-I ignores PYTHONPATH): after the
         extra = argv[argv.index("--path") + 1]  # standard library, never before it
         sys.path.append(extra)
