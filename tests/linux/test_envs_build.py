@@ -174,3 +174,24 @@ def test_a_malicious_sdist_fails_typed_and_the_host_is_unchanged(
     assert not os.path.exists(marker)
     assert store.all() == [] and list((store.root / "tmp").iterdir()) == []
     assert "evil" not in store.names()
+
+
+def test_concurrent_builds_of_one_key_build_once(linux: Any, test_ca: Callable[..., Any],
+                                                 tmp_path: Path) -> None:
+    ca = test_ca("pypi.test")
+    store = EnvStore(tmp_path / "envs")
+    with http_server(index_files({"corraltoy": [build_wheel("corraltoy", "1.0", "A = 1\n")]}),
+                     ca.server_context()) as index:
+        async def test(p: Any) -> None:
+            import asyncio
+            opts = _opts(index.port, ca.ca_pem)
+            before = stats["sandbox_builds"]
+            a, b = await asyncio.gather(
+                build_environment("one", ["corraltoy"], options=opts, store=store, provider=p),
+                build_environment("two", ["corraltoy"], options=opts, store=store, provider=p))
+            assert a.digest == b.digest
+            assert stats["sandbox_builds"] == before + 1  # the second waited, then hit
+            assert [e.digest for e in store.all()] == [a.digest]
+            assert list((store.root / "tmp").iterdir()) == []
+
+        linux(test, egress_resolver=MapResolver({"pypi.test": ["127.0.0.1"]}), spares=0)
