@@ -28,6 +28,8 @@ PUBLIC = [
     "run_bounded", "run_bounded_async", "run_strict", "run_strict_async",
     "Transcript", "run_snippet", "run_snippet_sync", "validate_source",
     "HandlerOutput", "HandlerSuspended", "invoke", "invoke_in", "invoke_sync",
+    # environments (packages built once, shown read-only to sandboxes)
+    "Environment", "environment",
 ]
 
 #: public modules; each declares __all__
@@ -36,7 +38,7 @@ MODULES = [
     "corral.core.files",
     "corral.wire.protocol",
     "corral.core.contract", "corral.run.bounded", "corral.run.strict", "corral.dispatch",
-    "corral.snippets",
+    "corral.snippets", "corral.envs",
     "corral.testing", "corral.providers", "corral.providers.inprocess",
     "corral.providers.subproc", "corral.providers.linux",
 ]

@@ -132,6 +132,11 @@ def skip_off_loopback(e: Env, line: str) -> None:
     del e, line  # reaches pypi.org: the test suite sends nothing off loopback
 
 
+def needs_the_index(e: Env, line: str) -> None:
+    del e, line  # builds from the package index: test_the_readme_environment_lines
+    # (marked env_build) runs these lines
+
+
 def serve(e: Env, line: str) -> None:
     proc = subprocess.Popen(["bash", "-c", f"exec {_code(line)} --port 0"], cwd=e.cwd,
                             env=e.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -184,6 +189,11 @@ EXPECTED: list[tuple[str, Check]] = [
      "as u; print(u.urlopen('https://pypi.org/simple/').status)\"", skip_off_loopback),
     ("corral python 'sum(range(10))'", contains("=> 45")),
     ("corral python -c 'sum(range(10))' --timeout 2s", contains("=> 45")),
+    ("corral env build sci numpy pandas matplotlib", needs_the_index),
+    ("corral python --environment sci 'import pandas as pd; "
+     "pd.DataFrame({\"a\": [1, 2, 3]}).describe()'", needs_the_index),
+    ("corral run --environment sci -- python3 -c 'import numpy; print(numpy.__version__)'",
+     needs_the_index),
     ("corral doctor", contains("linux (level strict): usable")),
     ("corral serve --config examples/serve.toml", serve),
     ("corral mcp", mcp),
@@ -204,3 +214,31 @@ def test_the_readme_taste_runs_as_written(tmp_path: Path) -> None:
     for line, (code, check) in zip(taste_lines(), EXPECTED, strict=True):
         assert _same(line) == code
         check(e, line)
+
+
+@pytest.mark.env_build
+@needs_strict(host_can_sandbox())
+def test_the_readme_environment_lines(tmp_path: Path) -> None:
+    """The taste's environment lines, as written, against the cached test store (the
+    build is a cache hit after the first run). Where this host's resolver sends the
+    index to a private address (a mirror or proxy), the build line gets that address as
+    ``--allow-host`` entries (the egress proxy refuses private addresses unasked)."""
+    if not (VENV_BIN / "corral").exists():
+        pytest.skip("no .venv in the checkout (scripts/main.sh and scripts/test.sh make it)")
+    from corral.envs import BuildOptions
+    from corral.envs.build import non_public_index_entries
+    e = Env(tmp_path)
+    e.env["CORRAL_ENV_DIR"] = ("/var/cache/corral-envs-test" if os.geteuid() == 0
+                               else str(Path.home() / ".cache" / "corral-envs-test"))
+    lines = [ln for ln in taste_lines() if "--environment" in ln or "env build" in ln]
+    assert len(lines) == 3
+    extra = " ".join(f"--allow-host {h}" for h in non_public_index_entries(BuildOptions()))
+    r = e.sh(f"{_code(lines[0])} {extra}", timeout=900)
+    assert r.returncode == 0, r.stderr
+    assert "numpy" in r.stdout and "pandas" in r.stdout
+    r = e.sh(_code(lines[1]))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "count" in r.stdout and "mean" in r.stdout and "2.0" in r.stdout
+    r = e.sh(_code(lines[2]))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()[:1].isdigit()

@@ -403,3 +403,16 @@ def test_a_fork_of_the_agent_never_imports_the_images_files(images: Path) -> Non
                            f"import sys; sys.path.insert(0, {rootfs + stdlib!r}); {stmt}"],
                           capture_output=True, timeout=60, check=True)
     assert b"PLANTED RAN" in host.stdout
+
+
+@linux
+def test_an_environment_with_an_image_root_is_refused(images: Path) -> None:
+    # an environment's packages are built for the host's interpreter: an image root runs
+    # the image's own, so the pair is refused at create, never shown half-loadable
+    layout = busybox_layout(str(images / "layout"), {"Env": ["PATH=/bin"]})
+
+    async def go(p: Any) -> None:
+        with pytest.raises(ConfigInvalidError, match="host's interpreter") as ei:
+            await p.create(SandboxSpec(tenant_id="t", image=layout, environment="anything"))
+        assert ei.value.field == "environment"
+    _run(go, images / "cache")

@@ -25,6 +25,7 @@ __all__ = ["main"]
 #: verb name -> module under corral.cli
 VERBS: dict[str, str] = {
     "doctor": "doctor",
+    "env": "env",
     "image": "image",
     "mcp": "mcp",
     "python": "python",

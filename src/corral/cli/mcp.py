@@ -37,6 +37,9 @@ def add_parser(subparsers: Any) -> None:
                    help="address to listen on with --http (default 127.0.0.1, loopback)")
     p.add_argument("--port", type=int, default=8765,
                    help="port with --http (default 8765; 0: any free port, printed)")
+    p.add_argument("--environment", action="append", default=[], metavar="NAME",
+                   help="a built environment (corral env build) the stdio client may name "
+                        "in sandbox_create (repeatable; docs/environments.md)")
     p.add_argument("--path", default="/mcp", help="URL path with --http (default /mcp)")
     p.add_argument("--level", choices=("strict", "context-isolated"), default="strict",
                    help="the weakest level a tool runs at, and the default (default strict)")
@@ -115,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
                        max_sandboxes=args.max_sandboxes,
                        max_command_timeout_ms=args.max_command_timeout,
                        playground_url=args.playground_url, max_sessions=args.max_sessions,
-                       session_start_timeout_s=args.session_start_timeout / 1000)
+                       session_start_timeout_s=args.session_start_timeout / 1000,
+                       environments=frozenset(args.environment))
     if not args.http:
         for opt in ("config", "tls_cert", "tls_key"):
             if getattr(args, opt):

@@ -79,6 +79,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--allow-import", action="append", default=[], metavar="MODULE",
                    help="allow importing MODULE besides the default stdlib allowlist "
                         "(repeatable; e.g. urllib.request to use the network)")
+    p.add_argument("--environment", default=None, metavar="NAME",
+                   help="run in a built environment (corral env build): its packages are "
+                        "importable and its top-level modules allowed (strict only; "
+                        "docs/environments.md)")
     p.add_argument("--limits", choices=("auto", "cgroup", "rlimit"), default="auto",
                    help="how the strict sandbox holds memory, processes and cpu: auto (the "
                         "default: cgroup where this user's cgroups give them, else rlimits "
@@ -221,6 +225,13 @@ def run(args: argparse.Namespace) -> int:
     network = _network(args)
     allowed = (DEFAULT_ALLOWED_IMPORTS | frozenset(args.allow_import)
                if args.allow_import else None)
+    if args.environment is not None:
+        if args.level != "strict":
+            raise ConfigInvalidError("--environment", "an environment needs --level strict")
+        from corral.envs.store import EnvStore
+        env = EnvStore().get(args.environment)
+        if allowed is not None:
+            allowed |= env.allowed_imports()
     status = LiveStatus(f"running a snippet at {args.level}", stream=sys.stderr,
                         enabled=is_tty(sys.stderr) and not args.json,
                         palette=Palette.for_stream(sys.stderr))
@@ -233,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
                                  "isolated holds each run by its own rlimits)")
     kw: dict[str, Any] = dict(files=files, level=args.level, timeout_ms=used,
                               tenant_id=args.tenant, allowed_imports=allowed,
+                              environment=args.environment,
                               network=network if network.kind != "none" else None,
                               on_log=live_logs(status, out_palette) if live else None)
     try:

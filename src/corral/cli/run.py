@@ -153,6 +153,10 @@ def add_parser(subparsers: Any) -> None:
                         "private /work and /tmp (--level strict only): a local OCI layout, "
                         "LAYOUT:TAG, tar or rootfs dir, or a registry reference pulled when "
                         "missing (docs/images.md)")
+    p.add_argument("--environment", default=None, metavar="NAME",
+                   help="show a built environment's packages (corral env build) read-only "
+                        "at /opt/corral/env, on PYTHONPATH (--level strict only; "
+                        "docs/environments.md)")
     p.add_argument("--network", choices=("none", "allowlist", "unrestricted"), default=None,
                    help="network policy of the strict sandbox: none (default: loopback only), "
                         "allowlist (the --allow-host entries), unrestricted (every public "
@@ -478,7 +482,7 @@ def _with_signals_cancelling(token: CancelToken, fn: Callable[[], RunResult]) ->
 #: options only the strict level takes: given with the default level, strict is kept even
 #: where it cannot run (the run then fails saying why) rather than falling back
 _STRICT_ONLY: Final = ("bind", "ro_bind", "allow_host", "network", "max_processes", "disk_mb",
-                       "image")
+                       "image", "environment")
 
 
 def strict_verdict() -> tuple[bool, str]:
@@ -527,6 +531,8 @@ def run(args: argparse.Namespace) -> int:
     strict = args.level == "strict"
     if args.image is not None and not strict:
         raise ConfigInvalidError("--image", "the image as the root needs --level strict")
+    if args.environment is not None and not strict:
+        raise ConfigInvalidError("--environment", "an environment needs --level strict")
     command = _command(list(args.argv), strict=strict, image=args.image is not None)
     if isinstance(command, RunResult):
         return _finish(args, command, None, [])
@@ -726,7 +732,7 @@ def _strict_on(provider: LinuxProvider, args: argparse.Namespace, cmd: str,
         provider=provider, make_cwd=args.cwd is not None, network=_network(args),
         files_in={inside(d): data for d, data in copies.items()},
         files_out=[inside(src) for src, _ in wanted], on_file_out=on_file_out,
-        image=args.image,
+        image=args.image, environment=args.environment,
         on_stdout=out[0].write if out else None,
         on_stderr=out[1].write if out else None)
 

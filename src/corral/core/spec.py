@@ -342,6 +342,8 @@ class SandboxSpec:
     field has a default: ``SandboxSpec()`` is a strict sandbox with the provider's default
     limits, tenant ``"default"`` and a fresh random run id; a multi-tenant
     caller names its tenant (the snippet pool keys its slots by it).
+    ``environment`` names a built environment (``corral env build``): a provider
+    that cannot show it refuses the spec.
     """
 
     tenant_id: str = DEFAULT_TENANT
@@ -353,9 +355,13 @@ class SandboxSpec:
     level: Level = Level.STRICT
     mode: InvocationMode | None = None
     invocation: SandboxInvocationContext | None = None
+    #: an environment's name or digest (docs/environments.md): its packages shown
+    #: read-only at /opt/corral/env and on every command's PYTHONPATH
+    environment: str | None = None
 
     def __post_init__(self) -> None:
         _check_str("tenant_id", self.tenant_id)
+        _check_str("environment", self.environment, allow_none=True)
         _check_str("run_id", self.run_id)
         _check_str("node_id", self.node_id, allow_none=True)
         _check_str("image", self.image, allow_none=True)

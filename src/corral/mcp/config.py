@@ -67,6 +67,9 @@ class McpConfig:
         providers / provider_options: the provider for each level (level -> registry
             name, ``corral serve``'s ``[levels]``) and its options; a level left out gets
             corral's default provider for it.
+        environments: the built environments (docs/environments.md) the stdio client,
+            the local tenant, may name (``corral mcp --environment NAME``); an HTTP
+            tenant gets those its ``[[tenants]]`` table lists (``environments``).
     """
 
     level: Level = Level.STRICT
@@ -83,8 +86,10 @@ class McpConfig:
     shutdown_grace_s: float = 1.0
     providers: Mapping[str, str] = field(default_factory=dict)
     provider_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    environments: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "environments", frozenset(self.environments))
         if not isinstance(self.level, Level):
             object.__setattr__(self, "level", level_at_least(str(self.level), Level.NONE))
         if self.level == Level.NONE:

@@ -112,7 +112,8 @@ def local_tenant(config: McpConfig) -> McpTenant:
     user), the server's caps and levels."""
     return McpTenant(name=LOCAL, token_sha256=None, max_sandboxes=config.max_sandboxes,
                      max_runs=LOCAL_MAX_RUNS, max_memory_mb=None, max_sessions=1,
-                     policy=TenantPolicy(name=LOCAL, levels=offered_levels(config.level)))
+                     policy=TenantPolicy(name=LOCAL, levels=offered_levels(config.level),
+                                         environments=config.environments))
 
 
 class Backend:
@@ -766,6 +767,9 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
         cpu_ms: Annotated[int | None, Field(description="CPU time limit, ms")] = None,
         network: Annotated[dict[str, Any] | None, Field(
             description=_NETWORK_DOC)] = None,
+        environment: Annotated[str | None, Field(
+            description="a built environment the operator lists for you (its packages "
+            "on PYTHONPATH, read-only at /opt/corral/env; strict only)")] = None,
     ) -> CallToolResult:
         """Create a named sandbox that lives across calls in this session (until
         sandbox_destroy, the session's end, or the idle timeout)."""
@@ -780,7 +784,7 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
             # (what is counted is what is enforced)
             spec = admit_spec(tenant.policy, SandboxSpec(
                 tenant_id=tenant.name, run_id=uuid.uuid4().hex, level=lv, limits=limits,
-                network=net), host_address=_host_address)
+                network=net, environment=environment), host_address=_host_address)
             provider = await backend.provider(lv)
             entry = await backend.registry.create(
                 scope, name, spec, provider.create, tenant_max=tenant.max_sandboxes,

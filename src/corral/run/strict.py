@@ -86,6 +86,7 @@ async def run_strict_async(
     make_cwd: bool = False,
     network: NetworkPolicy | None = None,
     image: str | None = None,
+    environment: str | None = None,
 ) -> RunResult:
     """Run ``command args`` once in a fresh strict sandbox; return how it ended.
 
@@ -125,6 +126,8 @@ async def run_strict_async(
         image: an image (local layout, tar, rootfs dir or registry reference) that is
             the sandbox's root instead of the host's dirs (docs/images.md, "The image
             as the sandbox's root").
+        environment: a built environment's name or digest (docs/environments.md):
+            its packages read-only at /opt/corral/env, on the command's PYTHONPATH.
 
     Raises:
         LevelNotSupportedError: ``provider`` does not offer the strict level, or
@@ -171,7 +174,8 @@ async def run_strict_async(
     try:
         spec = SandboxSpec(tenant_id=tenant_id, run_id=uuid.uuid4().hex, level=Level.STRICT,
                            limits=limits or SandboxLimits(),
-                           network=network or NetworkPolicy(), image=image)
+                           network=network or NetworkPolicy(), image=image,
+                           environment=environment)
         try:
             sandbox = await provider.create(spec, cancel=cancel)
         except CreateCancelledError:  # the cancel came while the sandbox was being made

@@ -134,6 +134,8 @@ class Spec(_In):
     mode: ModeName | None = None
     invocation: Invocation | None = None
     tenant_id: str | None = None
+    #: a built environment the operator lists for the tenant (docs/environments.md)
+    environment: str | None = None
 
     def to_core(self, tenant_id: str) -> cs.SandboxSpec:
         kw: dict[str, Any] = {"tenant_id": tenant_id, "level": cs.Level(self.level)}
@@ -143,7 +145,7 @@ class Spec(_In):
             kw["network"] = self.network.to_core()
         if self.invocation is not None:
             kw["invocation"] = self.invocation.to_core()
-        for name in ("run_id", "node_id", "image", "mode"):
+        for name in ("run_id", "node_id", "image", "mode", "environment"):
             v = getattr(self, name)
             if v is not None:
                 kw[name] = v

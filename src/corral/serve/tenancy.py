@@ -49,14 +49,15 @@ from corral.core.spec import (
 
 __all__ = ["BOUNDARY_LEVELS", "LIMIT_NAMES", "NON_PUBLIC_RANGES", "POLICY_KEYS", "Bound",
            "Lifetime", "NetworkCeiling", "TenantPolicy", "admit_exec", "admit_lifetime",
-           "admit_process", "admit_spec", "admit_timeout", "check_level", "check_network",
+           "admit_process", "admit_spec", "admit_timeout", "check_environment", "check_level",
+           "check_network",
            "is_host_address", "not_boundaries", "parse_policy"]
 
 #: the levels that are a security boundary; the others run as the server's user (level
 #: ``none``: in its process) and share its network
 BOUNDARY_LEVELS: Final = frozenset({Level.STRICT})
 #: the keys of a ``[[tenants]]`` table this module reads (the rest are the config's)
-POLICY_KEYS: Final = frozenset({"levels", "network", "limits", "lifetime"})
+POLICY_KEYS: Final = frozenset({"levels", "network", "limits", "lifetime", "environments"})
 #: the limits a tenant table bounds, in the order the docs list them
 LIMIT_NAMES: Final = ("mem_mb", "cpu_ms", "max_processes", "disk_mb", "timeout_ms",
                       "output_bytes")
@@ -238,6 +239,9 @@ class TenantPolicy:
         network: its :class:`NetworkCeiling`.
         limits: a :class:`Bound` for each of :data:`LIMIT_NAMES`.
         idle_timeout_s / max_lifetime_s: a :class:`Bound` (seconds) each.
+        environments: the built environments (names or digests, docs/environments.md)
+            its sandboxes may name in ``spec.environment``; none by default. Building
+            one is the operator's (``corral env build``).
     """
 
     name: str
@@ -246,9 +250,11 @@ class TenantPolicy:
     limits: Mapping[str, Bound] = field(default_factory=lambda: _default_limits(256))
     idle_timeout_s: Bound = field(default_factory=lambda: _IDLE)
     max_lifetime_s: Bound = field(default_factory=lambda: _LIFE)
+    environments: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "levels", frozenset(Level(lv) for lv in self.levels))
+        object.__setattr__(self, "environments", frozenset(self.environments))
         if not self.levels:
             raise ConfigInvalidError("levels", f"tenant {self.name!r}: no level offered")
         missing = [n for n in LIMIT_NAMES if n not in self.limits]
@@ -385,8 +391,9 @@ def parse_policy(doc: Mapping[str, Any], *, name: str, server_levels: Iterable[s
                   _IDLE)
     life = _bound(f"{where}.lifetime.max_lifetime_s", life_doc.get("max_lifetime_s", {}),
                   _LIFE)
+    envs = frozenset(_strings(f"{where}.environments", doc.get("environments", [])))
     return TenantPolicy(name=name, levels=frozenset(levels), network=network, limits=limits,
-                        idle_timeout_s=idle, max_lifetime_s=life)
+                        idle_timeout_s=idle, max_lifetime_s=life, environments=envs)
 
 
 # -- checks ----------------------------------------------------------------------------
@@ -521,6 +528,7 @@ def admit_spec(policy: TenantPolicy, spec: SandboxSpec, *,
     the provider must enforce (and what caps count)."""
     level = check_level(policy, spec.level)
     check_network(policy, level, spec.network, host_address=host_address)
+    check_environment(policy, spec.environment)
     asked = spec.limits
     for n in _SANDBOX_LIMITS:
         v = getattr(asked, n)
@@ -532,6 +540,17 @@ def admit_spec(policy: TenantPolicy, spec: SandboxSpec, *,
     applied = SandboxLimits(**{n: policy.limits[n].admit(n, getattr(asked, n))
                                for n in _SANDBOX_LIMITS})
     return replace(spec, limits=applied)
+
+
+def check_environment(policy: TenantPolicy, environment: str | None) -> None:
+    """An environment only if the operator lists it for the tenant (by the name or the
+    digest the tenant gives)."""
+    if environment is None or environment in policy.environments:
+        return
+    raise ConfigInvalidError(
+        "environment", f"tenant {policy.name!r} may not use environment {environment!r}"
+        + (f" (its environments: {', '.join(sorted(policy.environments))})"
+           if policy.environments else " (the operator lists none for it)"))
 
 
 def admit_timeout(policy: TenantPolicy, timeout_ms: int | None) -> int:

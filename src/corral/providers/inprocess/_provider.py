@@ -212,6 +212,10 @@ class InProcessProvider(SandboxProvider):
     def _validate(self, spec: SandboxSpec) -> str | None:
         if not isinstance(spec, SandboxSpec):
             raise ConfigInvalidError("spec", f"must be a SandboxSpec, not {type(spec).__name__}")
+        if spec.environment is not None:
+            raise ConfigInvalidError(
+                "environment", "the inprocess provider does not show environments (the linux "
+                "provider does: docs/environments.md)")
         if spec.level != Level.NONE:
             raise LevelNotSupportedError(
                 spec.level.value, [Level.NONE.value],

@@ -739,6 +739,10 @@ class OciProvider(SandboxProvider):
     def _validate(self, spec: SandboxSpec) -> None:
         if not isinstance(spec, SandboxSpec):
             raise ConfigInvalidError("spec", f"must be a SandboxSpec, not {type(spec).__name__}")
+        if spec.environment is not None:
+            raise ConfigInvalidError(
+                "environment", "the oci provider does not show environments (the linux "
+                "provider does: docs/environments.md)")
         supported = (Level.STRICT.value,)
         if spec.level is not Level.STRICT:
             raise LevelNotSupportedError(

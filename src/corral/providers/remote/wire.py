@@ -87,7 +87,7 @@ def _known(doc: Mapping[str, Any], what: str, allowed: Sequence[str]) -> None:
 # -- specs and options --------------------------------------------------------------
 
 _SPEC_FIELDS: Final = ("tenant_id", "run_id", "node_id", "image", "limits", "network",
-                       "level", "mode", "invocation")
+                       "level", "mode", "invocation", "environment")
 
 
 def spec_to_json(spec: SandboxSpec) -> dict[str, Any]:
@@ -99,6 +99,7 @@ def spec_to_json(spec: SandboxSpec) -> dict[str, Any]:
         "network": {"kind": spec.network.kind, "hosts": list(spec.network.hosts)},
         "level": spec.level.value, "mode": None if spec.mode is None else spec.mode.value,
         "invocation": None if inv is None else _ctx_to_json(inv),
+        **({} if spec.environment is None else {"environment": spec.environment}),
     }
 
 
@@ -143,7 +144,7 @@ def spec_from_json(doc: object, *, tenant_id: str | None = None) -> SandboxSpec:
         "network": NetworkPolicy(kind=net.get("kind", "none"), hosts=tuple(hosts)),
         "invocation": _ctx_from_json(d.get("invocation")),
     }
-    for name in ("run_id", "node_id", "image", "level", "mode"):
+    for name in ("run_id", "node_id", "image", "level", "mode", "environment"):
         if d.get(name) is not None:
             kw[name] = d[name]
     tenant = tenant_id if tenant_id is not None else d.get("tenant_id")

@@ -225,6 +225,10 @@ class SubprocProvider(SandboxProvider):
     def _validate(self, spec: SandboxSpec) -> str | None:
         if not isinstance(spec, SandboxSpec):
             raise ConfigInvalidError("spec", f"must be a SandboxSpec, not {type(spec).__name__}")
+        if spec.environment is not None:
+            raise ConfigInvalidError(
+                "environment", "the subproc provider does not show environments (the linux "
+                "provider does: docs/environments.md)")
         if spec.level != Level.CONTEXT_ISOLATED:
             raise LevelNotSupportedError(
                 spec.level.value, [Level.CONTEXT_ISOLATED.value],

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -93,6 +94,22 @@ _BACKSTOP_MS: Final = 3000
 _MAX_REPLY_BYTES: Final = 4 * 1024 * 1024
 #: Headroom over ``mem_mb`` for the template itself (a strict sandbox's cgroup cap).
 _TEMPLATE_MB: Final = 64
+#: what an environment template runs once after its preloads, per module it loaded: the
+#: lazy imports and caches of a first use, paid there instead of in every forked run
+_WARMUPS: Final = {
+    "numpy": "import numpy\nnumpy.arange(4).reshape(2, 2).sum(axis=0).mean()\n",
+    "pandas": ("import pandas\nd = pandas.DataFrame({'a': [1, 2], 'b': ['x', 'y']})\n"
+               "d.sum(); d.describe(); d.groupby('b').a.mean(); repr(d); d.to_dict()\n"),
+}
+
+
+def env_warmup(preloaded: frozenset[str]) -> str:
+    """The warm-up code for a template that preloaded ``preloaded``."""
+    return "".join(code for name, code in sorted(_WARMUPS.items()) if name in preloaded)
+
+
+#: a template that imported an environment's packages (pandas: ~100 MiB) needs more
+_ENV_TEMPLATE_MB: Final = 768
 _START_TIMEOUT_S: Final = 30.0
 _WORKER_MODULE: Final = "corral.snippets.sandbox.worker"
 #: the fork entry the pool registers with a ``warm-fork`` provider
@@ -439,8 +456,13 @@ class SnippetPool:
                  max_workers: int | None = None, mem_mb: int = 256, spares: int = 1,
                  max_idle: int | None = None, idle_ttl_s: float = 60.0,
                  preload: frozenset[str] | None = None,
-                 network: NetworkPolicy | None = None) -> None:
+                 network: NetworkPolicy | None = None,
+                 environment: str | None = None) -> None:
         from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS
+        #: the environment every slot shows (docs/environments.md): slots are strict
+        #: sandboxes running a template that imported ``preload`` (the environment's
+        #: heavy modules) inside the sandbox once, forked per run
+        self.environment = environment
         #: the network policy of every strict slot (default ``none``); a pool's slots all
         #: share it, so a pool serves one policy (``run_snippet(network=)`` makes its own)
         self.network = network or NetworkPolicy.none()
@@ -529,10 +551,15 @@ class SnippetPool:
             network = self.network
         else:  # context-isolated shares the host's network by definition (subproc refuses
             network = NetworkPolicy.unrestricted()  # 'none'); the snippet has no socket
+        if self.environment is not None:
+            # the packages are imported in the sandbox's template, never in the host's
+            # fork server: more memory for the template, no fork-server slot
+            limits = dataclasses.replace(limits, mem_mb=self.mem_mb + _ENV_TEMPLATE_MB,
+                                         disk_mb=64)
         spec = SandboxSpec(tenant_id=tenant or "corral-snippet-spare", level=level,
                            run_id=f"snippet-slot-{next(self._ids)}", limits=limits,
-                           network=network)
-        forked = await self._preload_into(provider)
+                           network=network, environment=self.environment)
+        forked = self.environment is None and await self._preload_into(provider)
         sandbox = await provider.create(spec)
         try:
             view = _process_view(sandbox, provider)
@@ -591,7 +618,18 @@ class SnippetPool:
         await sandbox.write_file(WORKER_FILE, _worker_source())
         await sandbox.write_file(RECORDS_FILE, Path(_records.__file__).read_text(encoding="utf-8"))
         argv = [sys.executable, "-I", "-S", WORKER_FILE, "--preload", self._preload]
-        return await sandbox.start_process(argv, ProcessOpts(stdin=True, env={}))
+        env: dict[str, str] = {}
+        if self.environment is not None:
+            from corral.envs.store import ENV_MOUNT
+            argv += ["--path", ENV_MOUNT]
+            # one BLAS thread: the template forks per run (threads do not survive a fork)
+            env = {k: "1" for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                    "MKL_NUM_THREADS")}
+            env["MPLBACKEND"] = "Agg"
+            warm = env_warmup(frozenset(self._preload.split(",")))
+            if warm:
+                argv += ["--warmup", warm]
+        return await sandbox.start_process(argv, ProcessOpts(stdin=True, env=env))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

@@ -396,13 +396,30 @@ def _from_wire(output: Any, level: Level) -> Transcript:
     return transcript_from_wire(output, sandbox_paths=_SANDBOX_PATHS, level=level)
 
 
+#: the environment modules an environment pool's template imports by default (the ones
+#: worth it: slow to import, used by most snippets that name the environment)
+_HEAVY: Final = frozenset({"numpy", "pandas", "scipy", "sklearn", "polars", "pyarrow",
+                           "sympy", "networkx", "statsmodels"})
+
+
+def env_preload(modules: frozenset[str]) -> frozenset[str]:
+    """What an environment pool's template imports once: the default preloads and the
+    environment's top-level modules (private ``_x`` ones left to their packages)."""
+    from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS
+    return (DEFAULT_ALLOWED_IMPORTS | {"traceback", "ast"}
+            | {m for m in modules if m in _HEAVY})
+
+
 async def _on_provider(provider: SandboxProvider | None, level: Level,
                        run: Callable[[SnippetPool], Awaitable[T]], *,
-                       network: NetworkPolicy | None = None) -> T:
+                       network: NetworkPolicy | None = None, environment: str | None = None,
+                       preload: frozenset[str] | None = None) -> T:
     """``run`` in a short-lived pool on ``provider`` (one slot, no spare; None: a
     provider of the pool's own, closed with it), closed after it on every path; a
     given provider is not closed (the caller owns it)."""
     extra: dict[str, Any] = {} if network is None else {"network": network}
+    if environment is not None:
+        extra.update(environment=environment, preload=preload)
     pool = SnippetPool(providers={level: provider} if provider is not None else None,
                        max_workers=1, spares=0, **extra)
     try:
@@ -418,6 +435,7 @@ async def run_snippet(
     allowed_imports: frozenset[str] | None = None, pool: SnippetPool | None = None,
     provider: SandboxProvider | None = None, _unsafe_skip_validation: bool = False,
     network: NetworkPolicy | None = None, on_log: Callable[[LogLine], None] | None = None,
+    environment: str | None = None,
 ) -> Transcript:
     """Validate and run a Python snippet; return what it did.
 
@@ -453,14 +471,28 @@ async def run_snippet(
     return, never the run (its timeout applies as always). Nothing is handed out after
     the run fails or is cancelled. From :func:`run_snippet_sync` the listener runs in the
     calling thread.
+
+    ``environment``: a built environment's name or digest (docs/environments.md), strict
+    only. Its top-level modules join the default allowed imports (when
+    ``allowed_imports`` is not given); the run goes to a pool of that environment's
+    own, whose slots imported its packages once inside the sandbox and fork per run.
     """
     payload = _files(source, files)
+    env_modules: frozenset[str] = frozenset()
+    if environment is not None:
+        from corral.envs.store import EnvStore
+        env = EnvStore().get(environment)  # ConfigInvalidError (environment) if none
+        environment, env_modules = env.digest, env.allowed_imports()
     if pool is not None and provider is not None:
         raise ConfigInvalidError("provider", "pass pool= or provider=, not both")
     lv, timeout = _level_on(level, provider), _timeout(timeout_ms)
     if not isinstance(tenant_id, str) or not tenant_id:
         raise ConfigInvalidError("tenant_id", "must be a non-empty string")
-    allowed = DEFAULT_ALLOWED_IMPORTS if allowed_imports is None else frozenset(allowed_imports)
+    if environment is not None and lv != Level.STRICT:
+        raise LevelNotSupportedError(str(lv), ("strict",), "an environment is shown at "
+                                     "strict only", field="environment")
+    allowed = (DEFAULT_ALLOWED_IMPORTS | env_modules if allowed_imports is None
+               else frozenset(allowed_imports))
     rejected = _too_large(payload)
     split: Split = None
     if rejected is None and not _unsafe_skip_validation:
@@ -471,7 +503,7 @@ async def run_snippet(
     relay = _LogRelay(on_log, asyncio.get_running_loop())
     try:
         transcript = await _dispatch(payload, pool=pool, provider=provider, network=network,
-                                     cancel=cancel, kw=dict(
+                                     cancel=cancel, env=(environment, env_modules), kw=dict(
                                          tenant_id=tenant_id, level=lv, timeout_ms=timeout,
                                          allowed=allowed, guard=not _unsafe_skip_validation,
                                          split=split, relay=relay))
@@ -484,9 +516,26 @@ async def run_snippet(
 
 async def _dispatch(payload: list[tuple[str, str]], *, pool: SnippetPool | None,
                     provider: SandboxProvider | None, network: NetworkPolicy | None,
-                    cancel: CancelToken | None, kw: dict[str, Any]) -> Transcript:
+                    cancel: CancelToken | None, kw: dict[str, Any],
+                    env: tuple[str | None, frozenset[str]] = (None, frozenset())
+                    ) -> Transcript:
     """The run on the pool it belongs to (see :func:`run_snippet`)."""
     lv: Level = kw["level"]
+    environment, modules = env
+    if environment is not None:
+        if pool is not None:
+            if pool.environment not in (environment,):
+                raise ConfigInvalidError("environment", "the pool passed in shows another "
+                                         "environment (SnippetPool(environment=...))")
+            return await _with_token(cancel, lambda: _run_in(pool, payload, **kw))
+        if provider is not None or (network is not None and network.kind != "none"):
+            return await _with_token(cancel, lambda: _on_provider(
+                provider, lv, lambda p: _run_in(p, payload, **kw), network=network,
+                environment=environment, preload=env_preload(modules)))
+        fut = _DEFAULT.submit(
+            lambda p: _with_token(cancel, lambda: _run_in(p, payload, **kw)),
+            environment=environment, preload=env_preload(modules))
+        return await asyncio.wrap_future(fut)
     if network is not None and network.kind != "none":
         if pool is not None:
             raise ConfigInvalidError("network", "pass network= or pool=, not both (a "
@@ -525,6 +574,8 @@ class _DefaultPool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: SnippetPool | None = None
         self._max: int | None = None
+        #: a pool per environment (digest), made on its first run
+        self._env_pools: dict[str, SnippetPool] = {}
 
     def _ensure(self) -> asyncio.AbstractEventLoop:
         """The pool lives on the loop every sync call shares (:mod:`corral.core.sync`)."""
@@ -532,6 +583,7 @@ class _DefaultPool:
         with self._lock:
             if self._loop is not loop:  # first use, or a forked child's new loop
                 self._loop, self._pool = loop, None
+                self._env_pools = {}
             return loop
 
     def _get(self) -> SnippetPool:
@@ -539,11 +591,21 @@ class _DefaultPool:
             self._pool = SnippetPool(max_workers=self._max)
         return self._pool
 
-    def submit(self, make: Callable[[SnippetPool], Awaitable[T]]
+    def _get_env(self, environment: str, preload: frozenset[str] | None) -> SnippetPool:
+        pool = self._env_pools.get(environment)
+        if pool is None:
+            pool = self._env_pools[environment] = SnippetPool(
+                max_workers=self._max, environment=environment, preload=preload)
+        return pool
+
+    def submit(self, make: Callable[[SnippetPool], Awaitable[T]], *,
+               environment: str | None = None, preload: frozenset[str] | None = None
                ) -> concurrent.futures.Future[T]:
         loop = self._ensure()
 
         async def call() -> T:
+            if environment is not None:
+                return await make(self._get_env(environment, preload))
             return await make(self._get())
 
         return asyncio.run_coroutine_threadsafe(call(), loop)
@@ -568,10 +630,17 @@ class _DefaultPool:
     def shutdown(self, timeout: float = 10.0) -> None:
         with self._lock:
             loop, pool = self._loop, self._pool
+            pools = [p for p in (pool, *self._env_pools.values()) if p is not None]
             self._loop = self._pool = None
-        if loop is None or pool is None or loop.is_closed():
+            self._env_pools = {}
+        if loop is None or not pools or loop.is_closed():
             return
-        fut = asyncio.run_coroutine_threadsafe(pool.aclose(), loop)
+
+        async def close_all() -> None:
+            for p in pools:
+                await p.aclose()
+
+        fut = asyncio.run_coroutine_threadsafe(close_all(), loop)
         try:
             fut.result(timeout)
         except Exception:

@@ -544,6 +544,12 @@ _TZ_ROOTS = ("/usr/share/zoneinfo", "/usr/lib/zoneinfo", "/usr/share/lib/zoneinf
 _MAX_REFUSALS = 8
 
 
+#: the pool's warm-up code (``--warmup``), run once in the template after the preloads
+_WARMUP: list[str] = []
+#: an environment's dir (``--path``): its packages read their own files at run time
+_EXTRA_ROOTS: list[str] = []
+
+
 def _read_roots() -> tuple[str, ...]:
     """The directories a run may read from: the standard library (its source, for lazy
     imports and traceback lines) and the time-zone data, each as ``dir/``."""
@@ -551,6 +557,7 @@ def _read_roots() -> tuple[str, ...]:
     zoneinfo = sys.modules.get("zoneinfo")
     tzpath = getattr(zoneinfo, "TZPATH", ()) if zoneinfo is not None else ()
     roots += [p for p in tzpath if isinstance(p, str)]
+    roots += _EXTRA_ROOTS
     return tuple(sorted({r.rstrip("/") + "/" for r in roots if r.startswith("/")}))
 
 
@@ -1402,7 +1409,7 @@ def serve(preload: list[str]) -> None:
     for name in preload:
         try:
             _real_import(name)
-        except ImportError:
+        except Exception:
             pass
     _harden()  # once, here: every run is a fork of this process
     gc.collect()
@@ -1485,6 +1492,12 @@ def main(argv: list[str]) -> int:
     if "--once" in argv:
         serve_once()
     preload = argv[argv.index("--preload") + 1].split(",") if "--preload" in argv else []
+    if "--warmup" in argv:  # the pool's own warm-up code (trusted, never a snippet's):
+        _WARMUP.append(argv[argv.index("--warmup") + 1])  # run once before any fork
+    if "--path" in argv:  # an environment's packages (-I ignores PYTHONPATH): after the
+        extra = argv[argv.index("--path") + 1]  # standard library, never before it
+        sys.path.append(extra)
+        _EXTRA_ROOTS.append(extra.rstrip("/") + "/")
     serve([p for p in preload if p])
     return 0
 

@@ -159,7 +159,8 @@ class LinuxProvider(SandboxProvider):
                  egress_resolver: Resolver | None = None,
                  egress_upstream_ssl_context: ssl.SSLContext | None = None,
                  snapshots: SnapshotLimits | Mapping[str, Any] | None = None,
-                 egress_never: NeverReach | None = None) -> None:
+                 egress_never: NeverReach | None = None,
+                 env_store_dir: str | None = None) -> None:
         from corral.providers.linux.host.cgroups import CgroupManager
         if isinstance(spares, bool) or not isinstance(spares, int) or not 0 <= spares <= 8:
             raise ConfigInvalidError("spares", f"must be an integer 0..8, got {spares!r}")
@@ -176,6 +177,7 @@ class LinuxProvider(SandboxProvider):
                                     binds=_checked_binds(binds), limits_by=limits_by)
         self.stdout_cap, self.stderr_cap = stdout_cap, stderr_cap
         self._image_cache_dir = image_cache_dir
+        self._env_store_dir = env_store_dir
         self.images: ImageCache | None = None  # made on the first image
         self._host = mounts.detect_host_layout()
         if self.options.extra_ro_binds or self.options.binds:  # refuse a bad dst now
@@ -268,15 +270,35 @@ class LinuxProvider(SandboxProvider):
         if spec.image is not None and image is None:
             check_spec(spec)
             image = self._unpack(spec.image)
+        options, env_vars = self.options, None
+        if spec.environment is not None:
+            if image is not None and is_image_root(spec):
+                # an environment is built for the host's interpreter (its ABI and paths);
+                # an image root brings its own: never shown a tree it cannot load
+                raise ConfigInvalidError("environment", (
+                    "an environment is built for the host's interpreter; a sandbox whose "
+                    "root is an image runs the image's own (install the packages in the "
+                    "image, or drop image=)"))
+            env = self._environment(spec.environment)
+            options = dataclasses.replace(options, binds=options.binds + tuple(
+                Bind(src, dst) for src, dst in env.sandbox_binds()))
+            env_vars = env.sandbox_env()
         if image is not None and is_image_root(spec):
-            plan = build_plan(spec, options=self.options, host=self._host,
+            plan = build_plan(spec, options=options, host=self._host,
                               image_root=image_root_of(image))
         else:
-            plan = build_plan(spec, options=self.options, host=self._host,
+            plan = build_plan(spec, options=options, host=self._host,
                               rootfs=None if image is None else image.rootfs,
                               image_env=None if image is None else env_of(image.config.env))
+        if env_vars:
+            plan = dataclasses.replace(plan, env_base={**plan.env_base, **env_vars})
         self._cgroups.require(self._cgroup_limits(plan.limits))
         return plan
+
+    def _environment(self, ref: str) -> Any:
+        """The built environment ``ref`` names (corral.envs; ConfigInvalidError if none)."""
+        from corral.envs.store import EnvStore
+        return EnvStore(self._env_store_dir).get(ref)
 
     def _unpack(self, image: str) -> UnpackedImage:
         """Unpack (or find in the cache) ``image``, reachable by the sandbox's user."""
@@ -287,8 +309,11 @@ class LinuxProvider(SandboxProvider):
 
     async def _plan_for(self, spec: SandboxSpec) -> SandboxPlan:
         if spec.image is None:
-            # build_plan reads only these fields of a spec without an image
-            ckey = (spec.level, spec.network, spec.mode, spec.limits)
+            # build_plan reads only these fields of a spec without an image (and the
+            # environment's digest: a name may be rebuilt)
+            env = (None if spec.environment is None
+                   else self._environment(spec.environment).digest)
+            ckey = (spec.level, spec.network, spec.mode, spec.limits, env)
             hit = self._plans.get(ckey)
             if hit is None:
                 if len(self._plans) >= 64:

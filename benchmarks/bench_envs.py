@@ -1,0 +1,118 @@
+"""Environments: a warm pandas snippet against a warm stdlib snippet, and the cold build.
+
+    .venv/bin/python benchmarks/bench_envs.py [--runs 200] [--store DIR] [--cold]
+
+Warm: ``run_snippet("import pandas as pd; pd.DataFrame({'a': [1, 2]}).sum()")`` through
+a :class:`SnippetPool` of a numpy+pandas+matplotlib environment (its slots' template
+imported the environment's modules once, inside the sandbox, and forks per run), next
+to ``run_snippet("1+1")`` through a plain pool: p50/p99 of sequential runs and runs/s
+with 2 concurrent callers. Goal (issue 29): the pandas p50 within 2x of the stdlib one.
+Cold: the first build of the environment (pip in a strict sandbox from the index,
+read back, published), with ``--cold`` into a fresh temp store; then the second build
+of the same inputs (a cache hit: no sandbox, no network).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from corral.envs import BuildOptions, EnvStore, build_environment, stats
+from corral.envs.build import non_public_index_entries
+from corral.providers.linux import LinuxProvider
+from corral.snippets.host.pool import SnippetPool
+from corral.snippets.host.runner import env_preload, run_snippet
+
+PANDAS = "import pandas as pd\npd.DataFrame({'a': [1, 2]}).sum()"
+STDLIB = "1+1"
+REQS = ["numpy", "pandas", "matplotlib"]
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def _measure(pool: SnippetPool, source: str, runs: int,
+                   environment: str | None) -> dict[str, float]:
+    for _ in range(5):  # warm the slots
+        t = await run_snippet(source, pool=pool, environment=environment)
+        assert t.ok, t.errors
+    lat = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        t = await run_snippet(source, pool=pool, environment=environment)
+        lat.append((time.perf_counter() - t0) * 1000)
+        assert t.ok, t.errors
+    t0 = time.perf_counter()
+    per = runs // 2
+
+    async def caller() -> None:
+        for _ in range(per):
+            await run_snippet(source, pool=pool, environment=environment)
+
+    await asyncio.gather(caller(), caller())
+    rate = 2 * per / (time.perf_counter() - t0)
+    return {"p50_ms": round(statistics.median(lat), 2), "p99_ms": round(_pct(lat, 0.99), 2),
+            "runs_per_s_2_callers": round(rate, 1)}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    root = Path(tempfile.mkdtemp(prefix="corral-bench-envs-")) if args.cold else Path(
+        args.store)
+    os.environ["CORRAL_ENV_DIR"] = str(root)
+    store = EnvStore(root)
+    opts = BuildOptions(extra_hosts=non_public_index_entries(BuildOptions()))
+    try:
+        t0 = time.perf_counter()
+        built = stats["sandbox_builds"]
+        env = await build_environment("bench-sci", REQS, options=opts, store=store)
+        first = time.perf_counter() - t0
+        out["build"] = {"seconds": round(first, 2), "cold": stats["sandbox_builds"] > built,
+                        "size_mb": round(env.size_bytes / 2**20, 1)}
+        t0 = time.perf_counter()
+        await build_environment("bench-sci", REQS, options=opts, store=store)
+        out["build"]["hit_ms"] = round((time.perf_counter() - t0) * 1000, 2)
+        async with LinuxProvider(spares=0, env_store_dir=str(root)) as p:
+            plain = SnippetPool(providers={"strict": p}, max_workers=2, spares=1)
+            envp = SnippetPool(providers={"strict": p}, max_workers=2, spares=1,
+                               environment=env.digest, preload=env_preload(env.modules))
+            try:
+                out["stdlib"] = await _measure(plain, STDLIB, args.runs, None)
+                out["pandas"] = await _measure(envp, PANDAS, args.runs, env.digest)
+            finally:
+                await plain.aclose()
+                await envp.aclose()
+        out["pandas_over_stdlib_p50"] = round(out["pandas"]["p50_ms"]
+                                              / out["stdlib"]["p50_ms"], 2)
+    finally:
+        if args.cold:
+            from corral.envs.store import remove_tree
+            remove_tree(root)
+            shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--store", default="/var/cache/corral-envs-test" if os.geteuid() == 0
+                    else str(Path.home() / ".cache" / "corral-envs-test"))
+    ap.add_argument("--cold", action="store_true", help="build into a fresh temp store")
+    args = ap.parse_args()
+    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
