@@ -19,7 +19,7 @@ T0=$(date +%s)
 say() { printf '[debian13 %4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 die() { say "ERROR: $*"; exit 2; }
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, chroot, mounts)"
-[ $# -gt 0 ] || set -- -m "not slow and not image_build" tests/linux tests/snippets tests/runner tests/cli \
+[ $# -gt 0 ] || set -- -m "not slow and not image_build and not env_build" tests/linux tests/snippets tests/runner tests/cli \
   tests/test_main_job.py
 command -v debootstrap >/dev/null || {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }

@@ -53,7 +53,7 @@ for want in $TIERS; do
   read -r -a tests <<<"${TIER_TESTS:-${TESTS[*]}}"
   skip=("${IGNORE[@]}")
   echo "    left out: ${skip[*]:-nothing}"
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" "${skip[@]}" "${tests[@]}"
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow and not env_build" "${skip[@]}" "${tests[@]}"
   rc=$?
   echo "=== tier $ver: rc=$rc in $(( $(date +%s) - t0 )) s (install included)"
   [ $rc = 0 ] || failed+=("$ver")

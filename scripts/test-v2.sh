@@ -30,7 +30,7 @@ die() { say "ERROR: $*"; exit 2; }
 [ $# -gt 0 ] || set -- tests/linux/test_cgroups.py tests/linux/test_hostinfo.py \
   tests/linux/test_strict_outcomes.py tests/linux/test_quotas.py tests/linux/test_cpu_cap.py \
   tests/linux/test_orphans.py tests/linux/test_provider.py tests/linux/test_nonroot_doors.py \
-  -m 'not slow'
+  -m 'not slow and not env_build'
 
 # --- host packages --------------------------------------------------------------
 need=()

@@ -348,9 +348,13 @@ class SandboxSpec:
     level: Level = Level.STRICT
     mode: InvocationMode | None = None
     invocation: SandboxInvocationContext | None = None
+    #: the name of a prepared package environment the sandbox runs in (sessions pass
+    #: it through; the environments issue gives it meaning)
+    environment: str | None = None
 
     def __post_init__(self) -> None:
         _check_str("tenant_id", self.tenant_id)
+        _check_str("environment", self.environment, allow_none=True)
         _check_str("run_id", self.run_id)
         _check_str("node_id", self.node_id, allow_none=True)
         _check_str("image", self.image, allow_none=True)
