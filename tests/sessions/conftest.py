@@ -1,50 +1,19 @@
-"""Fixtures for sessions: a strict provider, and (marker ``env_build``) a site-packages
-dir holding pandas and matplotlib, built once with ``pip install --target`` and cached
-under /var/cache/corral-session-test, bound read-only into the sandbox."""
+"""Fixtures for sessions: the strict provider's skip, and (marker ``env_build``) the
+site-packages dir with pandas and matplotlib (tests/session_env.py)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-
 import pytest
 
+from session_env import build_site
 from strict_tier import host_can_sandbox, unavailable
 
 SKIP_REASON = host_can_sandbox()
-CACHE = "/var/cache/corral-session-test"
-PACKAGES = ("pandas", "matplotlib")
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-CSV = "a,b\n1,2\n3,4\n5,7\n7,11\n"
-
-
-def _site_dir() -> str:
-    return os.path.join(CACHE, f"py{sys.version_info[0]}.{sys.version_info[1]}-site")
 
 
 @pytest.fixture(scope="session")
 def data_site() -> str:
-    """A dir on the host with pandas and matplotlib importable (for PYTHONPATH)."""
-    site = _site_dir()
-    if not os.path.isdir(os.path.join(site, "pandas")):
-        os.makedirs(CACHE, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix="build-", dir=CACHE)
-        try:
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-cache-dir",
-                            "--disable-pip-version-check", "--target", tmp, *PACKAGES],
-                           check=True, timeout=900)
-            os.chmod(tmp, 0o755)
-            try:
-                os.rename(tmp, site)
-            except OSError:  # another run made it first
-                shutil.rmtree(tmp, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return site
+    return build_site()
 
 
 @pytest.fixture
@@ -52,10 +21,3 @@ def strict() -> None:
     """Skip (or fail under CORRAL_REQUIRE_STRICT=1) where the strict provider cannot run."""
     if SKIP_REASON:
         unavailable(SKIP_REASON)
-
-
-def png_size(png: bytes) -> tuple[int, int]:
-    """(width, height) of a PNG from its IHDR chunk."""
-    assert png.startswith(PNG_SIGNATURE)
-    assert png[12:16] == b"IHDR"
-    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from conftest import PNG_SIGNATURE, png_size
 from corral import LimitsExceededError, SandboxLimits, SandboxTimeoutError, SessionEndedError
 from corral.core.errors import ConfigInvalidError
 from corral.sessions import AsyncSession, Session
 from corral.sessions.session import MAX_FRAME_BYTES
+from session_env import PNG_SIGNATURE, png_size
 from strict_tier import needs_cgroup_limits
 
 pytestmark = pytest.mark.usefixtures("strict")

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from conftest import CSV, png_size
 from corral import LimitsExceededError, SandboxLimits
 from corral.providers.linux import LinuxProvider
 from corral.sessions import AsyncSession
+from session_env import CSV, png_size
 from strict_tier import needs_cgroup_limits
 
 pytestmark = [pytest.mark.env_build, pytest.mark.usefixtures("strict")]

@@ -133,6 +133,18 @@ def _bundle(data: object) -> tuple[dict[str, Any], int] | None:
     return out, size
 
 
+def _check_options(cell_timeout_s: object, interrupt_grace_s: object, idle_timeout_s: object,
+                   max_lifetime_s: object, max_output_chars: object) -> None:
+    for name, v in (("cell_timeout_s", cell_timeout_s),
+                    ("interrupt_grace_s", interrupt_grace_s),
+                    ("idle_timeout_s", idle_timeout_s), ("max_lifetime_s", max_lifetime_s)):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+            raise ConfigInvalidError(name, f"must be a positive number, got {v!r}")
+    if isinstance(max_output_chars, bool) or not isinstance(max_output_chars, int) \
+            or max_output_chars < 1:
+        raise ConfigInvalidError("max_output_chars", "must be a positive integer")
+
+
 class AsyncSession:
     """A live interpreter in a strict sandbox; ``await session.run(code)`` runs a cell.
 
@@ -196,14 +208,8 @@ class AsyncSession:
                      max_lifetime_s: float = 4 * 3600.0, max_output_chars: int = 1 << 20,
                      env: Mapping[str, str] | None = None, python: str | None = None
                      ) -> AsyncSession:
-        for name, v in (("cell_timeout_s", cell_timeout_s),
-                        ("interrupt_grace_s", interrupt_grace_s),
-                        ("idle_timeout_s", idle_timeout_s), ("max_lifetime_s", max_lifetime_s)):
-            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
-                raise ConfigInvalidError(name, f"must be a positive number, got {v!r}")
-        if isinstance(max_output_chars, bool) or not isinstance(max_output_chars, int) \
-                or max_output_chars < 1:
-            raise ConfigInvalidError("max_output_chars", "must be a positive integer")
+        _check_options(cell_timeout_s, interrupt_grace_s, idle_timeout_s, max_lifetime_s,
+                       max_output_chars)
         owned: SandboxProvider | None = None
         if isinstance(provider, SandboxProvider):
             made = provider
@@ -222,6 +228,25 @@ class AsyncSession:
                 await owned.aclose()
             raise
         try:
+            return await cls.attach(sandbox, owned=owned, cell_timeout_s=cell_timeout_s,
+                                    interrupt_grace_s=interrupt_grace_s,
+                                    idle_timeout_s=idle_timeout_s, max_lifetime_s=max_lifetime_s,
+                                    max_output_chars=max_output_chars, env=env, python=python)
+        except BaseException:
+            if owned is not None:
+                await owned.aclose()
+            raise
+
+    @classmethod
+    async def attach(cls, sandbox: Sandbox, *, owned: SandboxProvider | None = None,
+                     cell_timeout_s: float = 30.0, interrupt_grace_s: float = 3.0,
+                     idle_timeout_s: float = 900.0, max_lifetime_s: float = 4 * 3600.0,
+                     max_output_chars: int = 1 << 20, env: Mapping[str, str] | None = None,
+                     python: str | None = None) -> AsyncSession:
+        """A session in ``sandbox`` (made by the caller, e.g. a server that counts it
+        against a tenant's caps): the interpreter is started there. The session owns the
+        sandbox from now on: closing the session destroys it, and so does a failure here."""
+        try:
             await sandbox.write_file(DRIVER_FILE, _driver_source())
             penv = {"LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
                     "MPLCONFIGDIR": "/tmp/.corral-matplotlib", "HOME": "/work",
@@ -231,8 +256,6 @@ class AsyncSession:
             proc = await sandbox.start_process(argv, ProcessOpts(stdin=True, env=penv))
         except BaseException:
             await sandbox.destroy()
-            if owned is not None:
-                await owned.aclose()
             raise
         self = cls(sandbox, proc, owned=owned, cell_timeout_s=float(cell_timeout_s),
                    interrupt_grace_s=float(interrupt_grace_s),
@@ -243,6 +266,7 @@ class AsyncSession:
             if self._ended is not None:
                 raise self._ended
         except BaseException as exc:
+            self._owned = None  # the caller closes it (create's rollback)
             await self.close()
             if isinstance(exc, TimeoutError):
                 raise SessionEndedError("the session's interpreter did not start within "
@@ -439,6 +463,12 @@ class AsyncSession:
         self._ready.set()
         if self._cell is not None:
             self._cell.done.set()
+        self._stop_watch()
+
+    def _stop_watch(self) -> None:
+        watch = self._tasks[2]
+        if watch is not asyncio.current_task():
+            watch.cancel()
 
     async def _watch(self) -> None:
         """End the session at its idle timeout or maximum lifetime."""
@@ -495,6 +525,7 @@ class AsyncSession:
             await self.sandbox.destroy()
         if self._cell is not None:
             self._cell.done.set()
+        self._stop_watch()
 
     async def close(self) -> None:
         """End the session: kill the interpreter, destroy the sandbox (and close a
