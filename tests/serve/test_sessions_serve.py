@@ -169,3 +169,37 @@ def test_the_agent_walk_over_http(tmp_path: Path, data_site: str) -> None:
 @pytest.fixture
 def data_site() -> str:
     return build_site()
+
+
+def test_the_remote_provider_client(server: Server) -> None:
+    import asyncio
+
+    from corral import LimitsExceededError, SandboxLimits, SessionEndedError
+    from corral.providers.remote import RemoteProvider
+    from corral.providers.remote.sessions import RemoteSession
+
+    async def main() -> None:
+        async with RemoteProvider(server.url, ALICE) as p:
+            seen: list[tuple[str, str]] = []
+            async with await RemoteSession.create(p, cell_timeout_s=1.5) as s:
+                await s.write_file("data.csv", CSV)
+                r = await s.run("rows = open('data.csv').read().split()\nprint(len(rows))\n"
+                                "rows[0]", on_stdout=lambda t: seen.append(("out", t)),
+                                on_display=lambda d: seen.append((d.kind, d.text() or "")))
+                assert r.stdout == "5\n" and r.result is not None
+                assert r.result.text() == "'a,b'"
+                assert seen == [("out", "5\n"), ("result", "'a,b'")]
+                r = await s.run("while True: pass")
+                assert r.timed_out and r.error is not None
+                assert (await s.run("len(rows)")).result.text() == "5"  # type: ignore[union-attr]
+                await s.run("open('o.txt', 'w').write('x')")
+                assert await s.read_file("o.txt") == b"x"
+            with pytest.raises(SessionEndedError):
+                await s.run("1")
+            if not cgroup_limits_reason():
+                s2 = await RemoteSession.create(p, limits=SandboxLimits(mem_mb=128))
+                with pytest.raises(LimitsExceededError) as info:
+                    await s2.run("hog = []\nwhile True:\n    hog.append(bytearray(8 << 20))")
+                assert info.value.limit == "memory" and info.value.limit_value == 128
+                await s2.close()
+    asyncio.run(main())

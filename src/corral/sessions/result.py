@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["CellError", "CellResult", "DisplayItem"]
+__all__ = ["CellError", "CellResult", "DisplayItem", "cell_from_json"]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -111,3 +111,43 @@ class CellResult:
             "timed_out": self.timed_out, "truncated": self.truncated,
             "duration_ms": round(self.duration_ms, 3), "notes": list(self.notes),
         }
+
+
+def _bundle_of(doc: object) -> DisplayItem | None:
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
+        return None
+    kind: Literal["display", "result"] = "result" if doc.get("kind") == "result" \
+        else "display"
+    data = {k: v for k, v in doc["data"].items() if isinstance(k, str)
+            and isinstance(v, str | dict | list)}
+    return DisplayItem(kind, data)
+
+
+def cell_from_json(doc: object) -> CellResult:
+    """The inverse of :meth:`CellResult.to_json` (what a server sent: checked field by
+    field, a field of the wrong type takes its neutral value)."""
+    if not isinstance(doc, dict):
+        raise ValueError("a cell is a JSON object")
+
+    def text(name: str) -> str:
+        v = doc.get(name)
+        return v if isinstance(v, str) else ""
+
+    err = doc.get("error")
+    error = None
+    if isinstance(err, dict):
+        error = CellError(name=str(err.get("name", "Error")), value=str(err.get("value", "")),
+                          traceback=str(err.get("traceback", "")))
+    displays = doc.get("displays")
+    cell = doc.get("cell")
+    duration = doc.get("duration_ms")
+    notes = doc.get("notes")
+    return CellResult(
+        cell=cell if isinstance(cell, int) and not isinstance(cell, bool) else 0,
+        stdout=text("stdout"), stderr=text("stderr"), result=_bundle_of(doc.get("result")),
+        displays=tuple(d for d in (_bundle_of(x) for x in displays) if d is not None)
+        if isinstance(displays, list) else (),
+        error=error, timed_out=doc.get("timed_out") is True,
+        truncated=doc.get("truncated") is True,
+        duration_ms=float(duration) if isinstance(duration, int | float) else 0.0,
+        notes=tuple(n for n in notes if isinstance(n, str)) if isinstance(notes, list) else ())
