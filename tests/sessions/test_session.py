@@ -238,3 +238,17 @@ def test_closed_session_raises_session_ended() -> None:
     with pytest.raises(SessionEndedError) as info:
         s.run("1")
     assert info.value.reason == "closed"
+
+
+def test_a_session_dropped_without_close_is_closed() -> None:
+    import gc
+    import time
+    s = Session()
+    inner = s.inner
+    del s
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while inner.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not inner.alive
+    assert isinstance(inner.ended, SessionEndedError) and inner.ended.reason == "closed"

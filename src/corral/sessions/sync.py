@@ -7,11 +7,14 @@ session.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import weakref
 from typing import Any
 
 from corral.core.files import FileInfo
 from corral.core.spec import SnapshotHandle
-from corral.core.sync import run_sync
+from corral.core.sync import background_loop, run_sync
 from corral.sessions.result import CellResult
 from corral.sessions.session import AsyncSession, DisplaySink, TextSink
 
@@ -31,6 +34,9 @@ class Session:
 
     def __init__(self, **options: Any) -> None:
         self._inner = run_sync(AsyncSession.create(**options))
+        # a session dropped without close() is closed on the loop (not waited for)
+        self._fin = weakref.finalize(self, _release, self._inner)
+        self._fin.atexit = False
 
     @property
     def inner(self) -> AsyncSession:
@@ -67,6 +73,7 @@ class Session:
         run_sync(self._inner.restore(handle))
 
     def close(self) -> None:
+        self._fin.detach()
         run_sync(self._inner.close())
 
     def __enter__(self) -> Session:
@@ -77,3 +84,9 @@ class Session:
 
     def __repr__(self) -> str:
         return repr(self._inner).replace("AsyncSession", "Session", 1)
+
+
+def _release(inner: AsyncSession) -> None:
+    """The finalizer of a collected :class:`Session`: close it on the loop, unawaited."""
+    with contextlib.suppress(BaseException):
+        asyncio.run_coroutine_threadsafe(inner.close(), background_loop())
