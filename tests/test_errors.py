@@ -19,6 +19,7 @@ SEED_CODES = {
     "level-not-supported", "limits-exceeded", "timeout", "cancelled", "create-cancelled",
     "unhandled-worker", "config-invalid", "orphaned", "snapshot-not-supported",
     "restore-not-supported", "pause-not-supported", "invalid-snapshot-handle", "provider-error",
+    "session-ended",  # issue 30: a session (corral.sessions) that runs no more cells
 }
 
 

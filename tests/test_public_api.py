@@ -20,7 +20,9 @@ PUBLIC = [
     "InvalidSnapshotHandleError", "LevelNotSupportedError", "LimitsExceededError",
     "OrphanedError", "PauseNotSupportedError", "ProviderError", "RestoreNotSupportedError",
     "SandboxCancelledError", "SandboxTimeoutError", "SnapshotNotSupportedError",
-    "UnhandledWorkerError",
+    "UnhandledWorkerError", "SessionEndedError",
+    # sessions: a live interpreter whose globals persist between cells (issue 30)
+    "AsyncSession", "CellResult", "Session",
     # the contract, the cancel token, a provider by name or level
     "ProcessHandle", "ProcessStdin", "Sandbox", "SandboxProvider", "pause", "restore", "resume",
     "snapshot", "CancelToken", "provider",
@@ -39,7 +41,7 @@ MODULES = [
     "corral.wire.protocol",
     "corral.core.contract", "corral.run.bounded", "corral.run.strict", "corral.dispatch",
     "corral.snippets", "corral.envs",
-    "corral.testing", "corral.providers", "corral.providers.inprocess",
+    "corral.testing", "corral.sessions", "corral.providers", "corral.providers.inprocess",
     "corral.providers.subproc", "corral.providers.linux",
 ]
 

@@ -89,8 +89,8 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
                            "ErrorCode", "InvalidSnapshotHandleError", "LevelNotSupportedError",
                            "LimitsExceededError", "OrphanedError", "PauseNotSupportedError",
                            "ProviderError", "RestoreNotSupportedError", "SandboxCancelledError",
-                           "SandboxTimeoutError", "SnapshotNotSupportedError",
-                           "UnhandledWorkerError"),
+                           "SandboxTimeoutError", "SessionEndedError",
+                           "SnapshotNotSupportedError", "UnhandledWorkerError"),
     "corral.core.files": ("FileInfo",),
     "corral.core.result": ("ExecResult", "ExitStatus", "Outcome", "RunResult"),
     "corral.core.spec": ("Capability", "ExecOpts", "HandlerRef", "InvocationMode", "Level",
@@ -103,13 +103,16 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "corral.providers": ("provider",),
     "corral.run.bounded": ("run_bounded", "run_bounded_async"),
     "corral.run.strict": ("run_strict", "run_strict_async"),
+    "corral.sessions": ("AsyncSession", "CellResult", "Session"),
     "corral.snippets": ("Transcript", "run_snippet", "run_snippet_sync", "validate_source"),
 }
 _LAZY: dict[str, str] = {n: m for m, names in _LAZY_MODULES.items() for n in names}
 
 __all__ = [
+    "AsyncSession",
     "CancelToken",
     "Capability",
+    "CellResult",
     "ConfigInvalidError",
     "CorralError",
     "CreateCancelledError",
@@ -146,6 +149,8 @@ __all__ = [
     "SandboxProvider",
     "SandboxSpec",
     "SandboxTimeoutError",
+    "Session",
+    "SessionEndedError",
     "SnapshotHandle",
     "SnapshotNotSupportedError",
     "Transcript",

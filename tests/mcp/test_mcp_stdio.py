@@ -15,7 +15,8 @@ from corral.mcp.server import playground_link
 
 TOOLS = {"run_in_sandbox", "snippet_rules", "run_command", "sandbox_create", "sandbox_exec",
          "sandbox_write_file", "sandbox_read_file", "sandbox_list", "sandbox_destroy",
-         "process_start", "process_poll", "process_kill"}
+         "process_start", "process_poll", "process_kill",
+         "session_create", "session_run", "session_close"}
 
 
 def run(coro: Any) -> Any:

@@ -31,6 +31,7 @@ VERBS: dict[str, str] = {
     "python": "python",
     "run": "run",
     "serve": "serve",
+    "session": "session",
 }
 
 

@@ -59,6 +59,7 @@ __all__ = [
     "OrphanedError",
     "PauseNotSupportedError",
     "ProviderError",
+    "SessionEndedError",
     "RestoreNotSupportedError",
     "SandboxCancelledError",
     "SandboxTimeoutError",
@@ -86,6 +87,7 @@ class ErrorCode(enum.StrEnum):
     PAUSE_NOT_SUPPORTED = "pause-not-supported"
     INVALID_SNAPSHOT_HANDLE = "invalid-snapshot-handle"
     PROVIDER_ERROR = "provider-error"
+    SESSION_ENDED = "session-ended"
 
 
 #: longest text (a message, a reason, a detail) the decoder keeps from a far end
@@ -352,6 +354,26 @@ class ProviderError(CorralError):
             self.__cause__ = cause
 
 
+@final
+class SessionEndedError(CorralError):
+    """A session (:mod:`corral.sessions`) has ended and runs no more cells: it was
+    closed, passed its idle timeout or maximum lifetime, or its interpreter exited.
+    ``reason`` says which (``closed``, ``idle-timeout``, ``max-lifetime``, ``exited``,
+    ``interrupt-ignored``, ``protocol``); an end caused by a limit raises that limit's
+    error instead (``LimitsExceededError("memory")``)."""
+
+    code = ErrorCode.SESSION_ENDED
+    exit_status = 75
+    http_status = 410
+
+    def __init__(self, message: str, *, reason: str = "closed") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def _facts(self) -> Mapping[str, Any]:
+        return {"reason": self.reason}
+
+
 ERROR_CLASSES: Mapping[ErrorCode, type[CorralError]] = {
     cls.code: cls
     for cls in (
@@ -359,7 +381,7 @@ ERROR_CLASSES: Mapping[ErrorCode, type[CorralError]] = {
         SandboxCancelledError, CreateCancelledError, UnhandledWorkerError,
         ConfigInvalidError, OrphanedError, SnapshotNotSupportedError,
         RestoreNotSupportedError, PauseNotSupportedError,
-        InvalidSnapshotHandleError, ProviderError,
+        InvalidSnapshotHandleError, ProviderError, SessionEndedError,
     )
 }
 
@@ -444,6 +466,8 @@ def error_from_dict(doc: object, *, result: RunResult | None = None) -> CorralEr
     elif ecode is ErrorCode.CONFIG_INVALID:
         err = ConfigInvalidError(_text(doc, "field", "?") or "?",
                                  _text(doc, "reason", message))
+    elif ecode is ErrorCode.SESSION_ENDED:
+        err = SessionEndedError(message, reason=_text(doc, "reason", "closed")[:64])
     else:
         err = ERROR_CLASSES[ecode](message)
     if ecode is not None and message and str(err) != message:

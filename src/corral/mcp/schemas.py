@@ -92,4 +92,13 @@ OUTPUT_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
     "process_start": _obj({"name": _STR, "process": _STR}, ("name", "process")),
     "process_poll": _PROCESS,
     "process_kill": _PROCESS,
+    # sessions (corral.mcp.sessions): a cell's outputs; its PNGs are image content too
+    "session_create": _obj({"name": _STR, "python": _STR, "level": _STR, "mem_mb": _OPT_INT},
+                           ("name",)),
+    "session_run": _obj({
+        "cell": _INT, "ok": _BOOL, "stdout": _STR, "stderr": _STR,
+        "result": {"type": ["object", "null"]}, "displays": {"type": "array"},
+        "error": {"type": ["object", "null"]}, "timed_out": _BOOL, "truncated": _BOOL,
+        "images": _INT}, ("cell", "ok", "stdout", "stderr")),
+    "session_close": _obj({"name": _STR, "closed": _BOOL}, ("name", "closed")),
 }

@@ -644,6 +644,8 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
         try:
             yield backend
         finally:
+            from corral.mcp.sessions import close_sessions
+            await asyncio.shield(close_sessions(backend))
             await asyncio.shield(backend.aclose())
 
     server: MCPServer[Any] = _CorralServer(
@@ -1019,6 +1021,8 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
     for fn, notes in tools:
         # the description without the docstring's indentation
         server.add_tool(fn, annotations=notes, description=inspect.cleandoc(fn.__doc__ or ""))
+    from corral.mcp.sessions import add_session_tools  # sessions (issue 30)
+    add_session_tools(server, backend, _guard, _result)
     return server, backend
 
 

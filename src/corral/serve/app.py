@@ -54,6 +54,12 @@ from corral.serve.logs import JsonLog
 from corral.serve.metrics import CONTENT_TYPE
 from corral.serve.models import RAW, operation
 from corral.serve.service import EARLY_RELEASE, ApiError, Event, RunStream, Service
+from corral.serve.sessions import (
+    CellRequest,
+    SessionCreateRequest,
+    close_all as close_sessions,
+    table as session_table,
+)
 from corral.serve.state import TenantState
 
 __all__ = ["ROUTES", "create_app"]
@@ -69,6 +75,13 @@ ROUTES: Final[tuple[tuple[str, str, str, bool], ...]] = (
     ("POST", f"{P}/snippets", "snippets", True),
     ("POST", f"{P}/runs", "runs", True),
     ("POST", f"{P}/invoke", "invoke", True),
+    # sessions: live interpreters whose globals persist (issue 30: serve/sessions.py)
+    ("GET", f"{P}/sessions", "list_sessions", True),
+    ("POST", f"{P}/sessions", "create_session", True),
+    ("DELETE", f"{P}/sessions/{{sid}}", "close_session", True),
+    ("POST", f"{P}/sessions/{{sid}}/cells", "run_cell", True),
+    ("PUT", f"{P}/sessions/{{sid}}/files", "session_write_file", True),
+    ("GET", f"{P}/sessions/{{sid}}/files", "session_read_file", True),
     ("GET", f"{P}/sandboxes", "list_sandboxes", True),
     ("POST", f"{P}/sandboxes", "create_sandbox", True),
     ("GET", f"{P}/sandboxes/{{sid}}", "get_sandbox", True),
@@ -100,6 +113,7 @@ ROUTES: Final[tuple[tuple[str, str, str, bool], ...]] = (
 _PRECHECK: Final[dict[str, tuple[str, ...]]] = {
     "snippets": ("run",), "exec": ("run",), "invoke_in": ("run",),
     "runs": ("run", "sandbox"), "invoke": ("run", "sandbox"), "create_sandbox": ("sandbox",),
+    "run_cell": ("run",), "create_session": ("sandbox",),
 }
 _MIB: Final = 1 << 20
 
@@ -850,6 +864,59 @@ class _Api:
                                      {"allow": body.allow, "revoke": body.revoke})
         return Response(status_code=204)
 
+    # -- sessions (serve/sessions.py) --------------------------------------------------
+    @operation("create a session: a strict sandbox holding a live Python interpreter "
+               "whose globals persist between cells", body=SessionCreateRequest,
+               body_optional=True, ok={"type": "object"}, status=201, errors=(422, 501),
+               tag="sessions", creates="sid")
+    async def create_session(self, request: Request, tenant: TenantState,
+                             body: SessionCreateRequest | None) -> Response:
+        t = session_table(self.s)
+        sid, sess = await t.create(tenant, body or SessionCreateRequest())
+        return _json(t.describe(sid, sess), 201)
+
+    @operation("the caller's live sessions", ok={"type": "object"}, tag="sessions")
+    async def list_sessions(self, request: Request, tenant: TenantState, body: Any
+                            ) -> Response:
+        return _json({"sessions": await session_table(self.s).list(tenant)})
+
+    @operation("close a session (and destroy its sandbox)", status=204, errors=(404,),
+               tag="sessions")
+    async def close_session(self, request: Request, tenant: TenantState, body: Any
+                            ) -> Response:
+        await session_table(self.s).close(tenant, request.path_params["sid"])
+        return Response(status_code=204)
+
+    @operation("run a cell: its outputs, shaped as a notebook cell's (stream: stdout, "
+               "stderr, display and result events as they come, then the cell)",
+               body=CellRequest, ok={"type": "object"}, stream=True,
+               errors=(404, 410, 422, 504), tag="sessions")
+    async def run_cell(self, request: Request, tenant: TenantState, body: CellRequest
+                       ) -> Response:
+        t = session_table(self.s)
+        sid = request.path_params["sid"]
+        if not _stream_wanted(request, body.stream):
+            return _json((await t.run(tenant, sid, body)).to_json())
+        return _NDJSONResponse(None, t.stream(tenant, sid, body), lambda: self.s.draining)
+
+    @operation("create or replace a file of the session's work dir (the raw body)", body=RAW,
+               status=204, errors=(404,), query=_PATH_Q, tag="sessions")
+    async def session_write_file(self, request: Request, tenant: TenantState, body: bytes
+                                 ) -> Response:
+        sid = request.path_params["sid"]
+        session_table(self.s).get(tenant, sid)
+        await self.s.write_file(tenant, sid, self._path(request), body)
+        return Response(status_code=204)
+
+    @operation("read a file of the session's work dir (the raw body)",
+               ok="application/octet-stream", errors=(404,), query=_PATH_Q, tag="sessions")
+    async def session_read_file(self, request: Request, tenant: TenantState, body: Any
+                                ) -> Response:
+        sid = request.path_params["sid"]
+        session_table(self.s).get(tenant, sid)
+        data = await self.s.read_file(tenant, sid, self._path(request))
+        return Response(data, media_type="application/octet-stream")
+
 
 def _playground_routes() -> list[BaseRoute]:
     """The playground page (another module), mounted when it is there."""
@@ -892,6 +959,7 @@ def create_app(config: ServeConfig, *, service: Service | None = None,
         try:
             yield
         finally:
+            await close_sessions(svc)
             await svc.close()
 
     async def http_error(request: Request, exc: Exception) -> Response:

@@ -28,6 +28,7 @@
     max_runs = 4                # runs, execs, snippets and invokes in flight at once
     max_memory_mb = 4096        # the sum of the memory of the tenant's live sandboxes
     max_processes = 64          # started processes not yet ended, per sandbox
+    max_sessions = 4            # live sessions (interpreters, docs/sessions.md) at once
     levels = ["strict"]         # and the tenant's ceiling: levels, [tenants.network],
                                 # [tenants.limits], [tenants.lifetime] (see .tenancy)
 
@@ -85,6 +86,8 @@ class TenantConfig:
         max_processes: processes started (``start_process``) and not yet ended, per
             sandbox (each holds a stream and its buffer on the server). Not the
             sandbox's own ``limits.max_processes``: that one is bounded by ``policy``.
+        max_sessions: sessions (:mod:`corral.serve.sessions`) alive at once; each is
+            also one of its sandboxes.
         policy: the tenant's ceiling (levels, network, limits, lifetimes): see
             :mod:`corral.serve.tenancy`. Default: strict only, the built-in bounds.
     """
@@ -95,6 +98,7 @@ class TenantConfig:
     max_runs: int = 4
     max_memory_mb: int = 4096
     max_processes: int = 64
+    max_sessions: int = 4
     policy: TenantPolicy = field(default_factory=lambda: TenantPolicy(name="-"))
 
     def __post_init__(self) -> None:
@@ -107,6 +111,7 @@ class TenantConfig:
         _count("tenants.max_runs", self.max_runs)
         _count("tenants.max_memory_mb", self.max_memory_mb)
         _count("tenants.max_processes", self.max_processes)
+        _count("tenants.max_sessions", self.max_sessions)
         if not isinstance(self.policy, TenantPolicy):
             raise ConfigInvalidError("tenants.policy", "must be a TenantPolicy")
         if self.policy.name != self.name:
@@ -250,7 +255,7 @@ class ServeConfig:
 def _tenant(doc: Mapping[str, Any], i: int, levels: Mapping[str, str],
             default_mem_mb: int) -> TenantConfig:
     known = {"name", "token", "token_sha256", "max_sandboxes", "max_runs", "max_memory_mb",
-             "max_processes"} | POLICY_KEYS
+             "max_processes", "max_sessions"} | POLICY_KEYS
     extra = sorted(set(doc) - known)
     if extra:
         raise ConfigInvalidError(f"tenants[{i}].{extra[0]}", "unknown key")
@@ -267,7 +272,7 @@ def _tenant(doc: Mapping[str, Any], i: int, levels: Mapping[str, str],
         except ValueError:
             raise ConfigInvalidError(f"tenants[{i}].token_sha256", "not hex") from None
     caps = {k: doc[k] for k in ("max_sandboxes", "max_runs", "max_memory_mb",
-                                "max_processes") if k in doc}
+                                "max_processes", "max_sessions") if k in doc}
     policy = parse_policy({k: doc[k] for k in POLICY_KEYS if k in doc},
                           name=str(doc.get("name", "")), server_levels=levels,
                           default_mem_mb=default_mem_mb, where=f"tenants[{i}]")

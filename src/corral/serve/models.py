@@ -430,7 +430,7 @@ class Error(_Out):
     #: which bound refused: a tenant cap (``sandboxes``, ``runs``, ``memory``,
     #: ``processes``), an operator ceiling (``limits.<name>``) or an edge cap
     cap: str | None = None
-    what: Literal["sandbox", "process", "file", "route"] | None = None
+    what: Literal["sandbox", "process", "file", "route", "session"] | None = None
     limit: str | None = None
     limit_value: int | None = None
     observed: int | None = None

@@ -31,6 +31,10 @@ FILES: Final = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
+    # the notebook view of a session (docs/sessions.md): /playground/notebook.html
+    "notebook.html": "text/html; charset=utf-8",
+    "notebook.js": "text/javascript; charset=utf-8",
+    "notebook.css": "text/css; charset=utf-8",
 }
 #: sent with every file of the page
 HEADERS: Final = {

@@ -1,0 +1,85 @@
+"""``corral session``: a REPL on a terminal (a pty), cells from -c and stdin, exit statuses."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+from strict_tier import host_can_sandbox, needs_strict
+
+pytestmark = needs_strict(host_can_sandbox())
+
+CORRAL = [sys.executable, "-m", "corral", "session"]
+
+
+def _read_until(fd: int, want: bytes, seen: bytearray, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while want not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"never saw {want!r} in {bytes(seen)!r}"
+        r, _, _ = select.select([fd], [], [], left)
+        if r:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                chunk = b""
+            assert chunk, f"EOF before {want!r}: {bytes(seen)!r}"
+            seen += chunk
+
+
+def test_the_repl_on_a_terminal_keeps_state_and_survives_ctrl_c() -> None:
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*CORRAL, "--timeout", "20s"], stdin=slave, stdout=slave,
+                            stderr=slave, close_fds=True, start_new_session=True)
+    os.close(slave)
+    seen = bytearray()
+    try:
+        _read_until(master, b">>> ", seen)
+        del seen[:]
+        os.write(master, b"def f(n):\n    return n * 7\n\n")
+        _read_until(master, b">>> ", seen)  # the next prompt: the cell ran
+        del seen[:]
+        os.write(master, b"f(6)\n")
+        _read_until(master, b"42", seen)
+        _read_until(master, b">>> ", seen)
+        del seen[:]
+        os.write(master, b"import time; time.sleep(30)\n")
+        time.sleep(1.0)
+        os.write(master, b"\x03")  # Ctrl-C: the cell is interrupted, the session lives
+        _read_until(master, b"KeyboardInterrupt", seen)
+        _read_until(master, b">>> ", seen)
+        del seen[:]
+        os.write(master, b"f(1) + 1\n")
+        _read_until(master, b"8", seen)
+        os.write(master, b"\x04")  # Ctrl-D ends the session
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+def test_cells_from_c_and_stdin_and_the_exit_statuses() -> None:
+    r = subprocess.run([*CORRAL, "-c", "a = 20", "-c", "a + 22"], capture_output=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout == b"42\n", r
+    r = subprocess.run(CORRAL, input=b"x = 1\nprint(x + 1)\n", capture_output=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout == b"2\n", r
+    r = subprocess.run([*CORRAL, "-c", "1/0"], capture_output=True, timeout=120)
+    assert r.returncode == 1 and b"ZeroDivisionError" in r.stderr, r
+
+
+@pytest.mark.parametrize("escape", [b"\x1b]0;owned\x07", b"\x1b[2J"])
+def test_output_is_made_safe_for_the_terminal(escape: bytes) -> None:
+    code = f"print({escape.decode()!r})"
+    r = subprocess.run([*CORRAL, "-c", code], capture_output=True, timeout=120)
+    assert r.returncode == 0, r
+    assert b"\x1b" not in r.stdout
