@@ -132,12 +132,6 @@ class LinuxSandbox(Sandbox):
         #: runs whose kill came while the sandbox was paused: killed at resume (a frozen
         #: agent cannot answer, and a timeout must not wait for it)
         self._kill_at_resume: dict[int, Run] = {}
-        #: the egress proxy (network allowlist/unrestricted) and preview URLs; started
-        #: by the provider's create before the sandbox is handed out
-        self.network = SandboxNetwork(spec.network, self._agent_socket, egress=plan.egress,
-                                      resolver=host.egress_resolver,
-                                      upstream_ssl_context=host.egress_upstream_ssl,
-                                      never=host.egress_never)
         #: what every command's env gets for the network (the proxy's variables)
         self._net_env: dict[str, str] = {}
         #: (path, bytes) of the CA bundle written at create (a policy with secrets)
@@ -146,6 +140,13 @@ class LinuxSandbox(Sandbox):
         channel.on_violation = self._on_violation
         channel.closed.add_done_callback(lambda _f: self._on_agent_gone())
         self._watch_cpu()
+        #: the egress proxy (network allowlist/unrestricted) and preview URLs, with the
+        #: policy the plan parsed; started by the provider's create before the sandbox
+        #: is handed out
+        self.network = SandboxNetwork(spec.network, self._agent_socket, egress=plan.egress,
+                                      resolver=host.egress_resolver,
+                                      upstream_ssl_context=host.egress_upstream_ssl,
+                                      never=host.egress_never)
 
     # -- plumbing -------------------------------------------------------------------
     def _live(self) -> None:
