@@ -57,6 +57,7 @@ from corral.core.spec import (
     ProcessOpts,
     SandboxSpec,
 )
+from corral.core.tasks import TaskSet
 from corral.providers.confined import read_file_under, split_relative, write_file_under
 from corral.providers.oci import _bundle
 from corral.providers.oci._host import RUNTIMES, HostFacts, RuntimeInfo, probe, probe_runtime
@@ -172,6 +173,8 @@ class OciSandbox(Sandbox):
         self._procs: set[SubprocProcess] = set()
         self._cpu_spent = False
         self._cpu_task: asyncio.Task[None] | None = None
+        #: its background tasks (the CPU watcher, each process's end): destroy ends them
+        self._tasks = TaskSet()
         self._paused = False
 
     # -- life ----------------------------------------------------------------------
@@ -212,8 +215,6 @@ class OciSandbox(Sandbox):
         if self._destroyed:
             return
         self._destroyed = True
-        if self._cpu_task is not None:
-            self._cpu_task.cancel()
         runs = list(self._runs)
         procs, self._procs = list(self._procs), set()
         for run in runs:
@@ -236,6 +237,7 @@ class OciSandbox(Sandbox):
                 if fd >= 0:
                     os.close(fd)
             self._work_fd = self._tmp_fd = self._pidfd = -1
+            await self._tasks.aclose()
             await asyncio.to_thread(self._p.release, self)
 
     # -- files -----------------------------------------------------------------------
@@ -382,7 +384,7 @@ class OciSandbox(Sandbox):
     def watch_cpu(self) -> None:
         """With ``limits.cpu_ms``: poll the sandbox's CPU time for its whole life."""
         if self.spec.limits.cpu_ms is not None and self._cpu_task is None:
-            self._cpu_task = asyncio.ensure_future(self._watch_cpu(self.spec.limits.cpu_ms))
+            self._cpu_task = self._tasks.spawn(self._watch_cpu(self.spec.limits.cpu_ms))
 
     async def _watch_cpu(self, cap_ms: int) -> None:
         """At ``cpu_ms`` of CPU time (all the sandbox's processes together, since it was
@@ -521,7 +523,7 @@ class OciSandbox(Sandbox):
             self._procs.discard(proc)
             self._runs.discard(run)
 
-        asyncio.ensure_future(run.wait_finished()).add_done_callback(ended)
+        self._tasks.spawn(run.wait_finished()).add_done_callback(ended)
         return proc
 
     async def pause(self) -> None:

@@ -28,6 +28,7 @@ from corral.core.spec import (
     SandboxSpec,
     SnapshotHandle,
 )
+from corral.core.tasks import settle
 from corral.providers.confined import split_relative
 from corral.providers.linux.host.channel import REQUEST_TIMEOUT_S, Channel
 from corral.providers.linux.host.netrelay import SandboxNetwork, proxy_env
@@ -526,13 +527,15 @@ class LinuxSandbox(Sandbox):
                 raise _error(result(Outcome.CPU_LIMIT, -signal.SIGKILL, limit=e.limit_value,
                                     observed=e.observed, detail=e.detail)) from None
             finally:
-                feeder.cancel()
+                await settle([feeder])
         finally:
             stdin.close_now()
             for r in readers:
                 r.stop()
             if run is not None and not run.exit.done():
                 await self._kill_run(run, "cancelled")
+            if killers:  # an output cap's kill, started from a reader's callback
+                await asyncio.wait(killers)
         if over:
             fd = over[0]
             raise _error(result(
