@@ -4,7 +4,7 @@ One sandbox is one container: a bundle (``config.json`` plus a read-only root, s
 :mod:`._bundle`) started detached with ``catatonit -P`` as its pid 1, and every command
 a ``RUNTIME exec`` into it with its own ``process.json`` (the sandbox's uid, no
 capabilities, no new privileges). Each command runs as a bounded run
-(:mod:`corral.run.engine`) of a small host-side wrapper (:mod:`._reaper`) that adopts
+(:mod:`corral.runner.engine`) of a small host-side wrapper (:mod:`._reaper`) that adopts
 the command so its real wait status is reported; timeouts, output caps and the
 whole-group kill are the bounded run's. Limits are the container's cgroup (v1 here:
 memory + memsw, pids; CPU time read from ``cpuacct`` and enforced by the host), disk
@@ -63,9 +63,9 @@ from corral.providers.oci import _bundle
 from corral.providers.oci._host import RUNTIMES, HostFacts, RuntimeInfo, probe, probe_runtime
 from corral.providers.subproc._process import ChunkQueue, SubprocProcess
 from corral.providers.subproc._provider import _check_argv  # the same rules as subproc
-from corral.run.engine import BoundedRun
-from corral.run.options import make_options
-from corral.run.tree import spawn_process
+from corral.runner.engine import BoundedRun
+from corral.runner.options import make_options
+from corral.runner.tree import spawn_process
 
 __all__ = ["OciProvider", "OciSandbox"]
 

@@ -3,7 +3,7 @@
 A sandbox is a private directory (``mkdtemp``, mode 0700) holding ``work/``
 (the commands' cwd and ``HOME``) and ``tmp/`` (``TMPDIR``), plus the process
 trees of the commands run in it. Each command runs through the bounded runner
-(:mod:`corral.run.engine`): own session and process group, environment
+(:mod:`corral.runner.engine`): own session and process group, environment
 allowlist, wall-clock timeout, output caps, whole-tree kill at its end.
 
 NOT a security boundary: commands run as the caller's user, see the host's
@@ -40,9 +40,9 @@ from corral.core.spec import (
 from corral.images.hostdir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec
 from corral.providers._hostdir import HostDirSandbox, make_sandbox_dir, remove_sandbox_dir
 from corral.providers.subproc._process import ChunkQueue, SubprocProcess
-from corral.run.engine import BoundedRun
-from corral.run.options import make_options
-from corral.run.tree import spawn_process
+from corral.runner.engine import BoundedRun
+from corral.runner.options import make_options
+from corral.runner.tree import spawn_process
 
 __all__ = ["SubprocProvider", "SubprocSandbox"]
 
