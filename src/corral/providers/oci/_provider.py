@@ -56,13 +56,13 @@ from corral.core.spec import (
     Level,
     ProcessOpts,
     SandboxSpec,
+    check_argv,
 )
 from corral.core.tasks import TaskSet
 from corral.providers.confined import read_file_under, split_relative, write_file_under
 from corral.providers.oci import _bundle
 from corral.providers.oci._host import RUNTIMES, HostFacts, RuntimeInfo, probe, probe_runtime
 from corral.providers.subproc._process import ChunkQueue, SubprocProcess
-from corral.providers.subproc._provider import _check_argv  # the same rules as subproc
 from corral.runner.engine import BoundedRun
 from corral.runner.options import make_options
 from corral.runner.tree import spawn_process
@@ -341,7 +341,7 @@ class OciSandbox(Sandbox):
                    out_cap: int, err_cap: int, out: ChunkQueue | None = None,
                    err: ChunkQueue | None = None, stdin_pipe: bool = False,
                    on_output: OutputSink | None = None) -> tuple[BoundedRun, list[str]]:
-        args = _check_argv(argv)
+        args = check_argv(argv)
         where = self._cwd(cwd)
         self._check_init()
         self._n += 1

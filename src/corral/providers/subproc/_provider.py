@@ -36,6 +36,7 @@ from corral.core.spec import (
     Level,
     ProcessOpts,
     SandboxSpec,
+    check_argv,
 )
 from corral.images.hostdir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec
 from corral.providers._hostdir import HostDirSandbox, make_sandbox_dir, remove_sandbox_dir
@@ -48,16 +49,6 @@ __all__ = ["SubprocProvider", "SubprocSandbox"]
 
 _NAME: Final = "subproc"
 _PREFIX: Final = "corral-subproc-"
-
-
-def _check_argv(argv: Sequence[str]) -> list[str]:
-    if isinstance(argv, str | bytes) or not argv:
-        raise ConfigInvalidError("argv", "must be a non-empty sequence of strings")
-    out = list(argv)
-    for i, a in enumerate(out):
-        if not isinstance(a, str) or "\0" in a or (i == 0 and not a):
-            raise ConfigInvalidError(f"argv[{i}]", "must be a non-empty string without NUL")
-    return out
 
 
 @final
@@ -91,7 +82,7 @@ class SubprocSandbox(HostDirSandbox):
                timeout_ms: int, stdin: bytes | None, out_cap: int, err_cap: int,
                out: ChunkQueue | None = None, err: ChunkQueue | None = None,
                stdin_pipe: bool = False) -> BoundedRun:
-        args = _check_argv(argv)
+        args = check_argv(argv)
         where = self._cwd(cwd)
         full_env = self._env(env)
         opts = make_options(

@@ -27,6 +27,7 @@ from corral.core.spec import (
     ResourceUsage,
     SandboxSpec,
     SnapshotHandle,
+    check_argv,
 )
 from corral.core.tasks import settle
 from corral.providers.confined import split_relative
@@ -68,18 +69,6 @@ _KILL_TIMEOUT_S = 5.0
 
 #: requests whose OS errors are the caller's: the builtin OSError of the errno
 _FILE_OPS: Final = (_msg.Read, _msg.ListDir, _msg.Remove, _msg.MakeDir, _msg.Stat)
-
-
-def _check_argv(argv: Sequence[str]) -> list[str]:
-    if isinstance(argv, str | bytes) or not argv:
-        raise ConfigInvalidError("argv", "must be a non-empty sequence of strings")
-    out = list(argv)
-    for a in out:
-        if not isinstance(a, str) or "\0" in a:
-            raise ConfigInvalidError("argv", f"not a usable argument: {a!r}")
-    if not out[0]:
-        raise ConfigInvalidError("argv[0]", "must name a command, not be empty")
-    return out
 
 
 @final
@@ -285,7 +274,7 @@ class LinuxSandbox(Sandbox):
                      ) -> tuple[Run | None, int, int, int, str]:
         """Start a command (or, with ``entry``, a fork_call of the agent with ``argv``
         as its args); returns (run, stdin fd, stdout fd, stderr fd, spawn error)."""
-        args = [str(a) for a in argv] if entry is not None else _check_argv(argv)
+        args = [str(a) for a in argv] if entry is not None else check_argv(argv)
         e, c = self._env(env), self._cwd(cwd)
         self._live()
         self._ran = True
