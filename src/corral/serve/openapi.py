@@ -39,6 +39,8 @@ _STATUS_TEXT: Final = {
          "tenant's ids are unknown too",
     499: "create-cancelled: the sandbox was destroyed (DELETE of its id) while it was "
          "being created",
+    409: "conflict: the file system refused a file operation (`errno` names why: "
+         "ENOTEMPTY, ENOTDIR, EEXIST, EISDIR; `path` the path)",
     413: "body-too-large: the body is over the server's max_body_bytes",
     422: "limits-exceeded: a tenant cap is full (`cap` names it), or a limit was refused",
     500: "provider-error: anything else (logged)",
