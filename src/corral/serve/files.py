@@ -160,7 +160,7 @@ class FileRoutes:
                       "max_entries": body.max_entries})
 
     @operation("what is at a path (a symlink itself, not where it points)",
-               body=PathRequest, ok=FileEntry, tag="files")
+               body=PathRequest, ok=FileEntry, errors=(409,), tag="files")
     async def file_info(self, request: Request, tenant: TenantState, body: PathRequest
                         ) -> Response:
         info = await self._files_op(request, tenant, body.path,
@@ -168,7 +168,7 @@ class FileRoutes:
         return _json(info.to_dict())
 
     @operation("whether anything (a dangling symlink too) is at a path", body=PathRequest,
-               ok=Exists, tag="files")
+               ok=Exists, errors=(409,), tag="files")
     async def file_exists(self, request: Request, tenant: TenantState, body: PathRequest
                           ) -> Response:
         found = await self._files_op(request, tenant, body.path,
