@@ -33,7 +33,7 @@ from corral.serve.models import operation
 from corral.serve.service import ApiError, Service
 from corral.serve.state import TenantState
 
-__all__ = ["FILE_ROUTES", "FileRoutes", "oserror_of"]
+__all__ = ["BODY_NAMED", "FILE_ROUTES", "FileRoutes", "oserror_of"]
 
 T = TypeVar("T")
 
@@ -116,6 +116,12 @@ FILE_ROUTES: Final[tuple[tuple[str, str, str, bool], ...]] = (
     ("POST", "/files/mkdir", "make_dir", True),
     ("POST", "/files/remove", "remove_file", True),
 )
+
+
+#: the operations whose object (a file's path) is in the JSON body: the OpenAPI document
+#: gives them no link from a create (a link fills path parameters only; a file a fresh
+#: sandbox lacks is a 404 a fuzzer following links would take for a lost sandbox)
+BODY_NAMED: Final = frozenset(name for _m, _t, name, _n in FILE_ROUTES)
 
 
 def oserror_of(err: OSError, path: str) -> ApiError:
