@@ -12,7 +12,9 @@ if ! "$PY" -c 'import ensurepip' 2>/dev/null; then
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # CORRAL_MAIN_NO_INSTALL=1: use the .venv as it is (tests/test_main_job.py runs this script)
-[ "${CORRAL_MAIN_NO_INSTALL:-}" = 1 ] || .venv/bin/python -m pip install -q -e .
+# with the extras the README's first screen uses: serve (corral serve, the playground) and
+# mcp (the official MCP SDK, for `corral mcp` and examples/mcp_client.py)
+[ "${CORRAL_MAIN_NO_INSTALL:-}" = 1 ] || .venv/bin/python -m pip install -q -e '.[serve,mcp]'
 # the command is .venv/bin/corral, which a fresh shell does not have on its PATH
 echo "corral is installed as .venv/bin/corral; '. .venv/bin/activate' puts it on this shell's PATH" >&2
 # the host's primitives, then the strict provider's verdict (`corral doctor` shows every

@@ -49,6 +49,7 @@ from corral.core.contract import (
     SupportsPause,
 )
 from corral.core.errors import ConfigInvalidError, CorralError, PauseNotSupportedError
+from corral.core.filewalk import MAX_LIST_ENTRIES, list_tree
 from corral.core.result import Outcome, RunResult
 from corral.core.spec import (
     ExecOpts,
@@ -353,10 +354,19 @@ class Files:
                                 "(capability 'files')")
         return run_sync(fn(*args, **kw))
 
-    def list(self, path: str = "") -> Any:
-        """The entries of a directory (default the work dir), sorted by name, one level
-        deep: ``FileInfo`` values (E2B: ``files.list``)."""
-        return self._op("list_files", path)
+    def list(self, path: str = "", depth: int = 1, *,
+             max_entries: int = MAX_LIST_ENTRIES) -> Any:
+        """The entries under a directory (default the work dir) down to ``depth`` levels
+        (1: its own entries), sorted by path: ``FileInfo`` values (E2B: ``files.list``).
+        A symlink is an entry, never walked into. More than ``max_entries`` (at most
+        10 000) raises ``ConfigInvalidError`` naming ``max_entries``: list a deeper path
+        or ask a smaller depth."""
+        entries, cut = run_sync(list_tree(self._sb._live(), path, depth, max_entries))
+        if cut:
+            raise ConfigInvalidError("max_entries", f"more than {max_entries} entries "
+                                     f"under {path or '.'!r} at depth {depth}; list a "
+                                     "deeper path or ask a smaller depth")
+        return entries
 
     def get_info(self, path: str) -> Any:
         """What is at ``path`` (a ``FileInfo``); ``FileNotFoundError`` if nothing."""

@@ -16,7 +16,10 @@ from corral.mcp.server import playground_link
 TOOLS = {"run_in_sandbox", "snippet_rules", "run_command", "sandbox_create", "sandbox_exec",
          "sandbox_write_file", "sandbox_read_file", "sandbox_list", "sandbox_destroy",
          "process_start", "process_poll", "process_kill",
-         "session_create", "session_run", "session_close"}
+         "session_create", "session_run", "session_close",
+         # the file operations (mcp/files.py)
+         "sandbox_list_files", "sandbox_file_info", "sandbox_file_exists",
+         "sandbox_make_dir", "sandbox_remove"}
 
 
 def run(coro: Any) -> Any:

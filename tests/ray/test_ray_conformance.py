@@ -17,6 +17,7 @@ def test_check_provider(ray_cluster: Any) -> None:
         p = provider()
         try:
             assert len(p.nodes()) == 2, [n.address for n in p.nodes()]
+            assert "files" in p.capabilities  # the kit's file-operation check runs
             await check_provider(p, KitOptions(
                 python=sys.executable, leak_check=lambda: no_leaks(p),
                 supports_limits={"mem_mb", "cpu_ms", "disk_mb", "max_processes"}))

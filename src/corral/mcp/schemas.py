@@ -102,3 +102,23 @@ OUTPUT_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
         "images": _INT}, ("cell", "ok", "stdout", "stderr")),
     "session_close": _obj({"name": _STR, "closed": _BOOL}, ("name", "closed")),
 }
+
+#: the file operations (mcp/files.py): one entry is ``FileInfo.to_dict()``
+_FILE_ENTRY: Final = _obj({
+    "name": _STR, "path": _STR, "type": {"enum": ["file", "dir", "symlink", "other"]},
+    "size": _INT, "mode": _INT, "permissions": _STR, "modified": _NUM,
+    "symlink_target": _OPT_STR}, ("name", "path", "type", "size"))
+OUTPUT_SCHEMAS.update({
+    "sandbox_list_files": _obj({"name": _STR, "path": _STR,
+                                "entries": {"type": "array", "items": _FILE_ENTRY},
+                                "truncated": _BOOL, "max_entries": _INT},
+                               ("name", "path", "entries", "truncated")),
+    "sandbox_file_info": _obj({"name": _STR, "path": _STR, "info": _FILE_ENTRY},
+                              ("name", "path", "info")),
+    "sandbox_file_exists": _obj({"name": _STR, "path": _STR, "exists": _BOOL},
+                                ("name", "path", "exists")),
+    "sandbox_make_dir": _obj({"name": _STR, "path": _STR, "created": _BOOL},
+                             ("name", "path", "created")),
+    "sandbox_remove": _obj({"name": _STR, "path": _STR, "removed": _BOOL},
+                           ("name", "path", "removed")),
+})

@@ -95,7 +95,9 @@ INSTRUCTIONS = (
     "runs one command in a fresh sandbox: argv (argv[0] a name on PATH or a path) or "
     "command, one shell line run by /bin/sh -c. For work across calls, sandbox_create a "
     "named sandbox, then sandbox_exec / sandbox_write_file / sandbox_read_file in it "
-    "(paths relative to its /work), process_start a background command there and "
+    "(paths relative to its /work; sandbox_list_files, sandbox_file_info, "
+    "sandbox_file_exists, sandbox_make_dir, sandbox_remove), process_start a background "
+    "command there and "
     "process_poll it, and sandbox_destroy it; idle sandboxes are destroyed after a "
     "timeout. A command that ran answers how it ended (outcome exit, timeout, a limit), "
     "with output past 1 MiB cut and said in notes; a call that could not run is an error "
@@ -1018,6 +1020,8 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
         (sandbox_create, writes), (sandbox_exec, writes), (sandbox_write_file, writes),
         (sandbox_read_file, reads), (sandbox_list, reads), (process_start, writes),
         (process_poll, reads), (process_kill, kills), (sandbox_destroy, kills)]
+    from corral.mcp.files import file_tools  # list, info, exists, make_dir, remove
+    tools += file_tools(backend)
     for fn, notes in tools:
         # the description without the docstring's indentation
         server.add_tool(fn, annotations=notes, description=inspect.cleandoc(fn.__doc__ or ""))

@@ -50,6 +50,7 @@ from corral.providers.remote import wire
 from corral.serve import models as m
 from corral.serve.config import ServeConfig, token_digest
 from corral.serve.edge import BodyBudget, mark_authenticated
+from corral.serve.files import FILE_ROUTES, FileRoutes
 from corral.serve.logs import JsonLog
 from corral.serve.metrics import CONTENT_TYPE
 from corral.serve.models import RAW, operation
@@ -106,6 +107,9 @@ ROUTES: Final[tuple[tuple[str, str, str, bool], ...]] = (
     ("POST", f"{P}/sandboxes/{{sid}}/unexpose", "unexpose", True),
     ("PUT", f"{P}/sandboxes/{{sid}}/network", "change_network", True),
     ("GET", "/metrics", "metrics", False),
+    # list / info / exists / make_dir / remove (issue 27 item 4: serve/files.py)
+    *((method, f"{P}/sandboxes/{{sid}}{tail}", name, needs)
+      for method, tail, name, needs in FILE_ROUTES),
 )
 
 
@@ -346,7 +350,7 @@ def _opts(opts: m.ExecOpts | None) -> Any:
 _NO_OPTS: Final = m.ExecOpts().to_core()
 
 
-class _Api:
+class _Api(FileRoutes):
     def __init__(self, service: Service) -> None:
         self.s = service
         c = service.config

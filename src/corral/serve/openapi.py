@@ -22,6 +22,7 @@ from typing import Any, Final
 import msgspec
 
 from corral.serve import models as m
+from corral.serve.files import BODY_NAMED
 
 __all__ = ["document", "document_bytes", "operations"]
 
@@ -39,6 +40,8 @@ _STATUS_TEXT: Final = {
          "tenant's ids are unknown too",
     499: "create-cancelled: the sandbox was destroyed (DELETE of its id) while it was "
          "being created",
+    409: "conflict: the file system refused a file operation (`errno` names why: "
+         "ENOTEMPTY, ENOTDIR, EEXIST, EISDIR; `path` the path)",
     410: "session-ended: the session ended (closed, idle, past its lifetime, its "
          "interpreter exited); `reason` says which",
     413: "body-too-large: the body is over the server's max_body_bytes",
@@ -138,6 +141,8 @@ def _links(ops: list[tuple[str, str, str, bool, m.Operation]], paths: dict[str, 
         for _m, other, oname, _n, _op in ops:
             wants = _PARAM.findall(other)
             if op.creates not in wants or not set(wants) <= mine | {op.creates}:
+                continue
+            if oname in BODY_NAMED:  # what it acts on is named in its body, not linked
                 continue
             links[oname] = {"operationId": oname, "parameters": {
                 p: "$response.body#/id" if p == op.creates else f"$request.path.{p}"

@@ -41,6 +41,9 @@ def encode_error(e: BaseException, *, where: str) -> dict[str, Any]:
     if isinstance(e, FileNotFoundError):
         return {"kind": "enoent", "errno": e.errno, "strerror": e.strerror,
                 "filename": e.filename}
+    if isinstance(e, OSError) and isinstance(e.errno, int):  # a file operation's refusal
+        return {"kind": "oserror", "errno": e.errno, "strerror": str(e.strerror or ""),
+                "filename": None if e.filename is None else str(e.filename)}
     return {"kind": "other", "message": f"{where}: {type(e).__name__}: {e}"}
 
 
@@ -53,6 +56,9 @@ def decode_error(doc: dict[str, Any]) -> BaseException:
                                result=result if isinstance(result, RunResult) else None)
     if kind == "enoent":
         return FileNotFoundError(doc.get("errno"), doc.get("strerror"), doc.get("filename"))
+    if kind == "oserror" and isinstance(doc.get("errno"), int):
+        # OSError(errno, ...) is the builtin subclass for it (NotADirectoryError, ...)
+        return OSError(doc["errno"], str(doc.get("strerror", "")), doc.get("filename"))
     return ProviderError(str(doc.get("message", "unknown remote error")))
 
 

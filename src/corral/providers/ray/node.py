@@ -53,7 +53,10 @@ __all__ = ["NodeHost"]
 
 #: the methods a driver calls over the data channel (the hot path)
 CHANNEL_METHODS = frozenset({"exec", "exec_start", "start", "write", "poll", "kill", "count",
-                             "read_file", "write_file", "destroy", "lifecycle", "preload"})
+                             "read_file", "write_file", "destroy", "lifecycle", "preload",
+                             "files"})
+#: the contract's file operations ``files`` relays (capability "files")
+_FILE_OPS: Final = frozenset({"list_files", "get_info", "exists", "make_dir", "remove"})
 #: the most output of one stream one poll hands out (the rest waits for the next poll):
 #: a sandbox's output reaches the driver in bounded pieces
 POLL_MAX_BYTES = 1 << 20
@@ -354,6 +357,22 @@ class NodeHost:
     async def read_file(self, sid: str, path: str) -> Reply:
         try:
             return ok(await self._box(sid).sb.read_file(path))
+        except Exception as e:
+            return err(e, where=self._where())
+
+    async def files(self, sid: str, op: str, path: str, flag: bool = False) -> Reply:
+        """One of the node's sandbox's file operations (``flag``: make_dir's ``parents``,
+        remove's ``recursive``); its OSError goes back as that OSError."""
+        try:
+            if op not in _FILE_OPS or not isinstance(path, str):
+                raise ProviderError(f"no file operation {str(op)[:40]!r}")
+            sb = self._box(sid).sb
+            if op == "make_dir":
+                return ok(await sb.make_dir(path, parents=bool(flag)))
+            if op == "remove":
+                await sb.remove(path, recursive=bool(flag))
+                return ok(None)
+            return ok(await getattr(sb, op)(path))
         except Exception as e:
             return err(e, where=self._where())
 

@@ -36,6 +36,7 @@ from corral.core.errors import (
     LevelNotSupportedError,
     ProviderError,
 )
+from corral.core.files import FileInfo
 from corral.core.result import RunResult
 from corral.core.spec import ExecOpts, Level, ProcessOpts, SandboxSpec, SnapshotHandle
 from corral.core.tasks import TaskSet, settle
@@ -50,7 +51,7 @@ T = TypeVar("T")
 NAMESPACE = "corral"
 #: the capabilities a RaySandbox can forward
 _FORWARDED = frozenset({"strict", "streaming", "streaming-exec", "warm-fork", "snapshot",
-                        "restore", "pause", "process-count"})
+                        "restore", "pause", "process-count", "files"})
 _MIB = 1024 * 1024
 
 
@@ -595,6 +596,28 @@ class RaySandbox(Sandbox):
     async def read_file(self, path: str) -> bytes:
         data: bytes = await self._call("read_file", self.id, path)
         return data
+
+    # -- the file operations (capability "files"), relayed to the node's sandbox --------
+    async def list_files(self, path: str = "") -> list[FileInfo]:
+        got = await self._call("files", self.id, "list_files", path)
+        if not isinstance(got, list) or not all(isinstance(f, FileInfo) for f in got):
+            raise ProviderError(f"{self.node.name} answered a listing that is not one")
+        return got
+
+    async def get_info(self, path: str) -> FileInfo:
+        got = await self._call("files", self.id, "get_info", path)
+        if not isinstance(got, FileInfo):
+            raise ProviderError(f"{self.node.name} answered an entry that is not one")
+        return got
+
+    async def exists(self, path: str) -> bool:
+        return bool(await self._call("files", self.id, "exists", path))
+
+    async def make_dir(self, path: str, *, parents: bool = True) -> bool:
+        return bool(await self._call("files", self.id, "make_dir", path, parents))
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        await self._call("files", self.id, "remove", path, recursive)
 
     async def start_process(self, argv: Sequence[str],
                             opts: ProcessOpts | None = None) -> ProcessHandle:

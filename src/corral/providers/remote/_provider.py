@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import secrets
 import ssl
@@ -33,6 +34,8 @@ from corral.core.errors import (
     LevelNotSupportedError,
     ProviderError,
 )
+from corral.core.files import FileInfo
+from corral.core.filewalk import MAX_LIST_ENTRIES
 from corral.core.preview import PreviewURL
 from corral.core.result import RunResult
 from corral.core.spec import (
@@ -52,7 +55,8 @@ __all__ = ["RemoteProcess", "RemoteProvider", "RemoteSandbox"]
 _RELAYED: Final = frozenset({
     Capability.STREAMING.value, Capability.STREAMING_EXEC.value, Capability.SNAPSHOT.value,
     Capability.RESTORE.value, Capability.PAUSE.value, Capability.STRICT.value,
-    Capability.CONTEXT_ISOLATED.value, Capability.PREVIEW_URL.value})
+    Capability.CONTEXT_ISOLATED.value, Capability.PREVIEW_URL.value,
+    Capability.FILES.value})
 
 
 def _httpx() -> Any:
@@ -72,6 +76,9 @@ def _error_of(status: int, body: bytes) -> BaseException:
         return ProviderError(f"corral serve answered {status}: {body[:200]!r}")
     if doc.get("code") == "not-found" and doc.get("what") == "file":
         return FileNotFoundError(2, str(doc.get("message", "no such file")))
+    if doc.get("code") == "conflict" and doc.get("what") == "file":  # serve/files.py
+        num = getattr(errno, str(doc.get("errno")), errno.EIO)
+        return OSError(num, str(doc.get("message", "")), str(doc.get("path", "")))
     if doc.get("code") == "not-found" and doc.get("what") == "sandbox":
         return ProviderError("the sandbox is gone (destroyed, or the server restarted)")
     return wire.error_from_json(doc)
@@ -277,6 +284,35 @@ class RemoteSandbox(Sandbox):
         r = await self._p.call("GET", self._path("/files"), params={"path": path})
         return bytes(r.content)
 
+    # -- the file operations (capability "files"): serve's POST .../files/<op> --------
+    async def _files(self, op: str, body: dict[str, Any]) -> Any:
+        return await self._p.call("POST", self._path(f"/files/{op}"), json_body=body)
+
+    async def list_tree(self, path: str, depth: int, max_entries: int
+                        ) -> tuple[list[FileInfo], bool]:
+        """The walk of :func:`corral.core.filewalk.list_tree`, done by the server in one
+        request."""
+        doc = (await self._files("list", {"path": path, "depth": depth,
+                                          "max_entries": max_entries})).json()
+        return [_file_info(e) for e in doc["entries"]], bool(doc["truncated"])
+
+    async def list_files(self, path: str = "") -> list[FileInfo]:
+        entries, _cut = await self.list_tree(path, 1, MAX_LIST_ENTRIES)
+        return entries
+
+    async def get_info(self, path: str) -> FileInfo:
+        return _file_info((await self._files("info", {"path": path})).json())
+
+    async def exists(self, path: str) -> bool:
+        return bool((await self._files("exists", {"path": path})).json()["exists"])
+
+    async def make_dir(self, path: str, *, parents: bool = True) -> bool:
+        doc = (await self._files("mkdir", {"path": path, "parents": parents})).json()
+        return bool(doc["created"])
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        await self._files("remove", {"path": path, "recursive": recursive})
+
     async def start_process(self, argv: Sequence[str],
                             opts: ProcessOpts | None = None) -> ProcessHandle:
         r = await self._p.call("POST", self._path("/processes"), json_body={
@@ -388,6 +424,24 @@ def _sandbox_class(caps: frozenset[str]) -> type[RemoteSandbox]:
         cls = type("RemoteSandbox", (*bases, RemoteSandbox), {"__module__": __name__})
         _CLASSES[key] = cls
     return cls
+
+
+def _file_info(doc: Any) -> FileInfo:
+    """A FileInfo from the server's entry (``FileInfo.to_dict()``)."""
+    if not isinstance(doc, dict):
+        raise ProviderError(f"corral serve answered a file entry that is not an object: "
+                            f"{str(doc)[:80]!r}")
+    if doc.get("type") not in ("file", "dir", "symlink", "other"):
+        raise ProviderError(f"corral serve answered a file entry of type "
+                            f"{str(doc.get('type'))[:40]!r}")
+    try:
+        target = doc.get("symlink_target")
+        return FileInfo(name=str(doc["name"]), path=str(doc["path"]), type=doc["type"],
+                        size=int(doc["size"]), mode=int(doc["mode"]),
+                        modified=float(doc["modified"]),
+                        symlink_target=None if target is None else str(target))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProviderError(f"corral serve answered a malformed file entry: {e}") from None
 
 
 def _exec_result(doc: Any) -> RunResult:

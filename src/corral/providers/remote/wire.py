@@ -54,6 +54,7 @@ HTTP_CODES: Final[Mapping[str, int]] = {
     "unauthorized": 401, "not-found": 404, "method-not-allowed": 405,
     "request-timeout": 408,  # a head or body that did not arrive in time (serve/edge.py)
     "body-too-large": 413, "head-too-large": 431, "unavailable": 503,
+    "conflict": 409,  # a file operation the file system refused (serve/files.py)
 }
 
 
