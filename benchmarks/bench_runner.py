@@ -31,9 +31,9 @@ import sys
 import time
 from collections.abc import Callable
 
-import corral.run.tree as tree
+import corral.runner.tree as tree
 from corral.run.bounded import run_bounded, run_bounded_async
-from corral.run.tree import popen_process, warm_spawn_helper
+from corral.runner.tree import popen_process, warm_spawn_helper
 
 __all__ = ["main"]
 

@@ -119,3 +119,24 @@ def test_snapshot_handle() -> None:
     assert h.to_json() == {"v": 1, "adapterId": "linux", "doc": {"id": "x"}}
     with pytest.raises(ConfigInvalidError):
         SnapshotHandle(v=2, adapter_id="linux", doc={})  # type: ignore[arg-type]
+
+
+def test_one_argv_rule_for_every_provider() -> None:
+    """core.spec.check_argv: the rule subproc, oci, inprocess and linux all apply."""
+    import inspect
+
+    from corral.core.errors import ConfigInvalidError
+    from corral.core.spec import check_argv
+    assert check_argv(("/bin/echo", "", "x")) == ["/bin/echo", "", "x"]
+    for bad, field in (("/bin/echo", "argv"), ([], "argv"), ([""], "argv[0]"),
+                       (["/bin/echo", "a\0b"], "argv[1]"), (["/bin/echo", 3], "argv[1]")):
+        with pytest.raises(ConfigInvalidError) as err:
+            check_argv(bad)  # type: ignore[arg-type]
+        assert err.value.field == field
+    import corral.providers.inprocess._proc as inproc
+    import corral.providers.linux.host.sandbox as linux
+    import corral.providers.oci._provider as oci
+    import corral.providers.subproc._provider as subproc
+    for mod in (inproc, linux, oci, subproc):
+        assert mod.check_argv is check_argv
+        assert "def _check_argv" not in inspect.getsource(mod)

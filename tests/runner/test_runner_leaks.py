@@ -16,7 +16,7 @@ import pytest
 
 from corral import CancelToken
 from corral.run.bounded import CWD_PREFIX, Outcome, run_bounded, run_bounded_async
-from corral.run.tree import warm_spawn_helper
+from corral.runner.tree import warm_spawn_helper
 
 PY = [sys.executable, "-I", "-S", "-c"]
 SLEEP = [*PY, "import time; time.sleep(30)"]
@@ -29,7 +29,7 @@ def _fds() -> int:
 
 def _children() -> list[int]:
     """Our child processes, less the spawn helper (one per process, for its life)."""
-    from corral.run.tree import spawn_helper_pid
+    from corral.runner.tree import spawn_helper_pid
     me, helper = str(os.getpid()), spawn_helper_pid()
     out = []
     for name in os.listdir("/proc"):

@@ -4,7 +4,7 @@ The runner used to find escaped descendants by a ``CORRAL_RUN_TOKEN`` in
 their environment: a daemon that scrubbed its environment escaped, the token
 leaked into the child's environment, and a SIGKILL of the calling process
 left the child running with no timeout. Now a supervisor (a child subreaper
-that dies with the runner) holds the tree; see ``corral.run.tree``.
+that dies with the runner) holds the tree; see ``corral.runner.tree``.
 
 Every process started here is bounded (sleeps of at most 30 s) and killed by
 pid in a ``finally`` (the ``argv_token`` fixture kills by argv as well).
@@ -140,7 +140,7 @@ _CLI = "import sys; from corral.cli import main; sys.exit(main(sys.argv[1:]))"
 #: run of a process forks it from the caller while the helper starts); the helper's pid
 #: goes to the file named by the third argument
 _HELPED = _CALLER.replace("run_bounded(sys.executable", (
-    "from corral.run.tree import spawn_helper_pid, warm_spawn_helper\n"
+    "from corral.runner.tree import spawn_helper_pid, warm_spawn_helper\n"
     "assert warm_spawn_helper(30)\n"
     "open(sys.argv[3], 'w').write(str(spawn_helper_pid()))\n"
     "run_bounded(sys.executable"))
@@ -263,8 +263,8 @@ def test_a_stuck_supervisor_does_not_hang_the_run(
     makes it sleep instead of killing; the waits are shortened to keep the
     test quick.
     """
-    import corral.run.engine as engine
-    import corral.run.tree as tree
+    import corral.runner.engine as engine
+    import corral.runner.tree as tree
 
     # the patch reaches a supervisor forked from here: not one the spawn helper forks
     monkeypatch.setattr(tree._HELPER, "_off", True)

@@ -22,7 +22,7 @@ from corral.run.bounded import (
     run_bounded_async,
     spawn_process,
 )
-from corral.run.tree import Supervised, popen_process
+from corral.runner.tree import Supervised, popen_process
 
 Py = Callable[[str], tuple[str, list[str]]]
 DUMP_ENV = "import json,os; print(json.dumps(dict(os.environ)))"

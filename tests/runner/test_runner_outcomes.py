@@ -28,8 +28,8 @@ from corral.run.bounded import (
     run_bounded_async,
     spawn_process,
 )
-from corral.run.engine import exit_outcome
-from corral.run.tree import Supervised
+from corral.runner.engine import exit_outcome
+from corral.runner.tree import Supervised
 
 Py = Callable[[str], tuple[str, list[str]]]
 
@@ -253,7 +253,7 @@ def test_exit_status_table_matches_error_table() -> None:
 
 def test_without_pidfd_a_watcher_thread_is_used_and_joined(
         py: Py, monkeypatch: pytest.MonkeyPatch) -> None:
-    import corral.run.engine as core
+    import corral.runner.engine as core
 
     monkeypatch.setattr(core, "_USE_PIDFD", False)
     threads = threading.active_count()

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-import corral.run.tree as tree
+import corral.runner.tree as tree
 from corral.run.bounded import run_bounded
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")

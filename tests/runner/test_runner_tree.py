@@ -72,7 +72,7 @@ def test_a_stray_holding_the_pipe_does_not_hang_the_run(
 def test_strays_found_without_the_proc_children_file(
         py: Py, argv_token: str, wait_gone: Callable[[str], list[int]],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import corral.run.tree as tree
+    import corral.runner.tree as tree
 
     # kernels without CONFIG_PROC_CHILDREN: the supervisor (a fork of this
     # process, so it sees the patch) finds its children by scanning /proc

@@ -10,7 +10,7 @@ This module is pure: no I/O imports.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -34,6 +34,7 @@ __all__ = [
     "SandboxSpec",
     "SandboxSuspensionRequest",
     "SnapshotHandle",
+    "check_argv",
 ]
 
 #: Where an image carries corral's handler-base entrypoint by convention (copy
@@ -384,6 +385,23 @@ class ResourceUsage:
     cpu_ms: int = 0
     wall_ms: int = 0
     peak_mem_mb: int = 0
+
+
+def check_argv(argv: Sequence[str]) -> list[str]:
+    """The one argv rule of every provider's ``exec`` and ``start_process``: a
+    non-empty sequence (not one string) of strings without NUL whose first names a
+    command. Returns it as a list; ConfigInvalidError names ``argv`` or the bad
+    ``argv[i]`` otherwise."""
+    if isinstance(argv, str | bytes) or not argv:
+        raise ConfigInvalidError("argv", "must be a non-empty sequence of strings")
+    out = list(argv)
+    for i, a in enumerate(out):
+        if not isinstance(a, str) or "\0" in a:
+            raise ConfigInvalidError(f"argv[{i}]", f"must be a string without NUL, got "
+                                                   f"{repr(a)[:80]}")
+    if not out[0]:
+        raise ConfigInvalidError("argv[0]", "must name a command, not be empty")
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

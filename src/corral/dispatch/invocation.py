@@ -44,6 +44,7 @@ from corral.core.spec import (
     SandboxSpec,
 )
 from corral.core.sync import sync_twin
+from corral.core.tasks import settle
 from corral.dispatch.in_context import in_context
 from corral.dispatch.reply import (
     HandlerReply,
@@ -138,8 +139,7 @@ async def _talk(proc: ProcessHandle, data: bytes, tail: _Tail, cap: int) -> Hand
         await feeder
         return decide(frame, exit_code=status.exit_code, stderr_tail=tail.text())
     finally:
-        for t in (feeder, errs):
-            t.cancel()
+        await settle((feeder, errs))
         with contextlib.suppress(Exception):
             await asyncio.shield(proc.kill())
 

@@ -33,7 +33,7 @@ from corral.providers.confined import (
     stat_under,
     write_file_under,
 )
-from corral.run.tree import remove_tree
+from corral.runner.tree import remove_tree
 
 T = TypeVar("T")
 

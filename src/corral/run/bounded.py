@@ -7,7 +7,7 @@ an environment allowlist and optional rlimits, and return a frozen
 ends the run, the child's whole process tree is killed, the child reaped, its
 pipes closed and an owned cwd removed before the call returns. On Linux the
 tree is held by a supervisor process (a child subreaper that dies with the
-caller, see :mod:`corral.run.tree`): daemons that left the process group are
+caller, see :mod:`corral.runner.tree`): daemons that left the process group are
 killed too, and a SIGKILL of the calling process still ends the tree.
 
 Cancellation:
@@ -31,15 +31,15 @@ from typing import TYPE_CHECKING
 from corral.core.cancel import CancelToken
 from corral.core.result import OUTCOME_EXIT_STATUS, Outcome, RunResult, exit_status_of
 from corral.core.sync import sync_twin
-from corral.run.engine import CWD_PREFIX, BoundedRun
-from corral.run.options import (
+from corral.runner.engine import CWD_PREFIX, BoundedRun
+from corral.runner.options import (
     DEFAULT_GRACE_PERIOD_MS,
     DEFAULT_MAX_STDERR_BYTES,
     DEFAULT_MAX_STDOUT_BYTES,
     OutputCallback,
     make_options,
 )
-from corral.run.tree import Spawner, spawn_process
+from corral.runner.tree import Spawner, spawn_process
 
 if TYPE_CHECKING:
     import os

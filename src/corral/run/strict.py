@@ -29,6 +29,7 @@ import posixpath
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from corral.core.cancel import CancelToken, call_on_cancel
@@ -59,7 +60,7 @@ from corral.core.sync import sync_twin
 if TYPE_CHECKING:
     from corral.providers.linux.policy.plan import Bind
 
-__all__ = ["run_strict", "run_strict_async"]
+__all__ = ["StrictOptions", "make_strict_options", "run_strict", "run_strict_async"]
 
 
 async def run_strict_async(
@@ -134,6 +135,62 @@ async def run_strict_async(
             this host cannot give it (or a limit asked for): nothing ran.
         ConfigInvalidError: bad arguments.
     """
+    return await _run(make_strict_options(
+        command, args, timeout_ms=timeout_ms, env=env, cwd=cwd, stdin=stdin,
+        max_stdout_bytes=max_stdout_bytes, max_stderr_bytes=max_stderr_bytes, limits=limits,
+        cancel=cancel, on_stdout=on_stdout, on_stderr=on_stderr, provider=provider,
+        ro_binds=ro_binds, binds=binds, tenant_id=tenant_id, files_in=files_in,
+        files_out=files_out, on_file_out=on_file_out, make_cwd=make_cwd, network=network,
+        image=image, environment=environment))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StrictOptions:
+    """One strict run's options, checked (:func:`make_strict_options`): what
+    :func:`run_strict_async`'s keywords say, as the one value the run reads."""
+
+    command: str
+    args: tuple[str, ...]
+    timeout_ms: int
+    env: Mapping[str, str] | None
+    cwd: str | None
+    stdin: bytes | None
+    max_stdout_bytes: int
+    max_stderr_bytes: int
+    limits: SandboxLimits
+    cancel: CancelToken | None
+    on_stdout: OutputCallback | None
+    on_stderr: OutputCallback | None
+    #: the caller's provider (reused, not closed), or None: a private one per run
+    provider: SandboxProvider | None
+    ro_binds: tuple[str, ...]
+    binds: tuple[Bind, ...]
+    tenant_id: str
+    files_in: Mapping[str, bytes]
+    files_out: tuple[str, ...]
+    on_file_out: Callable[[str, bytes | None], object] | None
+    make_cwd: bool
+    network: NetworkPolicy
+    image: str | None
+    environment: str | None
+
+
+def make_strict_options(
+    command: str, args: Sequence[str] = (), *, timeout_ms: int,
+    env: Mapping[str, str] | None = None, cwd: str | None = None,
+    stdin: bytes | str | None = None, max_stdout_bytes: int = DEFAULT_MAX_STDOUT_BYTES,
+    max_stderr_bytes: int = DEFAULT_MAX_STDERR_BYTES, limits: SandboxLimits | None = None,
+    cancel: CancelToken | None = None, on_stdout: OutputCallback | None = None,
+    on_stderr: OutputCallback | None = None, provider: SandboxProvider | None = None,
+    ro_binds: Sequence[str] = (), binds: Sequence[Bind] = (), tenant_id: str = "corral-run",
+    files_in: Mapping[str, bytes] | None = None, files_out: Sequence[str] = (),
+    on_file_out: Callable[[str, bytes | None], object] | None = None,
+    make_cwd: bool = False, network: NetworkPolicy | None = None, image: str | None = None,
+    environment: str | None = None,
+) -> StrictOptions:
+    """:func:`run_strict_async`'s keywords as one checked :class:`StrictOptions`;
+    ConfigInvalidError (naming the option) or LevelNotSupportedError (``provider``
+    not strict) before anything is created."""
     if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms <= 0:
         raise ConfigInvalidError("timeout_ms", "must be a positive integer")
     if not command.startswith("/") and (image is None or "/" in command or not command):
@@ -144,14 +201,7 @@ async def run_strict_async(
                       ("max_stderr_bytes", max_stderr_bytes)):
         if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
             raise ConfigInvalidError(name, "must be a positive integer")
-    data = stdin.encode() if isinstance(stdin, str) else stdin
-    own = provider is None
-    if provider is None:
-        from corral.providers.linux import LinuxProvider
-        # one run: a pre-warmed spare would be built only to be thrown away
-        provider = LinuxProvider(stdout_cap=max_stdout_bytes, stderr_cap=max_stderr_bytes,
-                                 spares=0, ro_binds=tuple(ro_binds), binds=tuple(binds))
-    else:
+    if provider is not None:
         if ro_binds or binds:
             raise ConfigInvalidError("ro_binds" if ro_binds else "binds",
                                      "give them to the provider you pass in")
@@ -159,8 +209,27 @@ async def run_strict_async(
             raise LevelNotSupportedError(
                 Level.STRICT.value, frozenset(lv.value for lv in provider.levels),
                 f"run_strict needs a strict provider; {provider.name!r} is not one")
+    return StrictOptions(
+        command=command, args=tuple(args), timeout_ms=timeout_ms, env=env, cwd=cwd,
+        stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+        max_stdout_bytes=max_stdout_bytes, max_stderr_bytes=max_stderr_bytes,
+        limits=limits or SandboxLimits(), cancel=cancel, on_stdout=on_stdout,
+        on_stderr=on_stderr, provider=provider, ro_binds=tuple(ro_binds), binds=tuple(binds),
+        tenant_id=tenant_id, files_in=dict(files_in or {}), files_out=tuple(files_out),
+        on_file_out=on_file_out, make_cwd=make_cwd, network=network or NetworkPolicy(),
+        image=image, environment=environment)
+
+
+async def _run(o: StrictOptions) -> RunResult:
+    """One strict run of ``o``: a fresh sandbox, the command, the sandbox destroyed."""
+    provider, own = o.provider, o.provider is None
+    if provider is None:
+        from corral.providers.linux import LinuxProvider
+        # one run: a pre-warmed spare would be built only to be thrown away
+        provider = LinuxProvider(stdout_cap=o.max_stdout_bytes, stderr_cap=o.max_stderr_bytes,
+                                 spares=0, ro_binds=o.ro_binds, binds=o.binds)
     started = time.monotonic()
-    streams = {1: on_stdout, 2: on_stderr}
+    streams = {1: o.on_stdout, 2: o.on_stderr}
     #: what streamed so far (already capped by the provider): the output a cancelled
     #: run keeps, since a cancelled exec returns nothing
     seen: dict[int, list[bytes]] = {1: [], 2: []}
@@ -172,23 +241,23 @@ async def run_strict_async(
             cb(chunk)
 
     try:
-        spec = SandboxSpec(tenant_id=tenant_id, run_id=uuid.uuid4().hex, level=Level.STRICT,
-                           limits=limits or SandboxLimits(),
-                           network=network or NetworkPolicy(), image=image,
-                           environment=environment)
+        spec = SandboxSpec(tenant_id=o.tenant_id, run_id=uuid.uuid4().hex, level=Level.STRICT,
+                           limits=o.limits, network=o.network, image=o.image,
+                           environment=o.environment)
         try:
-            sandbox = await provider.create(spec, cancel=cancel)
+            sandbox = await provider.create(spec, cancel=o.cancel)
         except CreateCancelledError:  # the cancel came while the sandbox was being made
             return RunResult(outcome=Outcome.CANCELLED, cwd="/work",
                              duration_ms=(time.monotonic() - started) * 1000)
         try:
-            if make_cwd and cwd:
-                await _make_dir(sandbox, cwd, timeout_ms)
-            for path, content in (files_in or {}).items():
+            if o.make_cwd and o.cwd:
+                await _make_dir(sandbox, o.cwd, o.timeout_ms)
+            for path, content in o.files_in.items():
                 await sandbox.write_file(path, content)
-            argv = [command, *args]
-            opts = ExecOpts(timeout_ms=timeout_ms, env=env, cwd=cwd, stdin=data,
-                            max_stdout_bytes=max_stdout_bytes, max_stderr_bytes=max_stderr_bytes)
+            argv = [o.command, *o.args]
+            opts = ExecOpts(timeout_ms=o.timeout_ms, env=o.env, cwd=o.cwd, stdin=o.stdin,
+                            max_stdout_bytes=o.max_stdout_bytes,
+                            max_stderr_bytes=o.max_stderr_bytes)
             streaming = (Capability.STREAMING_EXEC.value in provider.capabilities
                          and isinstance(sandbox, SupportsStreamingExec))
             if streaming:
@@ -197,7 +266,7 @@ async def run_strict_async(
                                                                     on_output=on_output))
             else:  # the output comes with the result
                 task = asyncio.ensure_future(sandbox.exec(argv, opts))
-            remove = call_on_cancel(cancel, asyncio.get_running_loop(), task.cancel)
+            remove = call_on_cancel(o.cancel, asyncio.get_running_loop(), task.cancel)
             try:
                 try:
                     result = await task
@@ -206,19 +275,19 @@ async def run_strict_async(
                         raise
                     result = e.result
                 except asyncio.CancelledError:
-                    if cancel is None or not cancel.cancelled:
+                    if o.cancel is None or not o.cancel.cancelled:
                         raise  # our caller's cancellation: let it through
                     result = RunResult(outcome=Outcome.CANCELLED, stdout=b"".join(seen[1]),
                                        stderr=b"".join(seen[2]))
             finally:
                 remove()
-            for path in files_out:
+            for path in o.files_out:
                 try:
                     got: bytes | None = await sandbox.read_file(path)
                 except (FileNotFoundError, ConfigInvalidError):
                     got = None
-                assert on_file_out is not None
-                on_file_out(path, got)
+                assert o.on_file_out is not None
+                o.on_file_out(path, got)
         finally:
             await sandbox.destroy()
     finally:
@@ -230,7 +299,7 @@ async def run_strict_async(
                 on_output(fd, data_)
     return dataclasses.replace(result, duration_ms=(time.monotonic() - started) * 1000,
                                cwd=result.cwd or posixpath.normpath(
-                                   posixpath.join("/work", cwd or "")),
+                                   posixpath.join("/work", o.cwd or "")),
                                level=Level.STRICT.value)
 
 

@@ -32,7 +32,7 @@ from corral.core.errors import (
     ProviderError,
 )
 from corral.core.result import RunResult
-from corral.core.spec import ExecOpts, Level, ProcessOpts, SandboxSpec
+from corral.core.spec import ExecOpts, Level, ProcessOpts, SandboxSpec, check_argv
 from corral.providers.confined import split_relative
 
 __all__ = ["FakeHandler", "FakeProvider", "FakeSandbox"]
@@ -139,10 +139,7 @@ class FakeSandbox(Sandbox):
         return key
 
     def _check(self, argv: Sequence[str], cwd: str | None) -> None:
-        if isinstance(argv, str | bytes) or not argv or not all(isinstance(a, str) for a in argv):
-            raise ConfigInvalidError("argv", "must be a non-empty sequence of strings")
-        if not argv[0] or any("\0" in a for a in argv):
-            raise ConfigInvalidError("argv", f"not a usable command line: {list(argv)!r}")
+        check_argv(argv)
         if cwd is not None and cwd not in ("", ".", FAKE_WORK_DIR, FAKE_WORK_DIR + "/"):
             split_relative(cwd, root_alias=FAKE_WORK_DIR)
 

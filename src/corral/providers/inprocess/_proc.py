@@ -10,25 +10,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from corral.core.contract import ProcessHandle, ProcessStdin
-from corral.core.errors import ConfigInvalidError, ProviderError
+from corral.core.errors import ProviderError
 from corral.core.result import Outcome, OutputBuffer, RunResult
-from corral.core.spec import ResourceUsage
+from corral.core.spec import ResourceUsage, check_argv
 
 __all__ = ["Child", "InProcessHandle", "spawn"]
 
 _CHUNK = 1 << 16
-
-
-def _check_argv(argv: Sequence[str]) -> list[str]:
-    if isinstance(argv, str | bytes) or not argv:
-        raise ConfigInvalidError("argv", "must be a non-empty sequence of strings")
-    out = list(argv)
-    for i, a in enumerate(out):
-        if not isinstance(a, str) or "\0" in a:
-            raise ConfigInvalidError(f"argv[{i}]", "must be a string without NUL")
-    if not out[0]:
-        raise ConfigInvalidError("argv[0]", "must name a command, not be empty")
-    return out
 
 
 class _Pipe:
@@ -122,7 +110,7 @@ async def spawn(argv: Sequence[str], *, cwd: str, env: Mapping[str, str], stdin:
                 caps: tuple[int, int] | None) -> Child:
     """Start ``argv`` in a new session (so its own process group); ``caps``: keep
     the output up to these caps (exec), else stream it (a started process)."""
-    args = _check_argv(argv)
+    args = check_argv(argv)
     try:
         proc = await asyncio.create_subprocess_exec(
             *args, cwd=cwd, env=dict(env), start_new_session=True,

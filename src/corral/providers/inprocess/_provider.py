@@ -30,6 +30,7 @@ from corral.core.spec import (
     ProcessOpts,
     SandboxSpec,
 )
+from corral.core.tasks import settle
 from corral.images.hostdir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec
 from corral.providers._hostdir import HostDirSandbox, make_sandbox_dir, remove_sandbox_dir
 from corral.providers.inprocess._proc import Child, InProcessHandle, spawn
@@ -115,8 +116,7 @@ class InProcessSandbox(HostDirSandbox):
             return result.check()
         finally:
             child.kill_group()  # also on asyncio cancellation of exec
-            if feeder is not None and not feeder.done():
-                feeder.cancel()
+            await settle([feeder])
             if child.proc.returncode is not None:
                 self._children.discard(child)
 

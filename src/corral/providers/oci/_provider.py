@@ -4,7 +4,7 @@ One sandbox is one container: a bundle (``config.json`` plus a read-only root, s
 :mod:`._bundle`) started detached with ``catatonit -P`` as its pid 1, and every command
 a ``RUNTIME exec`` into it with its own ``process.json`` (the sandbox's uid, no
 capabilities, no new privileges). Each command runs as a bounded run
-(:mod:`corral.run.engine`) of a small host-side wrapper (:mod:`._reaper`) that adopts
+(:mod:`corral.runner.engine`) of a small host-side wrapper (:mod:`._reaper`) that adopts
 the command so its real wait status is reported; timeouts, output caps and the
 whole-group kill are the bounded run's. Limits are the container's cgroup (v1 here:
 memory + memsw, pids; CPU time read from ``cpuacct`` and enforced by the host), disk
@@ -56,15 +56,16 @@ from corral.core.spec import (
     Level,
     ProcessOpts,
     SandboxSpec,
+    check_argv,
 )
+from corral.core.tasks import TaskSet
 from corral.providers.confined import read_file_under, split_relative, write_file_under
 from corral.providers.oci import _bundle
 from corral.providers.oci._host import RUNTIMES, HostFacts, RuntimeInfo, probe, probe_runtime
 from corral.providers.subproc._process import ChunkQueue, SubprocProcess
-from corral.providers.subproc._provider import _check_argv  # the same rules as subproc
-from corral.run.engine import BoundedRun
-from corral.run.options import make_options
-from corral.run.tree import spawn_process
+from corral.runner.engine import BoundedRun
+from corral.runner.options import make_options
+from corral.runner.tree import spawn_process
 
 __all__ = ["OciProvider", "OciSandbox"]
 
@@ -176,6 +177,8 @@ class OciSandbox(Sandbox):
         self._procs: set[SubprocProcess] = set()
         self._cpu_spent = False
         self._cpu_task: asyncio.Task[None] | None = None
+        #: its background tasks (the CPU watcher, each process's end): destroy ends them
+        self._tasks = TaskSet()
         self._paused = False
 
     # -- life ----------------------------------------------------------------------
@@ -216,8 +219,6 @@ class OciSandbox(Sandbox):
         if self._destroyed:
             return
         self._destroyed = True
-        if self._cpu_task is not None:
-            self._cpu_task.cancel()
         runs = list(self._runs)
         procs, self._procs = list(self._procs), set()
         for run in runs:
@@ -240,6 +241,7 @@ class OciSandbox(Sandbox):
                 if fd >= 0:
                     os.close(fd)
             self._work_fd = self._tmp_fd = self._pidfd = -1
+            await self._tasks.aclose()
             await asyncio.to_thread(self._p.release, self)
 
     # -- files -----------------------------------------------------------------------
@@ -343,7 +345,7 @@ class OciSandbox(Sandbox):
                    out_cap: int, err_cap: int, out: ChunkQueue | None = None,
                    err: ChunkQueue | None = None, stdin_pipe: bool = False,
                    on_output: OutputSink | None = None) -> tuple[BoundedRun, list[str]]:
-        args = _check_argv(argv)
+        args = check_argv(argv)
         where = self._cwd(cwd)
         self._check_init()
         self._n += 1
@@ -386,7 +388,7 @@ class OciSandbox(Sandbox):
     def watch_cpu(self) -> None:
         """With ``limits.cpu_ms``: poll the sandbox's CPU time for its whole life."""
         if self.spec.limits.cpu_ms is not None and self._cpu_task is None:
-            self._cpu_task = asyncio.ensure_future(self._watch_cpu(self.spec.limits.cpu_ms))
+            self._cpu_task = self._tasks.spawn(self._watch_cpu(self.spec.limits.cpu_ms))
 
     async def _watch_cpu(self, cap_ms: int) -> None:
         """At ``cpu_ms`` of CPU time (all the sandbox's processes together, since it was
@@ -525,7 +527,7 @@ class OciSandbox(Sandbox):
             self._procs.discard(proc)
             self._runs.discard(run)
 
-        asyncio.ensure_future(run.wait_finished()).add_done_callback(ended)
+        self._tasks.spawn(run.wait_finished()).add_done_callback(ended)
         return proc
 
     async def pause(self) -> None:

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, final
 
@@ -38,6 +38,7 @@ from corral.core.errors import (
 )
 from corral.core.result import RunResult
 from corral.core.spec import ExecOpts, Level, ProcessOpts, SandboxSpec, SnapshotHandle
+from corral.core.tasks import TaskSet, settle
 from corral.providers.ray import _wire
 from corral.providers.ray._channel import Channel, ChannelBroken
 from corral.providers.ray.placement import NodeView, no_candidate, rank, reserve_mb
@@ -184,6 +185,8 @@ class RayProvider(SandboxProvider):
         self._preloads: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
         self._renewer: asyncio.Future[None] | None = None
         self._watcher: asyncio.Future[None] | None = None
+        #: rollbacks of creates cancelled while a node built them: aclose waits for them
+        self._chores = TaskSet()
         self._closed = False
         #: nodes that could not be attached: address -> why
         self.attach_errors: dict[str, str] = {}
@@ -358,10 +361,10 @@ class RayProvider(SandboxProvider):
                 try:
                     await asyncio.wait([fut, waiter], return_when=asyncio.FIRST_COMPLETED)
                 finally:
-                    waiter.cancel()
+                    await settle([waiter])
             reply = await asyncio.shield(fut)
         except asyncio.CancelledError:
-            _background(self._rollback(node, fut, pg))
+            self._chores.spawn(self._rollback(node, fut, pg))
             raise
         except Exception as e:
             self._unreserve(pg)
@@ -501,6 +504,7 @@ class RayProvider(SandboxProvider):
         for sb in list(self._live):
             with contextlib.suppress(Exception):
                 await sb.destroy()
+        await self._chores.drain()
         await asyncio.gather(*(_guard(n.actor.release.remote(self.owner), 10.0)
                                for n in self._nodes.values()), return_exceptions=True)
         for n in self._nodes.values():
@@ -529,12 +533,6 @@ def _quiet(f: asyncio.Future[Any]) -> None:
     """Mark a background call's failure as seen."""
     if not f.cancelled():
         f.exception()
-
-
-def _background(coro: Awaitable[Any]) -> None:
-    fut = asyncio.ensure_future(coro)
-    _BACKGROUND.add(fut)
-    fut.add_done_callback(_BACKGROUND.discard)
 
 
 class RaySandbox(Sandbox):
@@ -642,8 +640,7 @@ class RaySandbox(Sandbox):
         if self._destroyed:
             return
         self._destroyed = True
-        if self._pc_task is not None:
-            self._pc_task.cancel()
+        await settle([self._pc_task])
         try:
             if not self.node.lost.is_set():
                 with contextlib.suppress(ProviderError):

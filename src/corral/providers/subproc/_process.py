@@ -9,7 +9,7 @@ from typing import final
 from corral.core.contract import ProcessHandle, ProcessStdin
 from corral.core.errors import ProviderError
 from corral.core.result import RunResult
-from corral.run.engine import BoundedRun
+from corral.runner.engine import BoundedRun
 
 __all__ = ["ChunkQueue", "SubprocProcess"]
 

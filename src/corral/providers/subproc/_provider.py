@@ -3,7 +3,7 @@
 A sandbox is a private directory (``mkdtemp``, mode 0700) holding ``work/``
 (the commands' cwd and ``HOME``) and ``tmp/`` (``TMPDIR``), plus the process
 trees of the commands run in it. Each command runs through the bounded runner
-(:mod:`corral.run.engine`): own session and process group, environment
+(:mod:`corral.runner.engine`): own session and process group, environment
 allowlist, wall-clock timeout, output caps, whole-tree kill at its end.
 
 NOT a security boundary: commands run as the caller's user, see the host's
@@ -36,28 +36,19 @@ from corral.core.spec import (
     Level,
     ProcessOpts,
     SandboxSpec,
+    check_argv,
 )
 from corral.images.hostdir import DEFAULT_MAX_IMAGE_BYTES, check_image_spec
 from corral.providers._hostdir import HostDirSandbox, make_sandbox_dir, remove_sandbox_dir
 from corral.providers.subproc._process import ChunkQueue, SubprocProcess
-from corral.run.engine import BoundedRun
-from corral.run.options import make_options
-from corral.run.tree import spawn_process
+from corral.runner.engine import BoundedRun
+from corral.runner.options import make_options
+from corral.runner.tree import spawn_process
 
 __all__ = ["SubprocProvider", "SubprocSandbox"]
 
 _NAME: Final = "subproc"
 _PREFIX: Final = "corral-subproc-"
-
-
-def _check_argv(argv: Sequence[str]) -> list[str]:
-    if isinstance(argv, str | bytes) or not argv:
-        raise ConfigInvalidError("argv", "must be a non-empty sequence of strings")
-    out = list(argv)
-    for i, a in enumerate(out):
-        if not isinstance(a, str) or "\0" in a or (i == 0 and not a):
-            raise ConfigInvalidError(f"argv[{i}]", "must be a non-empty string without NUL")
-    return out
 
 
 @final
@@ -91,7 +82,7 @@ class SubprocSandbox(HostDirSandbox):
                timeout_ms: int, stdin: bytes | None, out_cap: int, err_cap: int,
                out: ChunkQueue | None = None, err: ChunkQueue | None = None,
                stdin_pipe: bool = False) -> BoundedRun:
-        args = _check_argv(argv)
+        args = check_argv(argv)
         where = self._cwd(cwd)
         full_env = self._env(env)
         opts = make_options(

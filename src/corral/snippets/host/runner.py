@@ -502,11 +502,11 @@ async def run_snippet(
         return rejected
     relay = _LogRelay(on_log, asyncio.get_running_loop())
     try:
-        transcript = await _dispatch(payload, pool=pool, provider=provider, network=network,
-                                     cancel=cancel, env=(environment, env_modules), kw=dict(
-                                         tenant_id=tenant_id, level=lv, timeout_ms=timeout,
-                                         allowed=allowed, guard=not _unsafe_skip_validation,
-                                         split=split, relay=relay))
+        transcript = await _dispatch(_SnippetRun(
+            payload=payload, tenant_id=tenant_id, level=lv, timeout_ms=timeout,
+            allowed=allowed, guard=not _unsafe_skip_validation, split=split, relay=relay),
+            pool=pool, provider=provider, network=network, cancel=cancel,
+            env=(environment, env_modules))
     except BaseException:
         relay.close()
         raise
@@ -514,26 +514,46 @@ async def run_snippet(
     return transcript
 
 
-async def _dispatch(payload: list[tuple[str, str]], *, pool: SnippetPool | None,
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _SnippetRun:
+    """One snippet run, checked: what :func:`run_snippet`'s keywords say, as the one
+    value the layers below read (``on(pool)`` runs it there)."""
+
+    payload: list[tuple[str, str]]
+    tenant_id: str
+    level: Level
+    timeout_ms: int
+    allowed: frozenset[str]
+    guard: bool
+    split: Split
+    relay: _LogRelay
+
+    async def on(self, pool: SnippetPool) -> Transcript:
+        return await _run_in(pool, self.payload, tenant_id=self.tenant_id, level=self.level,
+                             timeout_ms=self.timeout_ms, allowed=self.allowed,
+                             guard=self.guard, split=self.split, relay=self.relay)
+
+
+async def _dispatch(run: _SnippetRun, *, pool: SnippetPool | None,
                     provider: SandboxProvider | None, network: NetworkPolicy | None,
-                    cancel: CancelToken | None, kw: dict[str, Any],
+                    cancel: CancelToken | None,
                     env: tuple[str | None, frozenset[str]] = (None, frozenset())
                     ) -> Transcript:
     """The run on the pool it belongs to (see :func:`run_snippet`)."""
-    lv: Level = kw["level"]
+    lv = run.level
     environment, modules = env
     if environment is not None:
         if pool is not None:
             if pool.environment not in (environment,):
                 raise ConfigInvalidError("environment", "the pool passed in shows another "
                                          "environment (SnippetPool(environment=...))")
-            return await _with_token(cancel, lambda: _run_in(pool, payload, **kw))
+            return await _with_token(cancel, lambda: run.on(pool))
         if provider is not None or (network is not None and network.kind != "none"):
             return await _with_token(cancel, lambda: _on_provider(
-                provider, lv, lambda p: _run_in(p, payload, **kw), network=network,
+                provider, lv, run.on, network=network,
                 environment=environment, preload=env_preload(modules)))
         fut = _DEFAULT.submit(
-            lambda p: _with_token(cancel, lambda: _run_in(p, payload, **kw)),
+            lambda p: _with_token(cancel, lambda: run.on(p)),
             environment=environment, preload=env_preload(modules))
         return await asyncio.wrap_future(fut)
     if network is not None and network.kind != "none":
@@ -545,13 +565,13 @@ async def _dispatch(payload: list[tuple[str, str]], *, pool: SnippetPool | None,
                 str(lv), ("strict",), "a snippet's network policy is enforced at strict only",
                 field="network", missing=f"network policy {network.kind!r}")
         return await _with_token(cancel, lambda: _on_provider(
-            provider, lv, lambda p: _run_in(p, payload, **kw), network=network))
+            provider, lv, run.on, network=network))
     if provider is not None:
         return await _with_token(cancel, lambda: _on_provider(
-            provider, lv, lambda p: _run_in(p, payload, **kw)))
+            provider, lv, run.on))
     if pool is not None:
-        return await _with_token(cancel, lambda: _run_in(pool, payload, **kw))
-    fut = _DEFAULT.submit(lambda p: _with_token(cancel, lambda: _run_in(p, payload, **kw)))
+        return await _with_token(cancel, lambda: run.on(pool))
+    fut = _DEFAULT.submit(lambda p: _with_token(cancel, lambda: run.on(p)))
     return await asyncio.wrap_future(fut)
 
 

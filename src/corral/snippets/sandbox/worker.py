@@ -546,6 +546,9 @@ _MAX_REFUSALS = 8
 
 #: the pool's warm-up code (``--warmup``), run once in the template after the preloads
 _WARMUP: list[str] = []
+#: the modules an environment's preloads and warm-up imported (:func:`serve`): a run
+#: does not shed them (:func:`_runtime_state`)
+_ENV_LOADED: set[str] = set()
 #: an environment's dir (``--path``): its packages read their own files at run time
 _EXTRA_ROOTS: list[str] = []
 
@@ -747,7 +750,8 @@ def _runtime_state() -> dict[str, Any]:
     ``_posixsubprocess.fork_exec`` (``_posixsubprocess.fork_exec``,
     ``subprocess._fork_exec``) as ``(module dict, name)`` pairs."""
     modules = sys.modules
-    runtime = tuple(sorted(n for n in modules if n.partition(".")[0] in _RUNTIME_TOPS))
+    runtime = tuple(sorted(n for n in modules if n.partition(".")[0] in _RUNTIME_TOPS
+                           and n not in _ENV_LOADED))
     spawn: list[tuple[dict[str, Any], str]] = []
     posixsubprocess = modules.get("_posixsubprocess")
     fork_exec = getattr(posixsubprocess, "fork_exec", None)
@@ -1406,11 +1410,22 @@ def _write(frame: dict[str, Any]) -> None:
 
 def serve(preload: list[str]) -> None:
     """The template loop: one invoke frame in, one output (or error) frame out."""
+    before = frozenset(sys.modules)
     for name in preload:
         try:
             _real_import(name)
         except Exception:
             pass
+    for code in _WARMUP:  # the pool's own (trusted) warm-up: lazy imports paid here, once
+        try:
+            exec(compile(code, "<corral-warmup>", "exec"), {"__name__": "__corral_warmup__"})
+        except Exception:
+            pass
+    if _EXTRA_ROOTS:
+        # an environment's packages keep what they imported (pandas: shutil, tempfile
+        # ...): they import it again lazily, and hold it in their own globals anyway;
+        # the shed's other parts (fork_exec refused, RLIMIT_NPROC 0) still hold
+        _ENV_LOADED.update(frozenset(sys.modules) - before)
     _harden()  # once, here: every run is a fork of this process
     gc.collect()
     gc.freeze()

@@ -313,7 +313,7 @@ class Zygote:
     def alive(self) -> bool:
         return not self.channel.is_closed and self.proc.poll() is None
 
-    async def create(self, plan: dict[str, Any], cgroup_procs: list[str],
+    async def create(self, plan: Mapping[str, Any], cgroup_procs: list[str],
                      agent_fd: int) -> tuple[int, int]:
         """Build a sandbox; returns (host pid of its agent, pidfd). Raises ProviderError."""
         h, _p, fds = await self.channel.request(

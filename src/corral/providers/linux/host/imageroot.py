@@ -14,7 +14,7 @@ from corral.core.errors import ConfigInvalidError
 from corral.images.cache import ImageCache, UnpackedImage, unreachable_part
 from corral.providers.linux.policy.plan import ImageRoot
 
-__all__ = ["env_of", "image_root_of", "reachable"]
+__all__ = ["env_of", "image_root_of", "reachable", "read_image"]
 
 
 def reachable(image: str, cache: ImageCache, uid_out: int, gid_out: int, *,
@@ -32,6 +32,13 @@ def reachable(image: str, cache: ImageCache, uid_out: int, gid_out: int, *,
             f"{blocked!r} is not searchable by it; put the image (or image_cache_dir) "
             "where it is")
     return unpacked
+
+
+def read_image(ref: str, *, cache: ImageCache, uid_out: int, gid_out: int) -> ImageRoot:
+    """``ref`` unpacked (or found in the cache), refused unless the sandbox's user can
+    reach it (:func:`reachable`), and read into the plan's facts, once: nothing after
+    the plan reads the image again. Blocking (the provider runs it in a worker thread)."""
+    return image_root_of(reachable(ref, cache, uid_out, gid_out))
 
 
 def image_root_of(image: UnpackedImage) -> ImageRoot:

@@ -56,7 +56,7 @@ async def launch(plan: SandboxPlan, prog: bytes, cancel: CancelToken | None, *,
         check_cancel()
         host_end, sb_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         forking = asyncio.ensure_future(zygote.create(
-            plan.to_wire(), list(cg.join_files) if cg else [], sb_end.fileno()))
+            plan.wire, list(cg.join_files) if cg else [], sb_end.fileno()))
         try:
             try:
                 _pid, pidfd = await asyncio.shield(forking)

@@ -189,6 +189,10 @@ class LinuxProcess(ProcessHandle):
 
     async def wait(self) -> RunResult:
         info = await asyncio.shield(self._run.exit)
+        if self._killer is not None:  # the timeout's kill, started from a timer
+            await asyncio.wait([self._killer])
+            if not self._killer.cancelled():
+                self._killer.exception()  # seen: the exit above is what counts
         wall = int((asyncio.get_running_loop().time() - self._started) * 1000)
         outcome = Outcome.TIMEOUT if self._run.killed_for == "timeout" else Outcome.EXIT
         return RunResult(outcome=outcome, exit_code=info.code, usage=usage_of(info, wall),

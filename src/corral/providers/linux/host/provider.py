@@ -24,15 +24,15 @@ from corral.providers.linux import _sys_unsafe as su
 from corral.providers.linux.host.channel import Zygote
 from corral.providers.linux.host.cpuwatch import CpuWatch
 from corral.providers.linux.host.egress import NeverReach, Resolver
-from corral.providers.linux.host.imageroot import env_of, image_root_of, reachable
-from corral.providers.linux.host.launch import launch, race
-from corral.providers.linux.host.netrelay import check_entries
+from corral.providers.linux.host.imageroot import image_root_of, read_image
+from corral.providers.linux.host.launch import launch
 from corral.providers.linux.host.sandbox import LinuxSandbox, SandboxHost
-from corral.providers.linux.host.spares import Launched, Reaper, kill_launched, shape_key
+from corral.providers.linux.host.spares import Launched, Reaper, SparePool, kill_launched
 from corral.providers.linux.init import mounts
 from corral.providers.linux.policy.plan import (
     DEFAULT_LIMITS,
     Bind,
+    ImageRoot,
     LinuxOptions,
     SandboxPlan,
     _extra_binds,
@@ -196,10 +196,8 @@ class LinuxProvider(SandboxProvider):
         self._prog: bytes | None = None
         self._live: set[LinuxSandbox] = set()
         self._closed = False
-        self._spares: dict[str, list[Launched]] = {}
-        self._building: dict[str, asyncio.Task[Launched]] = {}
-        self._chores: set[asyncio.Future[Any]] = set()
         self._reaper = Reaper()
+        self._pool = SparePool(spares, self._build_spare, self._reaper)
         #: enforces cpu_ms for every live sandbox that has one (one timer for all)
         self._cpu_watch = CpuWatch()
         #: what each sandbox uses of this provider (its only way back here)
@@ -209,7 +207,6 @@ class LinuxProvider(SandboxProvider):
             stdout_cap=stdout_cap, stderr_cap=stderr_cap, egress_resolver=egress_resolver,
             egress_upstream_ssl=egress_upstream_ssl_context, egress_never=egress_never)
         self._plans: dict[tuple[Any, ...], SandboxPlan] = {}  # create's cache (image-less)
-        self._keys: dict[int, tuple[SandboxPlan, str]] = {}   # id(plan) -> its shape key
         self._preloaded: set[str] = set()  # modules and fork entries the zygote loaded
         self._plock: asyncio.Lock | None = None
 
@@ -228,13 +225,6 @@ class LinuxProvider(SandboxProvider):
             else:
                 keep[name] = getattr(DEFAULT_LIMITS, name)
         return SandboxLimits(disk_mb=DEFAULT_LIMITS.disk_mb, **keep)
-
-    def _cgroup_limits(self, limits: SandboxLimits) -> SandboxLimits:
-        """What the sandbox's cgroup enforces of ``limits`` (none of the three that
-        rlimits enforce under ``limits_by="rlimit"``)."""
-        if self.options.limits_by == "cgroup":
-            return limits
-        return dataclasses.replace(limits, mem_mb=None, max_processes=None, cpu_ms=None)
 
     def _seccomp(self) -> bytes:
         if self._prog is None:
@@ -267,9 +257,25 @@ class LinuxProvider(SandboxProvider):
         ``image`` is ``spec.image`` unpacked; when not given it is unpacked here
         (blocking; ``create`` does it in a worker thread).
         """
-        if spec.image is not None and image is None:
-            check_spec(spec)
-            image = self._unpack(spec.image)
+        facts = None
+        if spec.image is not None:
+            facts = self._read_image(spec) if image is None else image_root_of(image)
+        return self._resolve(spec, facts)
+
+    def _read_image(self, spec: SandboxSpec) -> ImageRoot:
+        """``spec.image`` unpacked (or found in the cache) and read, after the refusals
+        that need no host facts; blocking."""
+        assert spec.image is not None
+        check_spec(spec)  # cheap refusals before any unpacking
+        (_u, uid_out, _n), (_g, gid_out, _m) = _id_maps(self.options, self._host)
+        if self.images is None:
+            self.images = ImageCache(self._image_cache_dir)
+        return read_image(spec.image, cache=self.images, uid_out=uid_out, gid_out=gid_out)
+
+    def _resolve(self, spec: SandboxSpec, image: ImageRoot | None) -> SandboxPlan:
+        """The one place a spec becomes a plan: built once (limits merged, egress policy
+        parsed, wire form and shape derived, an environment's tree bound and on the
+        PYTHONPATH), checked against this host's cgroups."""
         options, env_vars = self.options, None
         if spec.environment is not None:
             if image is not None and is_image_root(spec):
@@ -283,16 +289,10 @@ class LinuxProvider(SandboxProvider):
             options = dataclasses.replace(options, binds=options.binds + tuple(
                 Bind(src, dst) for src, dst in env.sandbox_binds()))
             env_vars = env.sandbox_env()
-        if image is not None and is_image_root(spec):
-            plan = build_plan(spec, options=options, host=self._host,
-                              image_root=image_root_of(image))
-        else:
-            plan = build_plan(spec, options=options, host=self._host,
-                              rootfs=None if image is None else image.rootfs,
-                              image_env=None if image is None else env_of(image.config.env))
+        plan = build_plan(spec, options=options, host=self._host, image=image)
         if env_vars:
             plan = dataclasses.replace(plan, env_base={**plan.env_base, **env_vars})
-        self._cgroups.require(self._cgroup_limits(plan.limits))
+        self._cgroups.require(plan.cgroup_limits)
         return plan
 
     def _environment(self, ref: str) -> Any:
@@ -300,30 +300,20 @@ class LinuxProvider(SandboxProvider):
         from corral.envs.store import EnvStore
         return EnvStore(self._env_store_dir).get(ref)
 
-    def _unpack(self, image: str) -> UnpackedImage:
-        """Unpack (or find in the cache) ``image``, reachable by the sandbox's user."""
-        if self.images is None:
-            self.images = ImageCache(self._image_cache_dir)
-        (_u, uid_out, _n), (_g, gid_out, _m) = _id_maps(self.options, self._host)
-        return reachable(image, self.images, uid_out, gid_out)
-
     async def _plan_for(self, spec: SandboxSpec) -> SandboxPlan:
-        if spec.image is None:
-            # build_plan reads only these fields of a spec without an image (and the
-            # environment's digest: a name may be rebuilt)
-            env = (None if spec.environment is None
-                   else self._environment(spec.environment).digest)
-            ckey = (spec.level, spec.network, spec.mode, spec.limits, env)
-            hit = self._plans.get(ckey)
-            if hit is None:
-                if len(self._plans) >= 64:
-                    self._plans.clear()
-                hit = self._plans[ckey] = self.plan(spec)
-            return hit
-        check_spec(spec)  # cheap refusals before any unpacking
-        check_entries(spec.network)
-        image = await asyncio.to_thread(self._unpack, spec.image)
-        return self.plan(spec, image=image)
+        if spec.image is not None:
+            return self._resolve(spec, await asyncio.to_thread(self._read_image, spec))
+        # build_plan reads only these fields of a spec without an image (and the
+        # environment's digest: a name may be rebuilt)
+        env = (None if spec.environment is None
+               else self._environment(spec.environment).digest)
+        ckey = (spec.level, spec.network, spec.mode, spec.limits, env)
+        hit = self._plans.get(ckey)
+        if hit is None:
+            if len(self._plans) >= 64:
+                self._plans.clear()
+            hit = self._plans[ckey] = self._resolve(spec, None)
+        return hit
 
     # -- the contract ---------------------------------------------------------------
     async def create(self, spec: SandboxSpec, *, cancel: CancelToken | None = None
@@ -336,21 +326,11 @@ class LinuxProvider(SandboxProvider):
         prog = self._seccomp()
         if cancel is not None and cancel.cancelled:
             raise CreateCancelledError(f"create cancelled: {cancel.reason}")
-        item: Launched | None = None
-        if self.spares > 0:
-            known = self._keys.get(id(plan))
-            if known is None or known[0] is not plan:
-                if len(self._keys) >= 64:
-                    self._keys.clear()
-                known = self._keys[id(plan)] = (plan, shape_key(plan))
-            key = known[1]
-            item = await self._claim(key, plan, cancel)
-            self._refill(key, plan)
+        item = await self._pool.take(plan, cancel)
         if item is None:
             if self._closed:  # aclose ran while this create waited for a spare
                 raise ProviderError("the provider is closed")
-            item = await self._launch(plan, prog, cancel,
-                                      limits=self._cgroup_limits(plan.limits))
+            item = await self._launch(plan, prog, cancel, limits=plan.cgroup_limits)
         try:
             if cancel is not None and cancel.cancelled:
                 raise CreateCancelledError(f"create cancelled: {cancel.reason}")
@@ -396,79 +376,28 @@ class LinuxProvider(SandboxProvider):
             missing = await (await self._zygote_for(self._seccomp())).preload(names, entries)
             names += entries
             self._preloaded.update(set(names) - set(missing))
-            for key in list(self._spares):  # forked before: they lack the new modules
-                for item in self._spares.pop(key):
-                    self._track(asyncio.ensure_future(kill_launched(item, self._reaper)))
+            self._pool.drop_idle()  # forked before: they lack the new modules
             return missing
 
     # -- pre-warmed spares (see spares.py) -------------------------------------------
-    async def _claim(self, key: str, plan: SandboxPlan, cancel: CancelToken | None
-                     ) -> Launched | None:
-        """A spare of this shape with ``plan``'s limits applied, or None (build cold)."""
-        while True:
-            pool = self._spares.get(key)
-            if pool:
-                item = pool.pop()
-            else:
-                task = self._building.get(key)
-                if task is None:
-                    return None
-                # sooner than a cold launch queued behind it in the zygote
-                await race(asyncio.wait([task]), cancel)
-                if task.cancelled() or task.exception() is not None:
-                    return None
-                continue  # the finished build put its spare into the pool
-            if item.chan.is_closed:  # its agent died while idle
-                await kill_launched(item, self._reaper)
-                continue
-            try:
-                if item.cg is not None:
-                    # before anything of the caller runs
-                    item.cg.apply(self._cgroup_limits(plan.limits))
-            except Exception:
-                await kill_launched(item, self._reaper)
-                return None  # the cold path reports what is wrong
-            return item
+    async def _build_spare(self, plan: SandboxPlan) -> Launched:
+        return await self._launch(plan, self._seccomp(), None, limits=SandboxLimits())
 
-    def _refill(self, key: str, plan: SandboxPlan) -> None:
-        """Keep ``self.spares`` spares of the latest shape built or building."""
-        if self._closed:
-            return
-        for other in [k for k in self._spares if k != key]:
-            for item in self._spares.pop(other):
-                self._track(asyncio.ensure_future(kill_launched(item, self._reaper)))
-        have = len(self._spares.get(key, ())) + (key in self._building)
-        if have < self.spares and key not in self._building:
-            task = asyncio.ensure_future(self._build_spare(key, plan))
-            task.add_done_callback(_retrieve)
-            self._building[key] = task
+    @property
+    def _spares(self) -> dict[str, list[Launched]]:
+        """Idle spares by shape (the pool's; tests and the Ray node count them)."""
+        return self._pool.idle
 
-    async def _build_spare(self, key: str, plan: SandboxPlan) -> Launched:
-        try:
-            item = await self._launch(plan, self._seccomp(), None, limits=SandboxLimits())
-        finally:
-            if self._building.get(key) is asyncio.current_task():
-                del self._building[key]
-        if self._closed:
-            await kill_launched(item, self._reaper)
-            raise ProviderError("the provider is closed")
-        self._spares.setdefault(key, []).append(item)
-        have = len(self._spares[key])
-        if have < self.spares:
-            self._refill(key, plan)
-        return item
-
-    def _track(self, fut: asyncio.Future[Any]) -> None:
-        self._chores.add(fut)
-        fut.add_done_callback(self._chores.discard)
+    @property
+    def _building(self) -> dict[str, asyncio.Task[Launched]]:
+        return self._pool.building
 
     async def wait_spares(self) -> int:
         """Wait for background work (spare builds, removals of destroyed sandboxes'
         cgroups); returns how many idle spares exist. For tests and benchmarks."""
-        while self._building or self._chores:
-            await asyncio.wait(list(self._building.values()) + list(self._chores))
+        idle = await self._pool.drain()
         await self._reaper.drain()
-        return sum(len(v) for v in self._spares.values())
+        return idle
 
     # -- one launch (see _launch.py) ---------------------------------------------------
     async def _launch(self, plan: SandboxPlan, prog: bytes, cancel: CancelToken | None,
@@ -486,16 +415,10 @@ class LinuxProvider(SandboxProvider):
         Returns once their processes are gone and their cgroups removed. Idempotent.
         """
         self._closed = True
-        if self._building:
-            await asyncio.wait(list(self._building.values()))
-        for key in list(self._spares):
-            for item in self._spares.pop(key):
-                await kill_launched(item, self._reaper)
+        await self._pool.aclose()
         for sb in list(self._live):
             await sb.destroy()
         self._cpu_watch.close()
-        while self._chores:
-            await asyncio.wait(list(self._chores))
         await self._reaper.stop()
         if self._zygote is not None:
             self._zygote.stop()
@@ -510,12 +433,6 @@ class LinuxProvider(SandboxProvider):
     def zygote_pid(self) -> int | None:
         """The fork server's pid (None before the first create); for leak checks."""
         return self._zygote.proc.pid if self._zygote is not None else None
-
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    """Mark a background build's failure as seen (the next create builds cold)."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _checked_ro_binds(paths: Sequence[str]) -> tuple[str, ...]:

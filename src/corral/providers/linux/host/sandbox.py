@@ -27,7 +27,9 @@ from corral.core.spec import (
     ResourceUsage,
     SandboxSpec,
     SnapshotHandle,
+    check_argv,
 )
+from corral.core.tasks import settle
 from corral.providers.confined import split_relative
 from corral.providers.linux.host.channel import REQUEST_TIMEOUT_S, Channel
 from corral.providers.linux.host.netrelay import SandboxNetwork, proxy_env
@@ -67,18 +69,6 @@ _KILL_TIMEOUT_S = 5.0
 
 #: requests whose OS errors are the caller's: the builtin OSError of the errno
 _FILE_OPS: Final = (_msg.Read, _msg.ListDir, _msg.Remove, _msg.MakeDir, _msg.Stat)
-
-
-def _check_argv(argv: Sequence[str]) -> list[str]:
-    if isinstance(argv, str | bytes) or not argv:
-        raise ConfigInvalidError("argv", "must be a non-empty sequence of strings")
-    out = list(argv)
-    for a in out:
-        if not isinstance(a, str) or "\0" in a:
-            raise ConfigInvalidError("argv", f"not a usable argument: {a!r}")
-    if not out[0]:
-        raise ConfigInvalidError("argv[0]", "must name a command, not be empty")
-    return out
 
 
 @final
@@ -138,12 +128,6 @@ class LinuxSandbox(Sandbox):
         #: runs whose kill came while the sandbox was paused: killed at resume (a frozen
         #: agent cannot answer, and a timeout must not wait for it)
         self._kill_at_resume: dict[int, Run] = {}
-        #: the egress proxy (network allowlist/unrestricted) and preview URLs; started
-        #: by the provider's create before the sandbox is handed out
-        self.network = SandboxNetwork(spec.network, self._agent_socket, egress=plan.egress,
-                                      resolver=host.egress_resolver,
-                                      upstream_ssl_context=host.egress_upstream_ssl,
-                                      never=host.egress_never)
         #: what every command's env gets for the network (the proxy's variables)
         self._net_env: dict[str, str] = {}
         #: (path, bytes) of the CA bundle written at create (a policy with secrets)
@@ -152,6 +136,13 @@ class LinuxSandbox(Sandbox):
         channel.on_violation = self._on_violation
         channel.closed.add_done_callback(lambda _f: self._on_agent_gone())
         self._watch_cpu()
+        #: the egress proxy (network allowlist/unrestricted) and preview URLs, with the
+        #: policy the plan parsed; started by the provider's create before the sandbox
+        #: is handed out
+        self.network = SandboxNetwork(spec.network, self._agent_socket, egress=plan.egress,
+                                      resolver=host.egress_resolver,
+                                      upstream_ssl_context=host.egress_upstream_ssl,
+                                      never=host.egress_never)
 
     # -- plumbing -------------------------------------------------------------------
     def _live(self) -> None:
@@ -289,7 +280,7 @@ class LinuxSandbox(Sandbox):
                      ) -> tuple[Run | None, int, int, int, str]:
         """Start a command (or, with ``entry``, a fork_call of the agent with ``argv``
         as its args); returns (run, stdin fd, stdout fd, stderr fd, spawn error)."""
-        args = [str(a) for a in argv] if entry is not None else _check_argv(argv)
+        args = [str(a) for a in argv] if entry is not None else check_argv(argv)
         e, c = self._env(env), self._cwd(cwd)
         self._live()
         self._ran = True
@@ -531,13 +522,15 @@ class LinuxSandbox(Sandbox):
                 raise _error(result(Outcome.CPU_LIMIT, -signal.SIGKILL, limit=e.limit_value,
                                     observed=e.observed, detail=e.detail)) from None
             finally:
-                feeder.cancel()
+                await settle([feeder])
         finally:
             stdin.close_now()
             for r in readers:
                 r.stop()
             if run is not None and not run.exit.done():
                 await self._kill_run(run, "cancelled")
+            if killers:  # an output cap's kill, started from a reader's callback
+                await asyncio.wait(killers)
         if over:
             fd = over[0]
             raise _error(result(

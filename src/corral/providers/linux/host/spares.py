@@ -31,19 +31,23 @@ with a spare 0.2-0.5 ms; destroy 3.4-3.8 ms before, 0.1-0.2 ms after.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import queue
 import select
 import signal
 import threading
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 from corral.providers.linux.host.channel import Channel
 from corral.providers.linux.policy.plan import SandboxPlan
 
-__all__ = ["Launched", "Reaper", "kill_and_remove", "only_init_left", "shape_key", "wait_exit"]
+if TYPE_CHECKING:
+    from corral.core.cancel import CancelToken
+
+__all__ = ["Launched", "Reaper", "SparePool", "kill_and_remove", "only_init_left", "shape_key",
+           "wait_exit"]
 
 #: how long destroy waits for the pid-namespace init to be gone before it falls back
 #: to killing the cgroup synchronously
@@ -60,11 +64,135 @@ class Launched:
     cg: Any
 
 
+@final
+class SparePool:
+    """The provider's idle spares, by plan shape (``SandboxPlan.shape``), and the
+    tasks that build and end them. The pool owns those tasks: :meth:`drain` and
+    :meth:`aclose` await every one, and none outlives :meth:`aclose`.
+
+    ``build(plan)`` launches one sandbox of ``plan``'s shape with no limits applied
+    (the provider's launch); ``size`` spares of the latest shape are kept built or
+    building.
+    """
+
+    def __init__(self, size: int, build: Callable[[SandboxPlan], Awaitable[Launched]],
+                 reaper: Reaper) -> None:
+        self.size = size
+        self._build = build
+        self._reaper = reaper
+        #: shape -> idle spares of it
+        self.idle: dict[str, list[Launched]] = {}
+        #: shape -> the task building a spare of it
+        self.building: dict[str, asyncio.Task[Launched]] = {}
+        self._chores: set[asyncio.Task[None]] = set()
+        self.closed = False
+
+    async def take(self, plan: SandboxPlan, cancel: CancelToken | None) -> Launched | None:
+        """A spare of ``plan``'s shape with ``plan.cgroup_limits`` applied, or None
+        (build cold); then start building the next one of this shape."""
+        if self.size == 0 or self.closed:
+            return None
+        item = await self._claim(plan, cancel)
+        self._refill(plan)
+        return item
+
+    async def _claim(self, plan: SandboxPlan, cancel: CancelToken | None) -> Launched | None:
+        from corral.providers.linux.host.launch import race
+        key = plan.shape
+        while True:
+            pool = self.idle.get(key)
+            if pool:
+                item = pool.pop()
+            else:
+                task = self.building.get(key)
+                if task is None:
+                    return None
+                # sooner than a cold launch queued behind it in the zygote
+                await race(asyncio.wait([task]), cancel)
+                if task.cancelled() or task.exception() is not None:
+                    return None
+                continue  # the finished build put its spare into the pool
+            if item.chan.is_closed:  # its agent died while idle
+                await kill_launched(item, self._reaper)
+                continue
+            try:
+                if item.cg is not None:
+                    # before anything of the caller runs
+                    item.cg.apply(plan.cgroup_limits)
+            except Exception:
+                await kill_launched(item, self._reaper)
+                return None  # the cold path reports what is wrong
+            return item
+
+    def _refill(self, plan: SandboxPlan) -> None:
+        """Keep ``size`` spares of ``plan``'s shape built or building; end the others."""
+        if self.closed:
+            return
+        key = plan.shape
+        for other in [k for k in self.idle if k != key]:
+            for item in self.idle.pop(other):
+                self._chore(kill_launched(item, self._reaper))
+        have = len(self.idle.get(key, ())) + (key in self.building)
+        if have < self.size and key not in self.building:
+            task = asyncio.get_running_loop().create_task(self._build_one(key, plan))
+            task.add_done_callback(_retrieve)
+            self.building[key] = task
+
+    async def _build_one(self, key: str, plan: SandboxPlan) -> Launched:
+        try:
+            item = await self._build(plan)
+        finally:
+            if self.building.get(key) is asyncio.current_task():
+                del self.building[key]
+        if self.closed:
+            await kill_launched(item, self._reaper)
+            raise RuntimeError("the spare pool is closed")
+        self.idle.setdefault(key, []).append(item)
+        if len(self.idle[key]) < self.size:
+            self._refill(plan)
+        return item
+
+    def _chore(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
+        task.add_done_callback(_retrieve)
+
+    def drop_idle(self) -> None:
+        """End every idle spare (in tasks of the pool's; :meth:`drain` waits for them)."""
+        for key in list(self.idle):
+            for item in self.idle.pop(key):
+                self._chore(kill_launched(item, self._reaper))
+
+    async def drain(self) -> int:
+        """Wait for every build and chore of the pool; how many spares are idle."""
+        while self.building or self._chores:
+            await asyncio.wait([*self.building.values(), *self._chores])
+        return sum(len(v) for v in self.idle.values())
+
+    async def aclose(self) -> None:
+        """Build no more; wait for the builds under way, end every idle spare, wait
+        for the chores. Idempotent."""
+        self.closed = True
+        if self.building:
+            await asyncio.wait(list(self.building.values()))
+        for key in list(self.idle):
+            for item in self.idle.pop(key):
+                await kill_launched(item, self._reaper)
+        await self.drain()
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a background task's failure as seen (a failed build: the next create
+    builds cold)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def shape_key(plan: SandboxPlan) -> str:
-    """What a spare must match: the plan's wire form minus what a claim applies."""
-    wire = plan.to_wire()
-    wire.pop("cpu_rlimit_s", None)
-    return json.dumps(wire, sort_keys=True, separators=(",", ":"))
+    """What a spare must match: the plan's wire form minus what a claim applies
+    (``SandboxPlan.shape``, derived once when the plan is made)."""
+    return plan.shape
 
 
 async def wait_exit(pidfd: int, timeout: float = EXIT_WAIT_S) -> bool:

@@ -12,9 +12,11 @@ No I/O: host facts come in as a :class:`HostLayout` (gathered by
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from corral.core.errors import ConfigInvalidError, LevelNotSupportedError
@@ -324,10 +326,30 @@ class SandboxPlan:
     #: host-side only, not in the wire form
     image_entrypoint: tuple[str, ...] = ()
     image_cmd: tuple[str, ...] = ()
+    #: derived once when the plan is made (the bring-up and the provider read them,
+    #: nothing recomputes them): the wire form (:meth:`to_wire`, read-only), what a
+    #: pre-warmed spare must match (``shape``: the wire form minus what a claim
+    #: applies) and what the sandbox's cgroup enforces of ``limits`` (none of the
+    #: three that rlimits enforce under ``limits_by="rlimit"``)
+    wire: Mapping[str, Any] = field(init=False, repr=False, compare=False)
+    shape: str = field(init=False, repr=False, compare=False)
+    cgroup_limits: SandboxLimits = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        wire = self._wire()
+        shape = {k: v for k, v in wire.items() if k != "cpu_rlimit_s"}
+        object.__setattr__(self, "wire", MappingProxyType(wire))
+        object.__setattr__(self, "shape",
+                           json.dumps(shape, sort_keys=True, separators=(",", ":")))
+        object.__setattr__(self, "cgroup_limits", self.limits if self.limits_by == "cgroup"
+                           else SandboxLimits(disk_mb=self.limits.disk_mb))
 
     def to_wire(self) -> dict[str, Any]:
         """A JSON-safe dict for the zygote (mount data as latin-1 text); an image
-        root adds ``image_root`` and ``cwd``."""
+        root adds ``image_root`` and ``cwd``. A copy of :attr:`wire`."""
+        return dict(self.wire)
+
+    def _wire(self) -> dict[str, Any]:
         wire = {
             "namespaces": self.namespaces,
             "uid_map": list(self.uid_map),
@@ -371,10 +393,17 @@ def _check_level_and_network(spec: SandboxSpec) -> None:
             f"mode {getattr(spec.mode, 'value', None)!r}")
 
 
-def check_spec(spec: SandboxSpec) -> None:
-    """The refusals that need no host facts (level, network, an image with a mode that
-    takes none); the provider runs them before unpacking an image."""
+def check_spec(spec: SandboxSpec) -> EgressPolicy | None:
+    """The refusals that need no host facts (level, network entries the egress proxy
+    cannot read, an image with a mode that takes none); the provider runs them before
+    unpacking an image. Returns the network policy as the egress proxy reads it (None
+    for a spec without one)."""
     _check_level_and_network(spec)
+    if spec.network.kind != "none" or spec.network.hosts or spec.network.secret_headers:
+        # imported only for a sandbox with a network policy (the one-shot path has none)
+        from corral.providers.linux.host.egress.policy import compile_network
+        return compile_network(spec.network)
+    return None
 
 
 def is_image_root(spec: SandboxSpec) -> bool:
@@ -552,9 +581,14 @@ def _extra_binds(host: HostLayout, options: LinuxOptions,
 
 
 def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
+               image: ImageRoot | None = None,
                rootfs: str | None = None, image_env: Mapping[str, str] | None = None,
                image_root: ImageRoot | None = None) -> SandboxPlan:
     """Turn ``spec`` into a plan, or refuse it with one specific error.
+
+    ``image``: the unpacked ``spec.image`` as the provider read it: the sandbox's
+    root without a mode (``image_root``), its ``rootfs`` and ``env`` as handler files
+    with one (``rootfs``, ``image_env``). The three keywords below say the same.
 
     ``rootfs`` is the unpacked ``spec.image`` (a host dir; required exactly when
     the spec names an image): its top-level entries are bound read-only under
@@ -565,12 +599,12 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
     ``image_root``: a spec whose image has no handler mode takes the image as its
     root instead (:func:`_image_root_plan`): none of the host's dirs is shown.
     """
-    _check_level_and_network(spec)
-    egress = None
-    if spec.network.kind != "none" or spec.network.hosts or spec.network.secret_headers:
-        # imported only for a sandbox with a network policy (the one-shot path has none)
-        from corral.providers.linux.host.egress.policy import compile_network
-        egress = compile_network(spec.network)
+    egress = check_spec(spec)
+    if image is not None:
+        if is_image_root(spec):
+            image_root = image
+        else:
+            rootfs, image_env = image.rootfs, image.env
     if is_image_root(spec) or image_root is not None:
         return _image_root_plan(spec, options=options, host=host, image=image_root,
                                 egress=egress)

@@ -15,7 +15,7 @@ from typing import Final
 from corral.core.cancel import CancelToken
 from corral.core.errors import ConfigInvalidError
 from corral.core.result import DEFAULT_MAX_STDERR_BYTES, DEFAULT_MAX_STDOUT_BYTES, OutputCallback
-from corral.run.tree import Spawner
+from corral.runner.tree import Spawner
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD_MS",

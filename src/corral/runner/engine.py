@@ -5,7 +5,7 @@ and on a pidfd of the child); the only coroutine is :meth:`BoundedRun.wait`.
 Every path (exit, timeout, cancel, overflow, asyncio cancellation, an error
 in a callback) ends in :meth:`BoundedRun._finish`, which is synchronous and
 idempotent: kill the tree (the supervisor kills and reaps it, see
-:mod:`corral.run.tree`), reap, drain, close every fd, cancel every timer,
+:mod:`corral.runner.tree`), reap, drain, close every fd, cancel every timer,
 remove the cancel callback, join the watcher thread (no-pidfd hosts only),
 remove the owned cwd, then build the :class:`RunResult`.
 """
@@ -27,8 +27,8 @@ from typing import Final, final
 from corral.core.cancel import call_on_cancel
 from corral.core.result import Outcome, OutputBuffer, RunResult
 from corral.core.spec import ResourceUsage
-from corral.run.options import RunOptions, build_env
-from corral.run.tree import Supervised, kill_group, limited_argv, reap, remove_tree
+from corral.runner.options import RunOptions, build_env
+from corral.runner.tree import Supervised, kill_group, limited_argv, reap, remove_tree
 
 __all__ = ["CWD_PREFIX", "BoundedRun"]
 

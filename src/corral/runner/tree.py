@@ -320,7 +320,7 @@ def spawn_process(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
 
 #: the spawn helper: imports this module and serves (argv: its corral root, its socket fd)
 _HELPER_MAIN: Final = ("import sys\nsys.path.insert(0, sys.argv[1])\n"
-                       "from corral.run.tree import _serve_spawns\n"
+                       "from corral.runner.tree import _serve_spawns\n"
                        "_serve_spawns(int(sys.argv[2]))\n")
 #: a request larger than this (argv + env) takes the in-process fork instead
 _HELPER_MAX_REQUEST: Final = 128 * 1024
