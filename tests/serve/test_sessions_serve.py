@@ -152,6 +152,20 @@ def test_a_session_names_only_an_environment_its_tenant_lists(server: Server) ->
         assert b.get("/v1/sessions").json()["sessions"] == []
         assert a.get("/v1/sessions").json()["sessions"] == []
 
+    # the remote provider's client gets the typed error
+    import asyncio
+
+    from corral.core.errors import ConfigInvalidError
+    from corral.providers.remote import RemoteProvider
+    from corral.providers.remote.sessions import RemoteSession
+
+    async def main() -> None:
+        async with RemoteProvider(server.url, BOB) as p:
+            with pytest.raises(ConfigInvalidError) as info:
+                await RemoteSession.create(p, environment="sci")
+            assert info.value.field == "environment"
+    asyncio.run(main())
+
 
 # -- the walk with pandas and matplotlib (marker env_build) ----------------------
 @pytest.mark.env_build
