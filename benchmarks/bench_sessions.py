@@ -2,7 +2,10 @@
 stdlib snippet; memory per idle session.
 
     .venv/bin/python benchmarks/bench_sessions.py [--runs 200] [--creates 20]
-                                                  [--site DIR]  (pandas + matplotlib)
+                                                  [--environment NAME]
+
+``--environment``: a built environment with pandas and matplotlib (``corral env build
+sci numpy pandas matplotlib``; the store is ``$CORRAL_ENV_DIR`` or the default one).
 
 Library: ``AsyncSession.create`` on one strict provider (its spare sandbox warm, as a
 server's), then ``run("1+1")`` ``--runs`` times: p50 / p99; next to it a warm
@@ -10,8 +13,9 @@ server's), then ``run("1+1")`` ``--runs`` times: p50 / p99; next to it a warm
 every time). Serve: a server subprocess on 127.0.0.1; ``POST /v1/sessions/{id}/cells``
 against ``POST /v1/snippets`` with the same source (httpx, one keep-alive connection).
 Memory: private memory (Private_Clean + Private_Dirty, /proc/PID/smaps_rollup) of every
-process of one idle session's sandbox (its agent and the interpreter); with ``--site``
-also after ``import pandas, matplotlib.pyplot`` (what an agent's notebook holds).
+process of one idle session's sandbox (its agent and the interpreter); with
+``--environment`` also session create in it (next to create without one) and the memory
+after ``import pandas, matplotlib.pyplot`` (what an agent's notebook holds).
 No assertions: figures, printed as JSON lines.
 """
 
@@ -63,19 +67,25 @@ def session_mem(s: AsyncSession) -> dict[str, int]:
     return {"processes": len(pids), "private_kib": sum(private_kib(p) for p in pids)}
 
 
-async def library(runs: int, creates: int, site: str | None) -> list[dict[str, Any]]:
+async def creating(p: LinuxProvider, creates: int, environment: str | None) -> list[float]:
+    made: list[float] = []
+    for _ in range(creates):
+        t = time.perf_counter()
+        s = await AsyncSession.create(provider=p, environment=environment)
+        made.append((time.perf_counter() - t) * 1000)
+        await s.close()
+    return made
+
+
+async def library(runs: int, creates: int, environment: str | None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    opts: dict[str, Any] = {"ro_binds": [site]} if site else {}
-    async with LinuxProvider(**opts) as p:
-        env = {"PYTHONPATH": site} if site else None
-        made: list[float] = []
-        for _ in range(creates):
-            t = time.perf_counter()
-            s = await AsyncSession.create(provider=p, env=env)
-            made.append((time.perf_counter() - t) * 1000)
-            await s.close()
-        out.append(summary("session create (strict sandbox + interpreter ready)", made))
-        async with await AsyncSession.create(provider=p, env=env) as s:
+    async with LinuxProvider() as p:
+        out.append(summary("session create (strict sandbox + interpreter ready)",
+                           await creating(p, creates, None)))
+        if environment:
+            out.append(summary(f"session create in environment {environment!r}",
+                               await creating(p, creates, environment)))
+        async with await AsyncSession.create(provider=p, environment=environment) as s:
             await s.run("1+1")
             xs = []
             for _ in range(runs):
@@ -86,7 +96,7 @@ async def library(runs: int, creates: int, site: str | None) -> list[dict[str, A
             out.append(summary("session cell 1+1 (library)", xs))
             await asyncio.sleep(0.5)
             out.append({"what": "idle session memory", **session_mem(s)})
-            if site:
+            if environment:
                 t = time.perf_counter()
                 r = await s.run("import pandas, matplotlib.pyplot", timeout_s=120)
                 took = (time.perf_counter() - t) * 1000
@@ -159,9 +169,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--creates", type=int, default=20)
-    ap.add_argument("--site", default=None, help="a dir with pandas and matplotlib")
+    ap.add_argument("--environment", default=None, metavar="NAME",
+                    help="a built environment with pandas and matplotlib")
     a = ap.parse_args()
-    rows = asyncio.run(library(a.runs, a.creates, a.site)) + serve(a.runs)
+    rows = asyncio.run(library(a.runs, a.creates, a.environment)) + serve(a.runs)
     for row in rows:
         print(json.dumps(row))
     return 0

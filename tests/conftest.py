@@ -42,3 +42,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if left:
         print(f"\ntest session left directories holding private keys: {left}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def sci_built() -> object:
+    """The shared ``sci`` environment (tests/env_fixture.py), built once per session
+    (a cache hit after the first cold build). For ``env_build`` tests only."""
+    from env_fixture import build_sci
+    return build_sci()
+
+
+@pytest.fixture
+def sci_env(sci_built: object, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The name of the shared ``sci`` environment, with ``CORRAL_ENV_DIR`` naming its
+    store for this test (providers, the CLI and servers started here find it)."""
+    from env_fixture import ENV_NAME, env_root
+    monkeypatch.setenv("CORRAL_ENV_DIR", str(env_root()))
+    return ENV_NAME

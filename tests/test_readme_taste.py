@@ -228,8 +228,8 @@ def test_the_readme_environment_lines(tmp_path: Path) -> None:
     from corral.envs import BuildOptions
     from corral.envs.build import non_public_index_entries
     e = Env(tmp_path)
-    e.env["CORRAL_ENV_DIR"] = ("/var/cache/corral-envs-test" if os.geteuid() == 0
-                               else str(Path.home() / ".cache" / "corral-envs-test"))
+    from env_fixture import env_root  # the store the env_build tests share
+    e.env["CORRAL_ENV_DIR"] = str(env_root())
     lines = [ln for ln in taste_lines() if "--environment" in ln or "env build" in ln]
     assert len(lines) == 3
     extra = " ".join(f"--allow-host {h}" for h in non_public_index_entries(BuildOptions()))

@@ -83,3 +83,17 @@ def test_output_is_made_safe_for_the_terminal(escape: bytes) -> None:
     r = subprocess.run([*CORRAL, "-c", code], capture_output=True, timeout=120)
     assert r.returncode == 0, r
     assert b"\x1b" not in r.stdout
+
+
+@pytest.mark.env_build
+def test_a_session_in_an_environment(sci_env: str) -> None:
+    """``--environment``: the packages of the shared ``sci`` environment import (its
+    store named by ``CORRAL_ENV_DIR``, set by the fixture); an unknown name is refused."""
+    r = subprocess.run([*CORRAL, "--environment", sci_env, "-c",
+                        "import pandas as pd", "-c", "int(pd.Series([1, 2, 3]).sum())"],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["6"], r.stdout
+    r = subprocess.run([*CORRAL, "--environment", "no-such-env", "-c", "1"],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert r.returncode != 0 and "environment" in r.stderr, (r.returncode, r.stderr)

@@ -1,38 +1,28 @@
 """An environment with numpy, pandas and matplotlib, built from the package index inside
 a strict sandbox (marked ``env_build``: it needs the index; cached across runs under
-/var/cache/corral-envs-test, so a second CI run's build is a cache hit)."""
+/var/cache/corral-envs-test, so a second CI run's build is a cache hit; the session
+tests share it: tests/env_fixture.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from corral.cli import main
-from corral.envs import BuildOptions, EnvStore, build_environment, stats
-from corral.envs.build import non_public_index_entries
+from corral.envs import EnvStore, build_environment, stats
+from env_fixture import ENV_NAME, REQS, env_options, env_root, env_store
 
 pytestmark = [pytest.mark.linux, pytest.mark.env_build]
-REQS = ["numpy", "pandas", "matplotlib"]
 
 
 @pytest.fixture
 def sci_store(linux: Any, monkeypatch: pytest.MonkeyPatch) -> EnvStore:
-    """The cached store, and CORRAL_ENV_DIR pointing at it for the CLI and snippets."""
-    root = Path("/var/cache/corral-envs-test") if os.geteuid() == 0 else (
-        Path.home() / ".cache" / "corral-envs-test")
-    monkeypatch.setenv("CORRAL_ENV_DIR", str(root))
-    return EnvStore(root)
-
-
-def _opts() -> BuildOptions:
-    base = BuildOptions()
-    # where this host's resolver sends the index to a private address (a mirror or a
-    # proxy), that address is listed too: the egress proxy refuses private ones unasked
-    return BuildOptions(extra_hosts=non_public_index_entries(base))
+    """The cached store the session tests share (tests/env_fixture.py), and
+    CORRAL_ENV_DIR pointing at it for the CLI and snippets."""
+    monkeypatch.setenv("CORRAL_ENV_DIR", str(env_root()))
+    return env_store()
 
 
 def test_numpy_pandas_matplotlib_built_in_the_sandbox_and_used(
@@ -41,7 +31,8 @@ def test_numpy_pandas_matplotlib_built_in_the_sandbox_and_used(
     from corral.snippets.host.runner import run_snippet
 
     async def build() -> Any:
-        return await build_environment("sci", REQS, options=_opts(), store=sci_store)
+        return await build_environment(ENV_NAME, list(REQS), options=env_options(),
+                                       store=sci_store)
 
     env = asyncio.run(build())
     assert {"numpy", "pandas", "matplotlib"} <= env.modules
@@ -56,7 +47,7 @@ def test_numpy_pandas_matplotlib_built_in_the_sandbox_and_used(
             raise AssertionError("a cache hit must not create a sandbox")
 
     async def again() -> Any:
-        return await build_environment("sci", list(reversed(REQS)), options=_opts(),
+        return await build_environment(ENV_NAME, list(reversed(REQS)), options=env_options(),
                                        store=sci_store, provider=Refusing())  # type: ignore[arg-type]
 
     assert asyncio.run(again()).digest == env.digest

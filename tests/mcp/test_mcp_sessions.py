@@ -1,6 +1,7 @@
 """Sessions through ``corral mcp``, driven by the MCP SDK's own client: a live
 interpreter across calls, PNGs as image content, an interrupt that keeps the state, a
-memory kill as a typed tool error; the issue's pandas walk over HTTP (marker env_build)."""
+memory kill as a typed tool error; a session's environment only if the tenant lists it;
+the issue's pandas walk over HTTP in the environment ``sci`` (marker env_build)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from mcp import Client
 from mcp_support import STRICT, client, doc, http_server, stdio_params
 
-from session_env import CSV, build_site, png_size
+from session_env import CSV, png_size
 from strict_tier import cgroup_limits_reason
 
 pytestmark = STRICT
@@ -82,20 +83,49 @@ def test_a_memory_kill_is_a_typed_tool_error() -> None:
     run(main())
 
 
+def _refused_environment(r: Any, name: str) -> None:
+    assert r.is_error, r
+    err = r.structured_content["error"]
+    assert err["code"] == "config-invalid" and err["field"] == "environment", err
+    assert repr(name) in err["message"], err
+
+
+def test_a_session_names_only_an_environment_the_operator_lists() -> None:
+    """As sandbox_create: the stdio client may name only ``--environment`` ones (none
+    by default); the refusal is the same typed tool error, and nothing is left."""
+    async def main() -> None:
+        async with Client(stdio_params()) as c:
+            _refused_environment(await c.call_tool(
+                "session_create", {"name": "e", "environment": "sci"}), "sci")
+            _refused_environment(await c.call_tool(
+                "sandbox_create", {"name": "e", "environment": "sci"}), "sci")
+            assert doc(await c.call_tool("sandbox_list", {}))["sandboxes"] == []
+        async with Client(stdio_params("--environment", "sci")) as c:
+            _refused_environment(await c.call_tool(
+                "session_create", {"name": "e", "environment": "other"}), "other")
+    run(main())
+
+
 @pytest.mark.env_build
 @pytest.mark.skipif(not MEM_OK, reason=cgroup_limits_reason() or "-")
-def test_the_agent_walk_over_mcp_http(tmp_path: Path) -> None:
-    site = build_site()
-    token = "session-walk-token-0123456789"
+def test_the_agent_walk_over_mcp_http(tmp_path: Path, sci_env: str) -> None:
+    """The session runs in ``sci`` (the cached store, found by the server through
+    ``CORRAL_ENV_DIR``), which tenant walk lists and tenant other does not."""
+    token, other = "session-walk-token-0123456789", "session-other-token-0123456789"
     cfg = tmp_path / "serve.toml"
-    cfg.write_text(f'[levels]\nstrict = "linux"\n\n[provider_options.linux]\n'
-                   f'ro_binds = ["{site}"]\n\n[[tenants]]\nname = "walk"\n'
-                   f'token = "{token}"\nlevels = ["strict"]\n')
+    cfg.write_text(f'[levels]\nstrict = "linux"\n\n[[tenants]]\nname = "walk"\n'
+                   f'token = "{token}"\nlevels = ["strict"]\nenvironments = ["{sci_env}"]\n'
+                   f'\n[[tenants]]\nname = "other"\ntoken = "{other}"\n'
+                   f'levels = ["strict"]\n')
 
     async def main(url: str) -> None:
+        async with client(url, other) as c:
+            _refused_environment(await c.call_tool(
+                "session_create", {"name": "nb", "environment": sci_env}), sci_env)
         async with client(url, token) as c:
             r = await c.call_tool("session_create", {"name": "nb", "mem_mb": 400,
-                                                     "cell_timeout_s": 2})
+                                                     "cell_timeout_s": 2,
+                                                     "environment": sci_env})
             assert not r.is_error, r
             await c.call_tool("sandbox_write_file", {"name": "nb", "path": "data.csv",
                                                      "content": CSV})
@@ -118,14 +148,5 @@ def test_the_agent_walk_over_mcp_http(tmp_path: Path) -> None:
                 "import numpy as np\nbig = np.ones((1 << 30,), dtype=np.uint8)")})
             assert r.is_error and r.structured_content["error"]["limit"] == "memory"
 
-    import os
-    old = os.environ.get("CORRAL_SESSION_PYTHONPATH")
-    os.environ["CORRAL_SESSION_PYTHONPATH"] = site
-    try:
-        with http_server("--config", str(cfg), token=None) as (url, _):
-            run(main(url))
-    finally:
-        if old is None:
-            os.environ.pop("CORRAL_SESSION_PYTHONPATH", None)
-        else:
-            os.environ["CORRAL_SESSION_PYTHONPATH"] = old
+    with http_server("--config", str(cfg), token=None) as (url, _):
+        run(main(url))

@@ -1,8 +1,8 @@
 """The playground's notebook view of a session, in a real headless Chromium against
 ``corral serve`` on loopback: cells run in one session (state kept), a table shown from
-an object's text/html, a PNG shown as an image; with pandas and matplotlib (marker
-``env_build``) ``df.describe()`` as a table and a plot. Screenshots are saved under
-``build/test-artifacts`` (or ``$CORRAL_TEST_ARTIFACTS``)."""
+an object's text/html, a PNG shown as an image; in the environment ``sci`` with pandas and
+matplotlib (marker ``env_build``) ``df.describe()`` as a table and a plot. Screenshots are
+saved under ``build/test-artifacts`` (or ``$CORRAL_TEST_ARTIFACTS``)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from cdp_client import Page, chromium_path, launch
 
-from session_env import CSV, build_site
+from session_env import CSV
 from strict_tier import host_can_sandbox, needs_strict
 
 TOKEN = "notebook-test-token-0123456789"
@@ -64,13 +64,13 @@ def artifacts() -> Path:
 
 
 @contextlib.contextmanager
-def serve(extra: str = "", env: dict[str, str] | None = None) -> Iterator[str]:
-    """``corral serve`` on 127.0.0.1 (any free port), one tenant; its base URL. Stopped
-    by SIGTERM to its pid."""
+def serve(tenant: str = "", env: dict[str, str] | None = None) -> Iterator[str]:
+    """``corral serve`` on 127.0.0.1 (any free port), one tenant (``tenant``: more TOML
+    lines of its table); its base URL. Stopped by SIGTERM to its pid."""
     with tempfile.TemporaryDirectory(prefix="corral-notebook-") as tmp:
         cfg = Path(tmp) / "serve.toml"
         cfg.write_text(f'[server]\nhost = "127.0.0.1"\nport = 0\nsnippet_workers = 1\n\n'
-                       f'{extra}\n[[tenants]]\nname = "web"\ntoken = "{TOKEN}"\n')
+                       f'[[tenants]]\nname = "web"\ntoken = "{TOKEN}"\n{tenant}\n')
         proc = subprocess.Popen([sys.executable, "-m", "corral", "serve", "--config",
                                  str(cfg), "--port", "0"], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -119,9 +119,11 @@ def outputs(page: Page, index: int) -> str:
     return text
 
 
-def open_notebook(page: Page) -> None:
+def open_notebook(page: Page, environment: str = "") -> None:
     page.wait_for("document.body && document.body.dataset.state === 'ready'")
     assert page.eval("location.hash") == ""  # the token left the address bar
+    if environment:
+        page.eval(f"document.getElementById('environment').value = {json.dumps(environment)}")
     page.click("#start")
     page.wait_for("document.getElementById('session').textContent.startsWith('session ')",
                   timeout=60)
@@ -156,15 +158,14 @@ def test_cells_keep_state_and_show_tables_and_images_in_chromium() -> None:
 
 
 @pytest.mark.env_build
-def test_a_dataframe_and_a_plot_in_chromium() -> None:
+def test_a_dataframe_and_a_plot_in_chromium(sci_env: str) -> None:
+    """The session runs in ``sci`` (named in the page's environment field; the server
+    finds the cached store by ``CORRAL_ENV_DIR``, set by the fixture)."""
     assert CHROMIUM is not None, "CORRAL_REQUIRE_BROWSER=1 but there is no chromium"
-    site = build_site()
-    extra = f'[provider_options.linux]\nro_binds = ["{site}"]\n'
-    with serve(extra, {"CORRAL_SESSION_PYTHONPATH": site}) as base, \
-            launch(CHROMIUM) as browser:
+    with serve(f'environments = ["{sci_env}"]') as base, launch(CHROMIUM) as browser:
         page = browser.new_page(f"{base}/playground/notebook.html#token={TOKEN}")
         try:
-            open_notebook(page)
+            open_notebook(page, sci_env)
             sid = page.eval("document.getElementById('session').textContent.split(' ')[1]")
             status = page.eval(
                 f"fetch('/v1/sessions/{sid}/files?path=data.csv', {{method: 'PUT', headers: "

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from servehelp import ALICE, BOB, Server, config_text, running
 
-from session_env import CSV, build_site, png_size
+from session_env import CSV, png_size
 from strict_tier import cgroup_limits_reason, host_can_sandbox, needs_strict
 
 pytestmark = needs_strict(host_can_sandbox())
@@ -26,7 +26,8 @@ _PNG_3x2 = ("iVBORw0KGgoAAAANSUhEUgAAAAMAAAACCAIAAAASFvFNAAAAEElEQVR4nGP4z8AAQQx
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("sessions")
     cfg = config_text({"strict": "linux"}).replace(
-        'name = "bob"', 'name = "bob"\nmax_sessions = 1', 1)
+        'name = "bob"', 'name = "bob"\nmax_sessions = 1', 1).replace(
+        'name = "alice"', 'name = "alice"\nenvironments = ["sci"]', 1)
     with running(tmp, cfg) as s:
         yield s
 
@@ -133,16 +134,52 @@ def test_another_tenant_cannot_reach_a_session(server: Server) -> None:
             a.delete(f"/v1/sessions/{sid}")
 
 
+def _refused_environment(r: httpx.Response, name: str) -> None:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "config-invalid" and err["field"] == "environment", err
+    assert repr(name) in err["message"], err
+
+
+def test_a_session_names_only_an_environment_its_tenant_lists(server: Server) -> None:
+    """As for a sandbox: bob lists no environment, alice lists only ``sci``; the
+    refusal is the sandbox route's, and no session (nor sandbox) is left behind."""
+    with server.client(BOB) as b, server.client(ALICE) as a:
+        _refused_environment(b.post("/v1/sessions", json={"environment": "sci"}), "sci")
+        _refused_environment(b.post("/v1/sandboxes", json={"spec": {"environment": "sci"}}),
+                             "sci")
+        _refused_environment(a.post("/v1/sessions", json={"environment": "other"}), "other")
+        assert b.get("/v1/sessions").json()["sessions"] == []
+        assert a.get("/v1/sessions").json()["sessions"] == []
+
+    # the remote provider's client gets the typed error
+    import asyncio
+
+    from corral.core.errors import ConfigInvalidError
+    from corral.providers.remote import RemoteProvider
+    from corral.providers.remote.sessions import RemoteSession
+
+    async def main() -> None:
+        async with RemoteProvider(server.url, BOB) as p:
+            with pytest.raises(ConfigInvalidError) as info:
+                await RemoteSession.create(p, environment="sci")
+            assert info.value.field == "environment"
+    asyncio.run(main())
+
+
 # -- the issue's walk with pandas and matplotlib (marker env_build) ----------------------
 @pytest.mark.env_build
 @pytest.mark.skipif(bool(cgroup_limits_reason()), reason=cgroup_limits_reason() or "-")
-def test_the_agent_walk_over_http(tmp_path: Path, data_site: str) -> None:
+def test_the_agent_walk_over_http(tmp_path: Path, sci_env: str) -> None:
+    """The session runs in the environment ``sci`` (built by corral into the cached
+    store the server finds by ``CORRAL_ENV_DIR``), which alice's table lists."""
     cfg = config_text({"strict": "linux"}).replace(
-        "[provider_options.linux]\n", f"[provider_options.linux]\nro_binds = [{data_site!r}]\n"
-        .replace("'", '"'), 1)
-    with running(tmp_path / "srv", cfg, env={"CORRAL_SESSION_PYTHONPATH": data_site}) as srv, \
-            srv.client(ALICE) as c:
-        r = c.post("/v1/sessions", json={"limits": {"mem_mb": 400}, "cell_timeout_s": 2})
+        'name = "alice"', f'name = "alice"\nenvironments = ["{sci_env}"]', 1)
+    with running(tmp_path / "srv", cfg) as srv, srv.client(ALICE) as c, \
+            srv.client(BOB) as b:
+        _refused_environment(b.post("/v1/sessions", json={"environment": sci_env}), sci_env)
+        r = c.post("/v1/sessions", json={"limits": {"mem_mb": 400}, "cell_timeout_s": 2,
+                                         "environment": sci_env})
         assert r.status_code == 201, r.text
         sid = r.json()["id"]
         assert c.put(f"/v1/sessions/{sid}/files", params={"path": "data.csv"},
@@ -164,11 +201,12 @@ def test_the_agent_walk_over_http(tmp_path: Path, data_site: str) -> None:
             "code": "import numpy as np\nbig = np.ones((1 << 30,), dtype=np.uint8)",
             "timeout_s": 60})
         assert r.status_code == 422 and r.json()["error"]["limit"] == "memory", r.text
-
-
-@pytest.fixture
-def data_site() -> str:
-    return build_site()
+        # a session without the environment: the same server, no pandas
+        r = c.post("/v1/sessions")
+        assert r.status_code == 201, r.text
+        plain = _cell(c, r.json()["id"], "import pandas")
+        assert plain["error"]["name"] == "ModuleNotFoundError"
+        c.delete(f"/v1/sessions/{r.json()['id']}")
 
 
 def test_the_remote_provider_client(server: Server) -> None:

@@ -1,19 +1,13 @@
-"""Fixtures for sessions: the strict provider's skip, and (marker ``env_build``) the
-site-packages dir with pandas and matplotlib (tests/session_env.py)."""
+"""Fixtures for sessions: the strict provider's skip. The ``env_build`` tests run in
+the shared ``sci`` environment (the ``sci_env`` fixture of tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from session_env import build_site
 from strict_tier import host_can_sandbox, unavailable
 
 SKIP_REASON = host_can_sandbox()
-
-
-@pytest.fixture(scope="session")
-def data_site() -> str:
-    return build_site()
 
 
 @pytest.fixture

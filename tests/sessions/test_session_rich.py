@@ -1,5 +1,6 @@
 """The issue's walk through the library, as an agent would: pandas and matplotlib in
-the session (marker ``env_build``: the packages come from PyPI, cached)."""
+the session's environment (marker ``env_build``: ``sci`` is built from PyPI by corral,
+cached: tests/env_fixture.py)."""
 
 from __future__ import annotations
 
@@ -23,16 +24,17 @@ PLOT = ("import matplotlib.pyplot as plt\n"
 
 
 @pytest.fixture
-def provider(data_site: str) -> LinuxProvider:
-    return LinuxProvider(ro_binds=[data_site])
+def provider(sci_env: str) -> LinuxProvider:
+    from env_fixture import env_root
+    return LinuxProvider(env_store_dir=str(env_root()))
 
 
 @needs_cgroup_limits()
-def test_the_agent_walk_through_the_library(provider: LinuxProvider, data_site: str) -> None:
+def test_the_agent_walk_through_the_library(provider: LinuxProvider, sci_env: str) -> None:
     async def main() -> None:
         try:
-            s = await AsyncSession.create(provider=provider, limits=LIMITS, cell_timeout_s=2.0,
-                                          env={"PYTHONPATH": data_site})
+            s = await AsyncSession.create(provider=provider, environment=sci_env,
+                                          limits=LIMITS, cell_timeout_s=2.0)
             async with s:
                 await s.write_file("data.csv", CSV)
                 r1 = await s.run("import pandas as pd; df = pd.read_csv('data.csv')",
@@ -63,10 +65,10 @@ def test_the_agent_walk_through_the_library(provider: LinuxProvider, data_site: 
 
 
 def test_a_figure_left_open_is_shown_at_the_end_of_the_cell(provider: LinuxProvider,
-                                                              data_site: str) -> None:
+                                                              sci_env: str) -> None:
     async def main() -> None:
         try:
-            s = await AsyncSession.create(provider=provider, env={"PYTHONPATH": data_site})
+            s = await AsyncSession.create(provider=provider, environment=sci_env)
             async with s:
                 r = await s.run("import matplotlib.pyplot as plt\n"
                                 "plt.figure(figsize=(2, 2), dpi=40)\nplt.plot([1, 2], [3, 1])\n"
@@ -79,3 +81,22 @@ def test_a_figure_left_open_is_shown_at_the_end_of_the_cell(provider: LinuxProvi
         finally:
             await provider.aclose()
     asyncio.run(main())
+
+
+def test_a_sync_session_finds_its_environment_by_name(sci_env: str) -> None:
+    """``Session(environment=...)`` with the default provider: the store is the one
+    ``CORRAL_ENV_DIR`` names; the packages import from the read-only mount, which a
+    cell cannot write. Control: a session without it cannot import pandas."""
+    from corral.envs import ENV_MOUNT
+    from corral.sessions import Session
+    with Session(environment=sci_env) as s:
+        r = s.run("import os, pandas, numpy\n"
+                  "print(os.path.dirname(os.path.dirname(pandas.__file__)))\n"
+                  "print(numpy.arange(4).sum())", timeout_s=60)
+        assert r.ok, r.error
+        assert r.stdout.split() == [ENV_MOUNT, "6"]
+        w = s.run(f"open({ENV_MOUNT!r} + '/pandas/x.py', 'w')")
+        assert w.error is not None and w.error.name in ("OSError", "PermissionError"), w
+    with Session() as s:
+        r = s.run("import pandas")
+        assert r.error is not None and r.error.name == "ModuleNotFoundError"

@@ -39,7 +39,7 @@ def add_parser(subparsers: Any) -> None:
                    help="port with --http (default 8765; 0: any free port, printed)")
     p.add_argument("--environment", action="append", default=[], metavar="NAME",
                    help="a built environment (corral env build) the stdio client may name "
-                        "in sandbox_create (repeatable; docs/environments.md)")
+                        "in sandbox_create and session_create (repeatable; docs/environments.md)")
     p.add_argument("--path", default="/mcp", help="URL path with --http (default /mcp)")
     p.add_argument("--level", choices=("strict", "context-isolated"), default="strict",
                    help="the weakest level a tool runs at, and the default (default strict)")

@@ -45,8 +45,9 @@ def add_parser(subparsers: Any) -> None:
                    help="the session's memory limit, MiB (default 512)")
     p.add_argument("--timeout", type=duration_ms, default=30_000, metavar="TIME",
                    help="a cell's timeout: past it the cell is interrupted (default 30s)")
-    p.add_argument("--pythonpath", default=None, metavar="DIRS",
-                   help="PYTHONPATH of the interpreter (dirs the provider binds in)")
+    p.add_argument("--environment", default=None, metavar="NAME",
+                   help="run in a built environment (corral env build): its packages "
+                        "import in the session (docs/environments.md)")
     p.add_argument("--save-images", default=None, metavar="DIR",
                    help="write each PNG a cell shows to DIR")
     p.set_defaults(handler=run)
@@ -148,9 +149,9 @@ def run(args: argparse.Namespace) -> int:
     limits = DEFAULT_LIMITS if args.mem is None else SandboxLimits(
         mem_mb=args.mem, max_processes=DEFAULT_LIMITS.max_processes,
         disk_mb=DEFAULT_LIMITS.disk_mb)
-    env = {"PYTHONPATH": args.pythonpath} if args.pythonpath else None
     out = _Printer(args.save_images)
-    with Session(limits=limits, cell_timeout_s=args.timeout / 1000, env=env) as s:
+    with Session(limits=limits, cell_timeout_s=args.timeout / 1000,
+                 environment=args.environment) as s:
         for name, data in puts:
             s.write_file(name, data)
         try:

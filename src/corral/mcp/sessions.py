@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Final
@@ -83,9 +82,6 @@ def add_session_tools(server: MCPServer[Any], backend: Backend,
                       result: Callable[[dict[str, Any]], CallToolResult]) -> None:
     """Add ``session_create``, ``session_run`` and ``session_close`` to ``server``."""
     cfg = backend.config
-    env: dict[str, str] = {}
-    if os.environ.get("CORRAL_SESSION_PYTHONPATH"):
-        env["PYTHONPATH"] = os.environ["CORRAL_SESSION_PYTHONPATH"]
 
     def live(scope: Scope, name: str) -> AsyncSession:
         sess = _table(backend).get((scope, name))
@@ -103,7 +99,8 @@ def add_session_tools(server: MCPServer[Any], backend: Backend,
             description="a cell running longer is interrupted (KeyboardInterrupt); the "
             "session keeps its variables (default 30)")] = None,
         environment: Annotated[str | None, Field(
-            description="a package environment to run in")] = None,
+            description="a built package environment to run in (one the operator lists "
+            "for this tenant)")] = None,
     ) -> CallToolResult:
         """Start a Python session: a strict sandbox holding a live interpreter whose
         variables persist between session_run calls (a notebook's kernel). Upload data
@@ -128,7 +125,7 @@ def add_session_tools(server: MCPServer[Any], backend: Backend,
                 sb = await provider.create(sp)
                 made.append(await AsyncSession.attach(
                     sb, cell_timeout_s=cell_timeout_s or 30.0,
-                    idle_timeout_s=cfg.idle_timeout_s, max_lifetime_s=24 * 3600.0, env=env))
+                    idle_timeout_s=cfg.idle_timeout_s, max_lifetime_s=24 * 3600.0))
                 return sb
 
             try:

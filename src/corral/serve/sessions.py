@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
@@ -66,14 +65,10 @@ class SessionTable:
         self.s = service
         self.by_tenant: dict[str, dict[str, AsyncSession]] = {}
         self.pending: dict[str, int] = {}
-        #: more environment variables for every session's interpreter: until named
-        #: environments serve packages (``environment=``), the server's
-        #: ``CORRAL_SESSION_PYTHONPATH`` is the interpreter's ``PYTHONPATH`` (dirs the
-        #: operator binds in with ``[provider_options.linux] ro_binds``)
+        #: more environment variables for every session's interpreter (none by default:
+        #: packages come from the session's ``environment``, which the tenant's
+        #: ``environments`` must list, as for a sandbox)
         self.env: dict[str, str] = {}
-        extra = os.environ.get("CORRAL_SESSION_PYTHONPATH", "")
-        if extra:
-            self.env["PYTHONPATH"] = extra
         #: the interpreter inside the sandboxes (default: the server's own)
         self.python: str | None = None
 

@@ -154,7 +154,10 @@ class AsyncSession:
     Args (of :meth:`create`):
         provider: a provider you made (yours to close), a registry name, or ``None``
             (the host's strict provider, made here and closed with the session).
-        environment: the package environment to run in (``SandboxSpec.environment``).
+        environment: a built environment (its name or digest, docs/environments.md)
+            to run in, as ``SandboxSpec.environment``: its packages import from the
+            read-only ``/opt/corral/env`` (linux provider; the store is the provider's
+            ``env_store_dir``, else ``$CORRAL_ENV_DIR``, else the default).
         limits: the sandbox's limits (default :data:`DEFAULT_LIMITS`); ``mem_mb`` is
             what a cell allocating past it ends the session with
             (``LimitsExceededError("memory")``).
@@ -166,7 +169,7 @@ class AsyncSession:
         idle_timeout_s / max_lifetime_s: the session ends after this long without a
             cell running, or this long after it started.
         max_output_chars: the stdout plus stderr a cell keeps (then a note).
-        env: more environment variables for the interpreter (``PYTHONPATH`` ...).
+        env: more environment variables for the interpreter.
         python: the interpreter inside the sandbox (default: this one's path, which the
             strict provider binds in).
     """

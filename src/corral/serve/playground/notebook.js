@@ -29,7 +29,10 @@ function headers(json) {
 
 async function startSession() {
   setStatus("starting", "starting a session...");
-  const r = await fetch("/v1/sessions", { method: "POST", headers: headers(true), body: "{}" });
+  // the packages come from a built environment the operator lists for the tenant
+  const environment = $("environment").value.trim();
+  const body = JSON.stringify(environment ? { environment } : {});
+  const r = await fetch("/v1/sessions", { method: "POST", headers: headers(true), body });
   const doc = await r.json();
   if (r.status !== 201) {
     setStatus("error", "session refused: " + ((doc.error || {}).message || r.status));
