@@ -16,7 +16,7 @@ from typing import Final
 
 __all__ = [
     "EXIT_CANCELLED", "EXIT_CANNOT_EXECUTE", "EXIT_INTERNAL", "EXIT_LIMIT", "EXIT_NOT_FOUND",
-    "EXIT_TIMEOUT", "EXIT_UNAVAILABLE", "EXIT_USAGE", "duration_ms",
+    "EXIT_TIMEOUT", "EXIT_UNAVAILABLE", "EXIT_USAGE", "duration_ms", "size_text",
 ]
 
 #: bad usage: an unknown or malformed option, a missing argument, a bad value
@@ -53,3 +53,12 @@ def duration_ms(text: str) -> int:
     if unit is None and "." in number:
         raise argparse.ArgumentTypeError(f"not a whole number of ms: {text!r}")
     return round(float(number) * _UNITS[unit or "ms"])
+
+
+def size_text(n: float) -> str:
+    """A byte count for people: ``512 B``, ``1.5 KiB`` ... ``3.2 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

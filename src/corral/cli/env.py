@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+from corral.cli._common import size_text
+
 __all__ = ["add_parser", "run"]
 
 
@@ -63,13 +65,6 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
 
 def run(args: argparse.Namespace) -> int:
     from corral.envs.store import DEFAULT_MAX_BYTES, EnvStore
@@ -87,14 +82,15 @@ def run(args: argparse.Namespace) -> int:
         rows = [("NAME", "DIGEST", "SIZE", "LAST USED", "MODULES")]
         for e in envs:
             ago = max(0, int(now - store.last_used(e.digest)))
-            rows.append((e.name or "-", e.digest[:12], _size(e.size_bytes),
+            rows.append((e.name or "-", e.digest[:12], size_text(e.size_bytes),
                          f"{ago // 60} min ago" if ago >= 60 else f"{ago} s ago",
                          " ".join(sorted(e.modules))[:60]))
         widths = [max(len(r[c]) for r in rows) for c in range(4)]
         for r in rows:
             print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  "
                   f"{r[3]:<{widths[3]}}  {r[4]}")
-        print(f"store {store.root}: {_size(store.total_bytes())} of {_size(store.max_bytes)}")
+        used, cap = size_text(store.total_bytes()), size_text(store.max_bytes)
+        print(f"store {store.root}: {used} of {cap}")
         return 0
     if args.env_verb == "rm":
         for ref in args.ref:
@@ -146,6 +142,6 @@ def _build(args: argparse.Namespace, store: Any) -> int:
     if args.json:
         print(json.dumps({**_doc(env), "seconds": round(took, 3)}, indent=2))
     else:
-        print(f"{env.name}: sha256:{env.digest}\n  {_size(env.size_bytes)}, "
+        print(f"{env.name}: sha256:{env.digest}\n  {size_text(env.size_bytes)}, "
               f"modules: {' '.join(sorted(env.modules))}\n  {took:.2f} s")
     return 0

@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Any
 
+from corral.cli._common import size_text
+
 __all__ = ["add_parser", "run"]
 
 
@@ -46,13 +48,6 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
-
 
 def run(args: argparse.Namespace) -> int:
     from corral.images.cache import ImageCache
@@ -64,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(img.to_dict(), indent=2))
         else:
             print(f"{img.reference}\n  manifest {img.manifest_digest}, "
-                  f"{len(img.layers)} layers, {_size(img.size)}")
+                  f"{len(img.layers)} layers, {size_text(img.size)}")
         return 0
     if args.image_verb == "ls":
         images = store.images()
@@ -77,12 +72,13 @@ def run(args: argparse.Namespace) -> int:
         now = time.time()
         for i in images:
             ago = max(0, int(now - i.last_used))
-            rows.append((i.reference, i.manifest_digest[:19], _size(i.size),
+            rows.append((i.reference, i.manifest_digest[:19], size_text(i.size),
                          f"{ago // 60} min ago" if ago >= 60 else f"{ago} s ago"))
         widths = [max(len(r[c]) for r in rows) for c in range(3)]
         for r in rows:
             print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}")
-        print(f"cache {cache.root}: {_size(cache.usage())} of {_size(cache.max_cache_bytes)}")
+        used, cap = size_text(cache.usage()), size_text(cache.max_cache_bytes)
+        print(f"cache {cache.root}: {used} of {cap}")
         return 0
     if args.image_verb == "rm":
         for ref in args.reference:
