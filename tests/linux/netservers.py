@@ -57,8 +57,20 @@ class TestCA:
         return ctx
 
 
+def _san(name: str) -> Any:
+    """A DNS name's SAN, or an IP address's (``127.0.0.1``)."""
+    import ipaddress
+
+    from cryptography import x509
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
 def make_ca(*names: str, within: Path) -> TestCA:
-    """A fresh CA and a server certificate for ``names`` (DNS SANs), in a new private
+    """A fresh CA and a server certificate for ``names`` (DNS SANs; an address's an IP
+    SAN), in a new private
     directory under ``within`` (a test's ``tmp_path``: the ``test_ca`` fixture removes
     it, private key and all, when the test ends)."""
     from cryptography import x509
@@ -89,7 +101,7 @@ def make_ca(*names: str, within: Path) -> TestCA:
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(hours=1))
             .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
+            .add_extension(x509.SubjectAlternativeName([_san(n) for n in names]),
                            critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),

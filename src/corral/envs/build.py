@@ -259,6 +259,10 @@ async def _install(provider: SandboxProvider, inputs: dict[str, Any],
             why = f"pip exited {r.exit_code}" if r.exit_code != 0 else "pip exited 0"
             if refused:
                 why += "; the sandbox was refused: " + ", ".join(refused)
+            if r.exit_code != 0 and "No space left on device" in log:  # its disk_mb
+                raise LimitsExceededError(
+                    "disk", options.limits.disk_mb or 0, 0,
+                    f"the build sandbox's disk ran out ({why})\n{_tail(log, 600)}")
             raise ProviderError(
                 f"environment build failed in the sandbox: {why}\n{_tail(log)}")
         left = max(1.0, deadline - time.monotonic())

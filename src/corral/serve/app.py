@@ -76,6 +76,11 @@ ROUTES: Final[tuple[tuple[str, str, str, bool], ...]] = (
     ("POST", f"{P}/snippets", "snippets", True),
     ("POST", f"{P}/runs", "runs", True),
     ("POST", f"{P}/invoke", "invoke", True),
+    # environments: the operator's for the tenant, and its own builds (serve/envbuild.py)
+    ("GET", f"{P}/environments", "list_environments", True),
+    ("POST", f"{P}/environments", "build_environment", True),
+    ("GET", f"{P}/environments/{{name}}", "get_environment", True),
+    ("DELETE", f"{P}/environments/{{name}}", "remove_environment", True),
     # sessions: live interpreters whose globals persist (issue 30: serve/sessions.py)
     ("GET", f"{P}/sessions", "list_sessions", True),
     ("POST", f"{P}/sessions", "create_session", True),
@@ -271,7 +276,7 @@ _PY_SPELLINGS: Final = (
     (re.compile(r"\b(source|files)="), r"\1"),
 )
 _CAP_UNITS: Final = {"sandboxes": "sandboxes", "runs": "runs in flight", "memory": "MiB",
-                     "processes": "processes"}
+                     "processes": "processes", "environments": "environments"}
 
 
 def _for_http(text: str) -> str:
@@ -594,14 +599,15 @@ class _Api(FileRoutes):
         level, files = _level(body.level), body.files_arg()
         if not _stream_wanted(request, body.stream):
             return _json(await self.s.snippet(tenant, source=body.source_arg(), files=files,
-                                              timeout_ms=timeout, level=level))
+                                              timeout_ms=timeout, level=level,
+                                              environment=body.environment))
         # live: each log line as the snippet writes it, then the transcript. The run
         # starts now; a refusal that comes before any line (a bad argument, a full cap)
         # is still answered with its status, not as a 200 stream
         lines: asyncio.Queue[Any] = asyncio.Queue()
         task = asyncio.ensure_future(self.s.snippet(
             tenant, source=body.source_arg(), files=files, timeout_ms=timeout,
-            level=level, on_log=lines.put_nowait))
+            level=level, on_log=lines.put_nowait, environment=body.environment))
         task.add_done_callback(lambda _: lines.put_nowait(None))
         first = asyncio.ensure_future(lines.get())
         try:
@@ -640,7 +646,7 @@ class _Api(FileRoutes):
         stream = self.s.run_stream(
             tenant, Level(body.level), body.limits.to_core() if body.limits else
             _NO_LIMITS, None if body.network is None else body.network.to_core(), body.command(),
-            _opts(body.opts), m.files_to_core(body.files))
+            _opts(body.opts), m.files_to_core(body.files), body.environment)
         if _stream_wanted(request, body.stream):
             return self._stream(stream)
         final: Event = {}
@@ -680,6 +686,37 @@ class _Api(FileRoutes):
             tenant, sid, spec, body.handler.to_core(), body.input, mode=body.mode,
             resumed=body.resumed, files=m.files_to_core(body.files) or None,
             timeout_ms=body.timeout_ms)
+
+    # -- environments (docs/environments.md, "Over the service") -----------------------
+    @operation("the environments the caller may name: the operator's for it, then its own "
+               "(built, building or failed)", ok=m.EnvironmentList, tag="environments")
+    async def list_environments(self, request: Request, tenant: TenantState, body: Any
+                                ) -> Response:
+        return _json({"environments": self.s.environments(tenant)})
+
+    @operation("build an environment of the caller's own (a right the operator grants, "
+               "else 403); answered at once, the build runs on: poll GET "
+               "/v1/environments/{name}", body=m.EnvBuildRequest, ok=m.EnvironmentInfo,
+               status=202, errors=(403, 422, 429), tag="environments")
+    async def build_environment(self, request: Request, tenant: TenantState,
+                                body: m.EnvBuildRequest) -> Response:
+        doc = self.s.build_environment(tenant, body.name, list(body.requirements),
+                                       body.timeout_s)
+        return _json(doc, 202, {"location": f"{P}/environments/{body.name}"})
+
+    @operation("one environment the caller may name: its state (building, ready, failed "
+               "with its typed error), digest, modules, size", ok=m.EnvironmentInfo,
+               tag="environments")
+    async def get_environment(self, request: Request, tenant: TenantState, body: Any
+                              ) -> Response:
+        return _json(self.s.environment_info(tenant, request.path_params["name"]))
+
+    @operation("remove an environment of the caller's own", status=204,
+               errors=(403, 409), tag="environments")
+    async def remove_environment(self, request: Request, tenant: TenantState, body: Any
+                                 ) -> Response:
+        self.s.remove_environment(tenant, request.path_params["name"])
+        return Response(status_code=204)
 
     @operation("the caller's live sandboxes", ok=m.SandboxList)
     async def list_sandboxes(self, request: Request, tenant: TenantState, body: Any

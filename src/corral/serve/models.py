@@ -61,6 +61,10 @@ LevelName: TypeAlias = Literal["strict", "context-isolated", "none"]
 ModeName: TypeAlias = Literal["json-stdio", "handler-image"]
 Env: TypeAlias = dict[str, str]
 Name: TypeAlias = Annotated[str, msgspec.Meta(min_length=1)]
+EnvRef: TypeAlias = Annotated[str, msgspec.Meta(
+    min_length=1, max_length=128, description="a built environment: one the operator "
+    "lists for the tenant, or one it built (POST /v1/environments); anything else is "
+    "refused (config-invalid, field environment)")]
 
 
 class _In(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -244,6 +248,8 @@ class SnippetRequest(_In):
     timeout_ms: Ms | None = None
     level: Literal["strict", "context-isolated"] | None = None
     stream: Stream = False
+    #: its packages importable (strict only; the validator allows their modules)
+    environment: EnvRef | None = None
 
     #: what the document adds to the generated schema (checked by :meth:`check`)
     __extra_schema__ = {"oneOf": [{"required": ["source"]}, {"required": ["files"]}]}
@@ -299,6 +305,41 @@ class RunRequest(_Command):
     opts: ExecOpts | None = None
     files: Files | None = None
     stream: Stream = False
+    #: its packages read-only at /opt/corral/env, on PYTHONPATH (strict)
+    environment: EnvRef | None = None
+
+
+class EnvBuildRequest(_In):
+    """Build an environment of the tenant's own from plain requirement specifiers (a
+    right the operator grants: ``[tenants.env_build]``). Answered 202 at once; the
+    build runs on (``GET /v1/environments/{name}``)."""
+
+    name: Annotated[str, msgspec.Meta(pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")]
+    requirements: Annotated[list[Annotated[str, msgspec.Meta(max_length=200)]],
+                            msgspec.Meta(min_length=1, max_length=64, description=(
+                                "plain specifiers: name[extras] and version clauses; no "
+                                "option, URL, path or marker"))]
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] | None = None
+
+
+class EnvironmentInfo(_Out):
+    """An environment the tenant may name: the operator's (``owner: operator``) or its
+    own; ``state`` building, ready, failed (``error`` says why) or missing."""
+
+    name: str
+    state: Literal["building", "ready", "failed", "missing"]
+    owner: Literal["operator", "tenant"]
+    digest: str | None = None
+    requirements: list[str] | None = None
+    modules: list[str] | None = None
+    size_bytes: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: dict[str, Any] | None = None
+
+
+class EnvironmentList(_Out):
+    environments: list[EnvironmentInfo]
 
 
 class ExecRequest(_Command):
@@ -430,7 +471,8 @@ class Error(_Out):
     #: which bound refused: a tenant cap (``sandboxes``, ``runs``, ``memory``,
     #: ``processes``), an operator ceiling (``limits.<name>``) or an edge cap
     cap: str | None = None
-    what: Literal["sandbox", "process", "file", "route", "session"] | None = None
+    what: Literal["sandbox", "process", "file", "route", "session", "environment",
+                  "env_build"] | None = None
     limit: str | None = None
     limit_value: int | None = None
     observed: int | None = None

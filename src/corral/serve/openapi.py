@@ -31,11 +31,13 @@ _PARAM: Final = re.compile(r"{(\w+)}")
 _PARAMS: Final = {
     "sid": "a sandbox id of the caller's tenant (another tenant's ids are unknown: 404)",
     "pid": "a process id (from POST .../processes)",
+    "name": "an environment's name",
 }
 _STATUS_TEXT: Final = {
     400: "config-invalid (or invalid-snapshot-handle): the request is not its shape; "
          "`field` names the JSON field",
     401: "unauthorized: no or a wrong bearer token",
+    403: "forbidden: a right the operator did not grant the tenant (`what` names it)",
     404: "not-found: no such sandbox, process or file (`what` says which); another "
          "tenant's ids are unknown too",
     499: "create-cancelled: the sandbox was destroyed (DELETE of its id) while it was "
@@ -46,6 +48,7 @@ _STATUS_TEXT: Final = {
          "interpreter exited); `reason` says which",
     413: "body-too-large: the body is over the server's max_body_bytes",
     422: "limits-exceeded: a tenant cap is full (`cap` names it), or a limit was refused",
+    429: "too-many-requests: the tenant's builds at once (env_build.max_concurrent)",
     500: "provider-error: anything else (logged)",
     501: "level-not-supported or *-not-supported: not offered here",
     502: "unhandled-worker: a worker or handler died without an answer",

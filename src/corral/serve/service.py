@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import hashlib
 import json
 import os
@@ -131,6 +132,9 @@ class Service:
             Level(k): v for k, v in (providers or {}).items()}
         self._owned: list[SandboxProvider] = []
         self._pool: Any = None  # SnippetPool, made on the first snippet
+        #: a snippet pool per environment (digest), made on its first snippet
+        self._env_pools: dict[str, Any] = {}
+        self._env_builds: Any = None  # envbuild.TenantBuilds, made on first use
         self._expirer: asyncio.Task[None] | None = None
         self.draining = False
         self._active = 0
@@ -216,9 +220,13 @@ class Service:
         for t in self.tenants.values():
             t.sandboxes.clear()
         await asyncio.gather(*(self._destroy_entry(e) for e in entries), return_exceptions=True)
-        if self._pool is not None:
-            with contextlib.suppress(Exception):
-                await self._pool.aclose()
+        if self._env_builds is not None:
+            await self._env_builds.aclose()
+        for pool in [self._pool, *self._env_pools.values()]:
+            if pool is not None:
+                with contextlib.suppress(Exception):
+                    await pool.aclose()
+        self._env_pools.clear()
         for p in self._owned:
             with contextlib.suppress(Exception):
                 await p.aclose()
@@ -329,8 +337,14 @@ class Service:
         count. Refused before anything runs (a typed error, counted by
         ``corral_refused_total{cap=...}``)."""
         try:
-            return tenancy.admit_spec(tenant.config.policy, spec,
-                                      host_address=_is_host_address)
+            own = self.own_environment(tenant, spec.environment)
+            if own is None:
+                return tenancy.admit_spec(tenant.config.policy, spec,
+                                          host_address=_is_host_address)
+            # the tenant's own environment (envbuild): its name in the shared store
+            return dataclasses.replace(tenancy.admit_spec(
+                tenant.config.policy, dataclasses.replace(spec, environment=None),
+                host_address=_is_host_address), environment=own)
         except CorralError as e:
             self._refused(e, "ceiling")
             raise
@@ -600,20 +614,23 @@ class Service:
 
     # -- runs, snippets, invokes ---------------------------------------------------------
     def _run_spec(self, tenant: TenantState, level: Level, limits: SandboxLimits,
-                  network: NetworkPolicy | None) -> SandboxSpec:
+                  network: NetworkPolicy | None, environment: str | None = None
+                  ) -> SandboxSpec:
         if network is None:  # context-isolated shares the host network by definition
             network = (NetworkPolicy.unrestricted() if level == Level.CONTEXT_ISOLATED
                        else NetworkPolicy.none())
         return SandboxSpec(tenant_id=tenant.name, run_id=new_id("run"), level=level,
-                           limits=limits, network=network)
+                           limits=limits, network=network, environment=environment)
 
     def run_stream(self, tenant: TenantState, level: Level, limits: SandboxLimits,
                    network: NetworkPolicy | None, argv: Sequence[str], opts: ExecOpts,
-                   files: Mapping[str, bytes]) -> RunStream:
+                   files: Mapping[str, bytes], environment: str | None = None) -> RunStream:
         """One bounded command in a fresh sandbox at ``level``, destroyed after it: the
         events of the run (``output``..., then ``result``, whatever the outcome, or
-        ``error`` when it could not run). Caps are taken now."""
-        spec = self.admit(tenant, self._run_spec(tenant, level, limits, network))
+        ``error`` when it could not run). Caps are taken now. ``environment``: one the
+        operator lists for the tenant, or one it built (refused otherwise)."""
+        spec = self.admit(tenant, self._run_spec(tenant, level, limits, network,
+                                                 environment))
         opts = self._admitted(tenant, tenancy.admit_exec, opts)
         provider = self.provider_for(level)
         mem = self._mem(spec)
@@ -622,6 +639,96 @@ class Service:
         return self._streamed(tenant, "run", lambda on_output: _one_run(
             provider, spec, argv, opts, files, on_output),
             [lambda: _exit(box)])
+
+    # -- environments (docs/environments.md, "Over the service") ---------------------------
+    @property
+    def env_builds(self) -> Any:
+        """The tenants' builds (:class:`corral.serve.envbuild.TenantBuilds`) on the store
+        the strict level's provider reads (``[provider_options.linux] env_store_dir``)."""
+        if self._env_builds is None:
+            from corral.envs.store import EnvStore
+            from corral.serve.envbuild import TenantBuilds
+            root = self.config.provider_options.get("linux", {}).get("env_store_dir")
+            self._env_builds = TenantBuilds(EnvStore(root))
+        return self._env_builds
+
+    def own_environment(self, tenant: TenantState, name: str | None) -> str | None:
+        """The store name of ``name`` when it is one the tenant built (and not one the
+        operator lists for it, which is used as named); None otherwise."""
+        policy = tenant.config.policy
+        if name is None or name in policy.environments or policy.env_build is None:
+            return None
+        ref: str | None = self.env_builds.resolve(tenant.name, name)
+        return ref
+
+    def _environment(self, tenant: TenantState, name: str) -> Any:
+        """The built environment ``name`` as the tenant may use it (listed by the
+        operator, or its own), from the server's store; ConfigInvalidError (field
+        ``environment``) otherwise."""
+        try:
+            ref = self.own_environment(tenant, name)
+            if ref is None:
+                tenancy.check_environment(tenant.config.policy, name)
+                ref = name
+            return self.env_builds.store.get(ref)
+        except CorralError as e:
+            self._refused(e, "ceiling")
+            raise
+
+    def _env_pool(self, env: Any) -> Any:
+        pool = self._env_pools.get(env.digest)
+        if pool is None:
+            from corral.snippets import SnippetPool
+            from corral.snippets.host.runner import env_preload
+            strict: dict[Level | str, SandboxProvider] = {
+                Level.STRICT: self.provider_for(Level.STRICT)}
+            pool = self._env_pools[env.digest] = SnippetPool(
+                providers=strict, max_workers=self.config.snippet_workers,
+                environment=env.digest, preload=env_preload(env.modules), spares=0)
+        return pool
+
+    def build_environment(self, tenant: TenantState, name: object, requirements: object,
+                          timeout_s: object = None) -> dict[str, Any]:
+        """Start a build of the tenant's own environment (202): its state as JSON."""
+        right = tenant.config.policy.env_build
+        if right is None:
+            raise ApiError("forbidden", f"tenant {tenant.name!r} may not build environments "
+                           "(the operator grants it: [tenants.env_build])", what="env_build")
+        from corral.serve.envbuild import Busy
+        try:
+            return dict(self.env_builds.start(
+                tenant.name, right, name, requirements, timeout_s=timeout_s,
+                provider=self.provider_for(Level.STRICT),
+                listed=tenant.config.policy.environments))
+        except Busy as e:
+            self.metrics.inc("corral_refused_total", cap="env_builds")
+            raise ApiError("too-many-requests", str(e), what="env_build") from None
+        except CorralError as e:
+            self._refused(e)
+            raise
+
+    def environments(self, tenant: TenantState) -> list[dict[str, Any]]:
+        """The environments the tenant may name: the operator's, then its own."""
+        return list(self.env_builds.listing(tenant.name,
+                                            sorted(tenant.config.policy.environments)))
+
+    def environment_info(self, tenant: TenantState, name: str) -> dict[str, Any]:
+        for doc in self.environments(tenant):
+            if doc["name"] == name:
+                return dict(doc)
+        raise ApiError("not-found", "no such environment", what="environment")
+
+    def remove_environment(self, tenant: TenantState, name: str) -> None:
+        from corral.serve.envbuild import Busy
+        if name in tenant.config.policy.environments:
+            raise ApiError("forbidden", "an environment the operator lists is the "
+                           "operator's to remove", what="environment")
+        try:
+            gone = self.env_builds.remove(tenant.name, name)
+        except Busy as e:
+            raise ApiError("conflict", str(e), what="environment") from None
+        if not gone:
+            raise ApiError("not-found", "no such environment", what="environment")
 
     def _snippet_pool(self) -> Any:
         if self._pool is None:
@@ -633,11 +740,20 @@ class Service:
 
     async def snippet(self, tenant: TenantState, *, source: str | None, files: Any,
                       timeout_ms: int, level: Level | None,
-                      on_log: Callable[[LogLine], None] | None = None) -> dict[str, Any]:
+                      on_log: Callable[[LogLine], None] | None = None,
+                      environment: str | None = None) -> dict[str, Any]:
         """Validate and run a snippet in the service's pool; its transcript as JSON.
-        ``on_log`` gets each log line as the snippet writes it (on this loop)."""
+        ``on_log`` gets each log line as the snippet writes it (on this loop).
+        ``environment``: one the tenant may use (strict only), run in a pool of its own."""
         from corral.snippets import run_snippet
         offered = tenant.config.policy.levels
+        env = None
+        if environment is not None:
+            env = self._environment(tenant, environment)
+            if level is not None and level != Level.STRICT:
+                raise LevelNotSupportedError(level.value, ("strict",), "an environment is "
+                                             "shown at strict only", field="environment")
+            level = Level.STRICT
         if level is not None:
             self._admitted(tenant, tenancy.check_level, level)
         self._admitted(tenant, tenancy.admit_timeout, timeout_ms)  # within its maximum
@@ -650,8 +766,9 @@ class Service:
         with self.run_slot(tenant):
             try:
                 t = await run_snippet(source, files=files, timeout_ms=timeout_ms, level=lv,
-                                      tenant_id=tenant.name, pool=self._snippet_pool(),
-                                      on_log=on_log)
+                                      tenant_id=tenant.name, on_log=on_log,
+                                      pool=self._snippet_pool() if env is None
+                                      else self._env_pool(env), environment=env)
             except BaseException as e:
                 self._count_run("snippet", None, e)
                 raise

@@ -46,6 +46,7 @@ from corral.core.spec import (
     SandboxLimits,
     SandboxSpec,
 )
+from corral.serve.envbuild import EnvBuildRight, parse_env_build
 
 __all__ = ["BOUNDARY_LEVELS", "LIMIT_NAMES", "NON_PUBLIC_RANGES", "POLICY_KEYS", "Bound",
            "Lifetime", "NetworkCeiling", "TenantPolicy", "admit_exec", "admit_lifetime",
@@ -57,7 +58,8 @@ __all__ = ["BOUNDARY_LEVELS", "LIMIT_NAMES", "NON_PUBLIC_RANGES", "POLICY_KEYS",
 #: ``none``: in its process) and share its network
 BOUNDARY_LEVELS: Final = frozenset({Level.STRICT})
 #: the keys of a ``[[tenants]]`` table this module reads (the rest are the config's)
-POLICY_KEYS: Final = frozenset({"levels", "network", "limits", "lifetime", "environments"})
+POLICY_KEYS: Final = frozenset({"levels", "network", "limits", "lifetime", "environments",
+                                 "env_build"})
 #: the limits a tenant table bounds, in the order the docs list them
 LIMIT_NAMES: Final = ("mem_mb", "cpu_ms", "max_processes", "disk_mb", "timeout_ms",
                       "output_bytes")
@@ -240,8 +242,9 @@ class TenantPolicy:
         limits: a :class:`Bound` for each of :data:`LIMIT_NAMES`.
         idle_timeout_s / max_lifetime_s: a :class:`Bound` (seconds) each.
         environments: the built environments (names or digests, docs/environments.md)
-            its sandboxes may name in ``spec.environment``; none by default. Building
-            one is the operator's (``corral env build``).
+            its sandboxes may name in ``spec.environment``; none by default.
+        env_build: the right to build environments of its own (``[tenants.env_build]``,
+            :mod:`corral.serve.envbuild`); None: building is the operator's only.
     """
 
     name: str
@@ -251,6 +254,7 @@ class TenantPolicy:
     idle_timeout_s: Bound = field(default_factory=lambda: _IDLE)
     max_lifetime_s: Bound = field(default_factory=lambda: _LIFE)
     environments: frozenset[str] = frozenset()
+    env_build: EnvBuildRight | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "levels", frozenset(Level(lv) for lv in self.levels))
@@ -392,8 +396,11 @@ def parse_policy(doc: Mapping[str, Any], *, name: str, server_levels: Iterable[s
     life = _bound(f"{where}.lifetime.max_lifetime_s", life_doc.get("max_lifetime_s", {}),
                   _LIFE)
     envs = frozenset(_strings(f"{where}.environments", doc.get("environments", [])))
+    right = (parse_env_build(doc["env_build"], f"{where}.env_build") if "env_build" in doc
+             else None)
     return TenantPolicy(name=name, levels=frozenset(levels), network=network, limits=limits,
-                        idle_timeout_s=idle, max_lifetime_s=life, environments=envs)
+                        idle_timeout_s=idle, max_lifetime_s=life, environments=envs,
+                        env_build=right)
 
 
 # -- checks ----------------------------------------------------------------------------

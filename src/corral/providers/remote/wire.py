@@ -55,6 +55,8 @@ HTTP_CODES: Final[Mapping[str, int]] = {
     "request-timeout": 408,  # a head or body that did not arrive in time (serve/edge.py)
     "body-too-large": 413, "head-too-large": 431, "unavailable": 503,
     "conflict": 409,  # a file operation the file system refused (serve/files.py)
+    "forbidden": 403,  # a right the operator did not grant (serve/envbuild.py)
+    "too-many-requests": 429,  # a tenant's builds at once (serve/envbuild.py)
 }
 
 

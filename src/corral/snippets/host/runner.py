@@ -25,13 +25,16 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any, Final, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, cast
 
 from corral.core.cancel import CancelScope, CancelToken
 from corral.core.contract import SandboxProvider
 from corral.core.errors import ConfigInvalidError, LevelNotSupportedError, SandboxCancelledError
 from corral.core.spec import Level, NetworkPolicy
 from corral.core.sync import background_loop, sync_twin
+
+if TYPE_CHECKING:
+    from corral.envs.store import Environment
 from corral.snippets.host.pool import GRACE_MS, PoolStatistics, SnippetPool
 from corral.snippets.host.transcript import (
     CAPS,
@@ -435,7 +438,7 @@ async def run_snippet(
     allowed_imports: frozenset[str] | None = None, pool: SnippetPool | None = None,
     provider: SandboxProvider | None = None, _unsafe_skip_validation: bool = False,
     network: NetworkPolicy | None = None, on_log: Callable[[LogLine], None] | None = None,
-    environment: str | None = None,
+    environment: str | Environment | None = None,
 ) -> Transcript:
     """Validate and run a Python snippet; return what it did.
 
@@ -472,7 +475,8 @@ async def run_snippet(
     the run fails or is cancelled. From :func:`run_snippet_sync` the listener runs in the
     calling thread.
 
-    ``environment``: a built environment's name or digest (docs/environments.md), strict
+    ``environment``: a built environment's name or digest (docs/environments.md), or
+    an :class:`~corral.envs.Environment` looked up already (another store), strict
     only. Its top-level modules join the default allowed imports (when
     ``allowed_imports`` is not given); the run goes to a pool of that environment's
     own, whose slots imported its packages once inside the sandbox and fork per run.
@@ -480,8 +484,9 @@ async def run_snippet(
     payload = _files(source, files)
     env_modules: frozenset[str] = frozenset()
     if environment is not None:
-        from corral.envs.store import EnvStore
-        env = EnvStore().get(environment)  # ConfigInvalidError (environment) if none
+        from corral.envs.store import Environment, EnvStore
+        env = (environment if isinstance(environment, Environment)  # a service's store
+               else EnvStore().get(environment))  # ConfigInvalidError (environment) if none
         environment, env_modules = env.digest, env.allowed_imports()
     if pool is not None and provider is not None:
         raise ConfigInvalidError("provider", "pass pool= or provider=, not both")
