@@ -122,3 +122,26 @@ OUTPUT_SCHEMAS.update({
     "sandbox_remove": _obj({"name": _STR, "path": _STR, "removed": _BOOL},
                            ("name", "path", "removed")),
 })
+
+_ENV_INFO: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "state": {"enum": ["building", "ready", "failed", "missing"]},
+        "owner": {"enum": ["operator", "tenant"]},
+        "digest": {"type": "string"},
+        "requirements": {"type": "array", "items": {"type": "string"}},
+        "modules": {"type": "array", "items": {"type": "string"}},
+        "size_bytes": {"type": "integer"},
+        "started_at": {"type": "number"},
+        "finished_at": {"type": "number"},
+        "error": {"type": "object"},
+    },
+    "required": ["name", "state", "owner"],
+}
+#: environments (mcp/envs.py): an environment as environment_list and _build give it
+OUTPUT_SCHEMAS.update({
+    "environment_list": {"type": "object", "properties": {
+        "environments": {"type": "array", "items": _ENV_INFO}}, "required": ["environments"]},
+    "environment_build": _ENV_INFO,
+})

@@ -134,6 +134,9 @@ class Backend:
         self._providers: dict[Level, SandboxProvider] = {}
         self._lock = asyncio.Lock()
         self._pool: SnippetPool | None = None  # made on the first snippet
+        from corral.mcp.envs import McpEnvs
+        #: built environments: the operator's for a tenant, and tenants' own (mcp/envs.py)
+        self.envs = McpEnvs(config)
         #: set once aclose has released everything
         self.closed = asyncio.Event()
 
@@ -223,6 +226,7 @@ class Backend:
         try:
             await self.registry.aclose()
         finally:
+            await self.envs.aclose()
             pool, self._pool = self._pool, None
             if pool is not None:
                 await pool.aclose()
@@ -664,6 +668,9 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
         )] = None,
         timeout_ms: Annotated[int, Field(description="wall clock, clamped to [100, 10000]")
                               ] = 5000,
+        environment: Annotated[str | None, Field(
+            description="a built package environment you may use (environment_list): "
+            "its modules importable (strict only)")] = None,
     ) -> CallToolResult:
         """Validate and run a Python snippet in a strict sandbox; return its transcript
         (logs, facts, result, errors, duration_ms, timed_out, truncated, level).
@@ -684,12 +691,21 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
             if cfg.level not in tenant.levels:
                 raise ConfigInvalidError("level", f"snippets run at {cfg.level.value!r}, "
                                          f"not offered to tenant {tenant.name!r}")
+            env = None
+            if environment is not None:
+                env = backend.envs.get(tenant, environment)
+                if cfg.level != Level.STRICT:
+                    raise LevelNotSupportedError(cfg.level.value, ("strict",), "an "
+                                                 "environment is shown at strict only",
+                                                 field="environment")
             with backend.run_slot(tenant):
-                pool = await backend.snippet_pool()
+                pool = (await backend.snippet_pool() if env is None else backend.envs.pool(
+                    env, await backend.provider(Level.STRICT), cfg.snippet_workers))
                 async with _LiveOutput(ctx) as live:
                     transcript = await run_snippet(
                         source, files=files, timeout_ms=timeout_ms, level=cfg.level,
-                        tenant_id=tenant.name, pool=pool, on_log=live.on_log)
+                        tenant_id=tenant.name, pool=pool, on_log=live.on_log,
+                        environment=env)
             doc = transcript.to_dict()
             link = playground_link(cfg.playground_url, source)
             if link is not None:
@@ -714,6 +730,10 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
                        ] = None,
         network: Annotated[dict[str, Any] | None, Field(
             description=_NETWORK_DOC)] = None,
+        environment: Annotated[str | None, Field(
+            description="a built package environment you may use (environment_list): "
+            "its packages on PYTHONPATH, read-only at /opt/corral/env (strict only)")
+            ] = None,
     ) -> CallToolResult:
         """Run one bounded command in a fresh sandbox at a level and return how it ended:
         outcome (exit, timeout, a limit), exit_code, stdout, stderr, duration and usage.
@@ -724,15 +744,22 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
             lv = backend.level_for(tenant, level)
             args, timeout = _argv(argv, command), _timeout(cfg, tenant, timeout_ms)
             net = _spec_network(tenant, lv, _network(network))
+            env_ref = None
+            if environment is not None:
+                env_ref = backend.envs.ref(tenant, environment)
+                if lv != Level.STRICT:
+                    raise LevelNotSupportedError(lv.value, ("strict",), "an environment "
+                                                 "is shown at strict only",
+                                                 field="environment")
             resolved = _on_path(args, lv)
             if isinstance(resolved, RunResult):
                 return _run_doc(resolved)
             cap = _output_cap(cfg, tenant)
             with backend.run_slot(tenant):
-                return await run(tenant, lv, resolved, timeout, cap, net)
+                return await run(tenant, lv, resolved, timeout, cap, net, env_ref)
 
         async def run(tenant: McpTenant, lv: Level, args: list[str], timeout: int,
-                      cap: int, net: NetworkPolicy) -> CallToolResult:
+                      cap: int, net: NetworkPolicy, env_ref: str | None) -> CallToolResult:
             hard = _hard_cap(cfg, tenant)
             async with _LiveOutput(ctx, cap) as live:
                 def out(chunk: bytes) -> None:
@@ -749,7 +776,8 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
                         args[0], args[1:], timeout_ms=timeout, env=env, stdin=stdin,
                         max_stdout_bytes=hard, max_stderr_bytes=hard, on_stdout=out,
                         on_stderr=err, provider=await backend.provider(lv),
-                        tenant_id=tenant.name, limits=spec.limits, network=spec.network)
+                        tenant_id=tenant.name, limits=spec.limits, network=spec.network,
+                        environment=env_ref)
                 else:
                     from corral.run.bounded import run_bounded_async
                     result = await run_bounded_async(
@@ -772,8 +800,9 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
         network: Annotated[dict[str, Any] | None, Field(
             description=_NETWORK_DOC)] = None,
         environment: Annotated[str | None, Field(
-            description="a built environment the operator lists for you (its packages "
-            "on PYTHONPATH, read-only at /opt/corral/env; strict only)")] = None,
+            description="a built environment you may use (environment_list: the "
+            "operator's for you, or your own; its packages on PYTHONPATH, read-only at "
+            "/opt/corral/env; strict only)")] = None,
     ) -> CallToolResult:
         """Create a named sandbox that lives across calls in this session (until
         sandbox_destroy, the session's end, or the idle timeout)."""
@@ -786,7 +815,7 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
             net = _spec_network(tenant, lv, _network(network))
             # the tenant's ceiling: maxima refused, defaults filled in at a boundary level
             # (what is counted is what is enforced)
-            spec = admit_spec(tenant.policy, SandboxSpec(
+            spec = backend.envs.admit(tenant, SandboxSpec(
                 tenant_id=tenant.name, run_id=uuid.uuid4().hex, level=lv, limits=limits,
                 network=net, environment=environment), host_address=_host_address)
             provider = await backend.provider(lv)
@@ -1027,6 +1056,8 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
         server.add_tool(fn, annotations=notes, description=inspect.cleandoc(fn.__doc__ or ""))
     from corral.mcp.sessions import add_session_tools  # sessions (issue 30)
     add_session_tools(server, backend, _guard, _result)
+    from corral.mcp.envs import add_env_tools  # environments (docs/environments.md)
+    add_env_tools(server, backend, _guard, _result)
     return server, backend
 
 

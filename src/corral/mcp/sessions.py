@@ -26,7 +26,6 @@ from corral.core.errors import (
     SessionEndedError,
 )
 from corral.core.spec import SandboxLimits, SandboxSpec
-from corral.serve.tenancy import admit_spec
 from corral.sessions.result import CellResult
 from corral.sessions.session import DEFAULT_LIMITS, AsyncSession
 
@@ -99,8 +98,8 @@ def add_session_tools(server: MCPServer[Any], backend: Backend,
             description="a cell running longer is interrupted (KeyboardInterrupt); the "
             "session keeps its variables (default 30)")] = None,
         environment: Annotated[str | None, Field(
-            description="a built package environment to run in (one the operator lists "
-            "for this tenant)")] = None,
+            description="a built package environment to run in (environment_list: one "
+            "the operator lists for you, or your own)")] = None,
     ) -> CallToolResult:
         """Start a Python session: a strict sandbox holding a live interpreter whose
         variables persist between session_run calls (a notebook's kernel). Upload data
@@ -115,7 +114,7 @@ def add_session_tools(server: MCPServer[Any], backend: Backend,
             limits = SandboxLimits(mem_mb=mem_mb or DEFAULT_LIMITS.mem_mb,
                                    max_processes=DEFAULT_LIMITS.max_processes,
                                    disk_mb=DEFAULT_LIMITS.disk_mb)
-            spec = admit_spec(tenant.policy, SandboxSpec(
+            spec = backend.envs.admit(tenant, SandboxSpec(
                 tenant_id=tenant.name, run_id=uuid.uuid4().hex, level=lv, limits=limits,
                 environment=environment))
             provider = await backend.provider(lv)
