@@ -289,6 +289,12 @@ class TenantPolicy:
             "lifetime": {n: {"default": b.default, "max": b.maximum} for n, b in (
                 ("idle_timeout_s", self.idle_timeout_s),
                 ("max_lifetime_s", self.max_lifetime_s))},
+            "environments": sorted(self.environments),
+            # the build right's bounds (not the index or its certificate: the operator's)
+            "env_build": None if self.env_build is None else {
+                k: getattr(self.env_build, k) for k in (
+                    "max_environments", "max_concurrent", "max_disk_mb", "build_disk_mb",
+                    "mem_mb", "timeout_s")},
         }
 
 
