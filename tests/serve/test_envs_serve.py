@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "linux"))
 from netservers import build_wheel, http_server, make_ca
 
 PY = sys.executable
+DAVE = "dave-token-0123456789abcdef00"
 TOY = build_wheel("corraltoy", "1.0", "ANSWER = 1\n")
 TOY2 = build_wheel("corraltoy", "2.0", "ANSWER = 2\n")
 # installed it is 3 MB (over a 2 MiB tenant disk cap), as a wheel a few KiB
@@ -78,6 +79,13 @@ token = "{CAROL}"
 [tenants.env_build]
 max_environments = 4
 max_disk_mb = 2
+timeout_s = 240
+{right}
+[[tenants]]
+name = "dave"
+token = "{DAVE}"
+[tenants.env_build]
+build_disk_mb = 1
 timeout_s = 240
 {right}"""
 
@@ -250,6 +258,13 @@ def test_builds_past_a_bound_are_refused_typed_and_leave_nothing(
         for name in ("big", "slow"):
             _refused_env(carol.post("/v1/snippets", json={"source": "1",
                                                           "environment": name}), name)
+    with srv.client(DAVE) as dave:
+        # pip runs out of the build sandbox's own disk (build_disk_mb = 1): typed too
+        r = dave.post("/v1/environments", json={"name": "big", "requirements": ["corralbig"]})
+        assert r.status_code == 202, r.text
+        err = _wait(dave, "big")["error"]
+        assert err["code"] == "limits-exceeded" and err["limit"] == "disk", err
+        assert err["limit_value"] == 1 and "sandbox's disk" in err["detail"], err
     # nothing left in the store: no name, no object, no build dir
     after = sorted(p.name for p in (store / "objects").iterdir()) \
         if (store / "objects").exists() else []
