@@ -48,6 +48,7 @@ def test_the_right_is_read_from_the_tenant_table() -> None:
     ({"index_url": "ftp://mirror/simple/"}, "tenants[0].env_build.index_url"),
     ({"allow_hosts": "10.0.0.1"}, "tenants[0].env_build.allow_hosts"),
     ({"cert_file": "relative.pem"}, "tenants[0].env_build.cert_file"),
+    ({"cert_file": "/nonexistent/ca.pem"}, "tenants[0].env_build.cert_file"),
     ("yes", "tenants[0].env_build"),
 ])
 def test_a_bad_right_is_refused_naming_its_key(doc: object, field: str) -> None:

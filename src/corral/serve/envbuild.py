@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -102,18 +103,26 @@ class EnvBuildRight:
                                      "(0, 3600]")
         object.__setattr__(self, "index_hosts", tuple(self.index_hosts))
         object.__setattr__(self, "allow_hosts", tuple(self.allow_hosts))
-        if self.cert_file is not None and not self.cert_file.startswith("/"):
-            raise ConfigInvalidError(f"{w}.cert_file", "must be an absolute path")
-        self.options(self.timeout_s, 1 << 20)  # the index URL and hosts check out
+        if self.cert_file is not None:
+            if not self.cert_file.startswith("/"):
+                raise ConfigInvalidError(f"{w}.cert_file", "must be an absolute path")
+            if not os.access(self.cert_file, os.R_OK):
+                raise ConfigInvalidError(f"{w}.cert_file", f"cannot read {self.cert_file}")
+        self.options(self.timeout_s, 1 << 20, read_cert=False)  # the index URL checks out
 
-    def options(self, timeout_s: float, max_bytes: int) -> Any:
+    def options(self, timeout_s: float, max_bytes: int, *, read_cert: bool = True) -> Any:
         """The :class:`~corral.envs.BuildOptions` of one build."""
+        from corral.core.errors import ProviderError
         from corral.core.spec import SandboxLimits
         from corral.envs.build import BUILD_LIMITS, BuildOptions
         cert = None
-        if self.cert_file:
-            with open(self.cert_file, "rb") as f:
-                cert = f.read(1 << 20)
+        if self.cert_file and read_cert:
+            try:
+                with open(self.cert_file, "rb") as f:
+                    cert = f.read(1 << 20)
+            except OSError as e:  # the operator's file went away since the start
+                raise ProviderError(f"env_build.cert_file: cannot read it: "
+                                    f"{e.strerror}") from None
         limits = SandboxLimits(mem_mb=self.mem_mb, disk_mb=self.build_disk_mb,
                                max_processes=BUILD_LIMITS.max_processes)
         try:

@@ -43,7 +43,8 @@ _STATUS_TEXT: Final = {
     499: "create-cancelled: the sandbox was destroyed (DELETE of its id) while it was "
          "being created",
     409: "conflict: the file system refused a file operation (`errno` names why: "
-         "ENOTEMPTY, ENOTDIR, EEXIST, EISDIR; `path` the path)",
+         "ENOTEMPTY, ENOTDIR, EEXIST, EISDIR; `path` the path); an environment being "
+         "built cannot be removed yet",
     410: "session-ended: the session ended (closed, idle, past its lifetime, its "
          "interpreter exited); `reason` says which",
     413: "body-too-large: the body is over the server's max_body_bytes",
