@@ -644,11 +644,13 @@ class Service:
     @property
     def env_builds(self) -> Any:
         """The tenants' builds (:class:`corral.serve.envbuild.TenantBuilds`) on the store
-        the strict level's provider reads (``[provider_options.linux] env_store_dir``)."""
+        the strict level's provider reads (``[provider_options.linux] env_store_dir``, or
+        its provider's table when another serves strict)."""
         if self._env_builds is None:
             from corral.envs.store import EnvStore
             from corral.serve.envbuild import TenantBuilds
-            root = self.config.provider_options.get("linux", {}).get("env_store_dir")
+            strict = self.config.levels.get(Level.STRICT.value, "linux")
+            root = self.config.provider_options.get(strict, {}).get("env_store_dir")
             self._env_builds = TenantBuilds(EnvStore(root))
         return self._env_builds
 
