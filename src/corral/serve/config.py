@@ -30,7 +30,8 @@
     max_processes = 64          # started processes not yet ended, per sandbox
     max_sessions = 4            # live sessions (interpreters, docs/sessions.md) at once
     levels = ["strict"]         # and the tenant's ceiling: levels, [tenants.network],
-                                # [tenants.limits], [tenants.lifetime] (see .tenancy)
+                                # [tenants.limits], [tenants.lifetime] (see .tenancy),
+                                # environments, [tenants.env_build] (see .envbuild)
 
 Only the standard library here, so the CLI can read a config without starlette.
 """
