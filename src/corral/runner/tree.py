@@ -241,13 +241,18 @@ _ALL_SIGNALS: Final = frozenset(signal.valid_signals())
 
 
 def spawn_process(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
-                  stdin: int, stdout: int, stderr: int) -> Supervised | int:
+                  stdin: int, stdout: int, stderr: int,
+                  remove_cwd: bool = False) -> Supervised | int:
     """The real spawner: the command under a forked supervisor (Linux), else :func:`popen_process`.
 
     The command starts with ``posix_spawn`` from the supervisor: a new
     session, fds 0-2 the given ones and no other, SIGPIPE/SIGXFSZ reset to
     default, an empty signal mask. Start errors (missing command, bad cwd)
     come back here as ``OSError``, after the supervisor was reaped.
+
+    ``remove_cwd`` (the runner's own temp dir): when the runner is gone by the
+    time the tree is dead (its end of the report pipe is closed: it was
+    SIGKILLed), the supervisor removes ``cwd`` itself, since nobody else will.
     """
     kernel = _kernel()
     if kernel is None:
@@ -259,7 +264,7 @@ def spawn_process(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
     st_r, st_w = os.pipe()
     fds = (stdin, stdout, stderr, st_w, ctl_r)
     try:
-        helped = _HELPER.fork_supervisor(argv, cwd, env, fds)
+        helped = _HELPER.fork_supervisor(argv, cwd, env, fds, remove_cwd)
     except BaseException:
         for fd in (ctl_r, ctl_w, st_r, st_w):
             os.close(fd)
@@ -276,7 +281,7 @@ def spawn_process(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
         try:
             pid = _fork()
             if pid == 0:  # the supervisor: never returns
-                _supervise(kernel, argv, cwd, env, fds, parent)
+                _supervise(kernel, argv, cwd, env, fds, parent, remove_cwd)
         except BaseException:
             for fd in (ctl_r, ctl_w, st_r, st_w):
                 os.close(fd)
@@ -356,12 +361,13 @@ class _SpawnHelper:
                      or not os.path.basename(sys.executable or "").startswith("python"))
 
     def fork_supervisor(self, argv: list[str], cwd: str, env: dict[str, str],
-                        fds: tuple[int, int, int, int, int]) -> tuple[int, int] | None:
+                        fds: tuple[int, int, int, int, int],
+                        remove_cwd: bool = False) -> tuple[int, int] | None:
         """(pid, pidfd) of a supervisor the helper forked, or None: fork it here."""
         if self._off:
             return None
         try:
-            msg = marshal.dumps((argv, os.path.abspath(cwd), env))
+            msg = marshal.dumps((argv, os.path.abspath(cwd), env, remove_cwd))
         except ValueError:
             return None
         if len(msg) > _HELPER_MAX_REQUEST:
@@ -551,14 +557,14 @@ def _serve_spawns(fd: int) -> NoReturn:
             msg, fds, _flags, _addr = socket.recv_fds(sock, _HELPER_MAX_REQUEST + 1024, 5)
             if not msg:
                 break
-            argv, cwd, env = marshal.loads(msg)
+            argv, cwd, env, remove_cwd = marshal.loads(msg)
             old = signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
             try:
                 pid = os.fork()
                 if pid == 0:
                     sock.close()
                     _supervise(kernel, argv, cwd, env, (fds[0], fds[1], fds[2], fds[3],
-                                                        fds[4]), me)
+                                                        fds[4]), me, remove_cwd)
                 pidfd = os.pidfd_open(pid)  # before it can be reaped (SIGCHLD is blocked)
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old)
@@ -599,7 +605,7 @@ def _read_full(fd: int, n: int) -> bytes:
 
 def _supervise(kernel: Any, argv: list[str], cwd: str,
                env: dict[str, str], fds: tuple[int, int, int, int, int],
-               parent: int) -> NoReturn:
+               parent: int, remove_cwd: bool = False) -> NoReturn:
     """The supervisor, in the forked child. Every path ends in ``os._exit``."""
     try:
         gc.disable()  # no finalizers of the runner's objects run here
@@ -640,7 +646,12 @@ def _supervise(kernel: Any, argv: list[str], cwd: str,
         _watch(pid)
         raw, ru, strays = _kill_all(pid)
         utime, stime, maxrss = (ru.ru_utime, ru.ru_stime, ru.ru_maxrss) if ru else (0., 0., 0)
-        os.write(3, _FINAL.pack(raw, utime, stime, maxrss, strays, floor))
+        try:
+            os.write(3, _FINAL.pack(raw, utime, stime, maxrss, strays, floor))
+        except BrokenPipeError:  # the runner is gone (SIGKILLed): its temp dir is ours
+            if remove_cwd:
+                os.chdir("/")
+                remove_tree(cwd)
     except BaseException:
         os._exit(70)
     os._exit(0)
