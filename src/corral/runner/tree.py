@@ -85,6 +85,8 @@ _FINAL: Final = struct.Struct("=iddqiq")
 _WATCH: Final = frozenset({signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2,
                            signal.SIGTERM, signal.SIGHUP})
 _STOP: Final = frozenset({signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP})
+#: how long a supervisor stopped by a signal waits for a dying runner's fds to close
+_DYING_WAIT_MS: Final = 1000
 _MAX_PASSES: Final = 10_000
 _REAP_WAIT_S: Final = 5.0
 
@@ -643,15 +645,20 @@ def _supervise(kernel: Any, argv: list[str], cwd: str,
         for fd in (0, 1, 2):
             os.close(fd)
         os.set_blocking(4, False)
-        _watch(pid)
+        told = _watch(pid)
         raw, ru, strays = _kill_all(pid)
         utime, stime, maxrss = (ru.ru_utime, ru.ru_stime, ru.ru_maxrss) if ru else (0., 0., 0)
+        # Stopped by a signal, not by the command's end nor the runner's word: the runner
+        # may be dying (SIGKILLed: the kernel closes its fds a moment after the first of
+        # its threads ends, which may be the one our PDEATHSIG follows). Nobody will read
+        # the report then, nor remove the run's own temp dir: we do.
+        if remove_cwd and not told and _reader_gone(3, _DYING_WAIT_MS):
+            _remove_cwd(cwd)
         try:
             os.write(3, _FINAL.pack(raw, utime, stime, maxrss, strays, floor))
-        except BrokenPipeError:  # the runner is gone (SIGKILLed): its temp dir is ours
+        except BrokenPipeError:  # the runner is gone
             if remove_cwd:
-                os.chdir("/")
-                remove_tree(cwd)
+                _remove_cwd(cwd)
     except BaseException:
         os._exit(70)
     os._exit(0)
@@ -662,31 +669,48 @@ def _exit_start(kind: int, value: int, where: int) -> NoReturn:
     os._exit(0)
 
 
-def _watch(pid: int) -> None:
-    """Wait until the command exits (unreaped) or the runner / our parent's death says stop."""
+def _watch(pid: int) -> bool:
+    """Wait until the command exits (unreaped) or the runner / our parent's death says
+    stop. True when the command exited or the runner asked (it is there to read the
+    report); False when a stop signal or the control pipe's EOF ended the watch."""
     first = True
     sig: int = signal.SIGCHLD
     while True:
         if sig == signal.SIGCHLD:
             if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return
+                return True
             if not first:
                 _reap_orphans(pid)
             first = False
         sig = signal.sigwaitinfo(_WATCH).si_signo
         if sig in _STOP:
-            return
+            return False
         if sig == signal.SIGUSR1:
             try:
                 asked = os.read(4, 256)
-            except BlockingIOError:
-                asked = b""
+            except BlockingIOError:  # a SIGUSR1 whose bytes an earlier one read
+                continue
             if not asked:  # EOF: the runner closed the pipe (gone)
-                return
+                return False
             for s in asked:
                 if s == signal.SIGKILL:
-                    return
+                    return True
                 kill_group(pid, s)
+
+
+def _reader_gone(fd: int, timeout_ms: int) -> bool:
+    """Whether the read end of the pipe ``fd`` writes to is closed (POLLERR), waiting up
+    to ``timeout_ms`` for it."""
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLERR / POLLHUP are always reported
+    return any(ev & select.POLLERR for _fd, ev in poller.poll(timeout_ms))
+
+
+def _remove_cwd(cwd: str) -> None:
+    """The run's own temp dir, once nobody else will remove it; then exit."""
+    os.chdir("/")
+    remove_tree(cwd)
+    os._exit(0)
 
 
 def _reap_orphans(pid: int) -> None:
@@ -849,6 +873,8 @@ def remove_tree(path: str) -> None:
         del func, exc
         try:
             parent = os.path.dirname(p)
+            if p == path:  # the top itself: its parent is not ours to chmod
+                return
             os.chmod(parent, stat.S_IRWXU)
             if os.path.isdir(p) and not os.path.islink(p):
                 os.chmod(p, stat.S_IRWXU)
@@ -858,6 +884,8 @@ def remove_tree(path: str) -> None:
         except OSError:
             pass
 
+    if not os.path.lexists(path):  # never "fix" the parent of a path already gone
+        return
     shutil.rmtree(path, onerror=fix)
     if os.path.lexists(path):
         shutil.rmtree(path, ignore_errors=True)
