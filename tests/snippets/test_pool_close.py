@@ -6,11 +6,11 @@ and context-isolated."""
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from env_toy import descendants
 from snippet_levels import LEVELS
 
 from corral.core.errors import ProviderError, UnhandledWorkerError
@@ -18,29 +18,6 @@ from corral.runner.tree import warm_spawn_helper
 from corral.snippets.host.pool import SnippetPool
 from corral.snippets.host.runner import run_snippet
 from corral.snippets.host.transcript import Transcript
-
-
-def descendants() -> set[int]:
-    """The live processes below this one (read from /proc: pid -> parent)."""
-    parent: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as fh:
-                fields = fh.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if fields and fields[0] != "Z":
-            parent[int(name)] = int(fields[1])
-    out: set[int] = set()
-    todo = [os.getpid()]
-    while todo:
-        me = todo.pop()
-        kids = [pid for pid, ppid in parent.items() if ppid == me and pid not in out]
-        out.update(kids)
-        todo.extend(kids)
-    return out
 
 
 async def until(cond: Any, timeout: float = 20.0) -> None:
