@@ -6,7 +6,9 @@ Warm: ``run_snippet("import pandas as pd; pd.DataFrame({'a': [1, 2]}).sum()")`` 
 a :class:`SnippetPool` of a numpy+pandas+matplotlib environment (its slots' template
 imported the environment's modules once, inside the sandbox, and forks per run), next
 to ``run_snippet("1+1")`` through a plain pool: p50/p99 of sequential runs and runs/s
-with 2 concurrent callers. Goal (issue 29): the pandas p50 within 2x of the stdlib one.
+with 2 concurrent callers, the snippet's own p50 (``Transcript.duration_ms``) and the
+1-minute load average at start and end (the machine may be shared: compare side by
+side). Goal (issue 29): the pandas p50 within 2x of the stdlib one.
 Cold: the first build of the environment (pip in a strict sandbox from the index,
 read back, published), with ``--cold`` into a fresh temp store; then the second build
 of the same inputs (a cache hit: no sandbox, no network).
@@ -47,11 +49,12 @@ async def _measure(pool: SnippetPool, source: str, runs: int,
     for _ in range(5):  # warm the slots
         t = await run_snippet(source, pool=pool, environment=environment)
         assert t.ok, t.errors
-    lat = []
+    lat, inside = [], []
     for _ in range(runs):
         t0 = time.perf_counter()
         t = await run_snippet(source, pool=pool, environment=environment)
         lat.append((time.perf_counter() - t0) * 1000)
+        inside.append(t.duration_ms)
         assert t.ok, t.errors
     t0 = time.perf_counter()
     per = runs // 2
@@ -63,11 +66,14 @@ async def _measure(pool: SnippetPool, source: str, runs: int,
     await asyncio.gather(caller(), caller())
     rate = 2 * per / (time.perf_counter() - t0)
     return {"p50_ms": round(statistics.median(lat), 2), "p99_ms": round(_pct(lat, 0.99), 2),
-            "runs_per_s_2_callers": round(rate, 1)}
+            "runs_per_s_2_callers": round(rate, 1),
+            # the snippet's own time in its process (compile + run): what is left of a
+            # run's first writes to shared pages after the spare's prefault
+            "snippet_p50_ms": round(statistics.median(inside), 2)}
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
     root = Path(tempfile.mkdtemp(prefix="corral-bench-envs-")) if args.cold else Path(
         args.store)
     os.environ["CORRAL_ENV_DIR"] = str(root)
@@ -95,6 +101,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 await envp.aclose()
         out["pandas_over_stdlib_p50"] = round(out["pandas"]["p50_ms"]
                                               / out["stdlib"]["p50_ms"], 2)
+        out["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     finally:
         if args.cold:
             from corral.envs.store import remove_tree

@@ -113,10 +113,11 @@ def env_warmup(preloaded: frozenset[str]) -> str:
 #: runs while it waits, per module preloaded: the common first steps of a run (build a
 #: frame, reduce it, print it), whose reference counts and caches write to pages the
 #: fork shares; run there, those pages are copied before the job comes, not during it
+#: (a line a step: the spare stops between two as soon as its job comes)
 _PREFAULTS: Final = {
     "numpy": "import numpy\nrepr(numpy.arange(4).sum())\n",
     "pandas": ("import pandas\nd = pandas.DataFrame({'a': [1, 2], 'b': ['x', 'y']})\n"
-               "repr(d.sum()); repr(d); repr(d['a'].sum())\n"),
+               "s = d.sum()\nrepr(s)\nrepr(d)\nrepr(d['a'].sum())\n"),
 }
 
 
