@@ -521,6 +521,9 @@ class SnippetPool:
         self._counts = dict.fromkeys(
             ("completed", "cancelled", "timed_out", "crashed", "replaced", "created"), 0)
         self._closed = False
+        #: an environment template keeps a spare (``--prefork``); False only to measure
+        #: the pool without (benchmarks/bench_envs.py ``--interleave``)
+        self._prefork = True
         #: (tenant, level, sandbox id, pid of the slot's server inside its sandbox: the
         #: template, or 1 for a strict slot's agent) per run served; for tests and audits
         self.served: deque[tuple[str, str, str, int]] = deque(maxlen=1000)
@@ -601,7 +604,7 @@ class SnippetPool:
                                      else None)
             if slot is None:
                 template = _Slot(sandbox, await self._start_template(sandbox), level, view,
-                                 spare=self.environment is not None)
+                                 spare=self.environment is not None and self._prefork)
                 try:
                     pong = await asyncio.wait_for(
                         template.call(_frame({"op": "ping"}, spec.tenant_id), {}),
@@ -667,10 +670,9 @@ class SnippetPool:
                 argv += ["--warmup", warm]
             # the next run's child forked ahead, while the slot waits (the fork of a
             # template holding the packages costs milliseconds): one spare per template
-            argv += ["--prefork"]
             prefault = env_prefault(frozenset(self._preload.split(",")))
-            if prefault:
-                argv += ["--prefault", prefault]
+            if self._prefork:
+                argv += ["--prefork"] + (["--prefault", prefault] if prefault else [])
         return await sandbox.start_process(argv, ProcessOpts(stdin=True, env=env))
 
     def _close_later(self, slot: _AnySlot) -> None:
