@@ -218,6 +218,8 @@ class ImageRoot:
             root maps then); the sandbox runs as them inside.
         entrypoint / cmd: the config's ``Entrypoint`` and ``Cmd`` (what mode
             ``handler-image`` runs).
+        key: the image's cache key (``sha256:<config digest>``, ``dir:<path>`` for a
+            rootfs dir): an environment built on an image names it (corral.envs).
     """
 
     rootfs: str
@@ -232,6 +234,7 @@ class ImageRoot:
     gid: int | None = None
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
+    key: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
