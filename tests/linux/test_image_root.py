@@ -422,6 +422,12 @@ def fake_env(store: Path, name: str, image: str | None) -> Any:
     return env
 
 
+def test_the_plan_spreads_the_environments_mount() -> None:
+    from corral.envs.store import ENV_MOUNT
+    from corral.providers.linux.policy import plan
+    assert plan._ENV_MOUNT == ENV_MOUNT  # the plan's copy (it loads no envs code)
+
+
 def _image_key(layout: str, cache: Path) -> str:
     from corral.images import resolve
     from corral.images.cache import ImageCache
@@ -434,7 +440,9 @@ def test_an_environment_is_shown_only_to_the_root_it_was_built_for(images: Path)
     # image's (by its content key); any other root is refused at create, typed, saying
     # why, never shown a tree it cannot load. The image it was built on gets it bound
     # read-only at the same path, on the PYTHONPATH.
-    layout = busybox_layout(str(images / "layout"), {"Env": ["PATH=/bin"]})
+    # (the image has an /opt of its own: its entries stay, the packages go beside them)
+    layout = busybox_layout(str(images / "layout"), {"Env": ["PATH=/bin"]},
+                            extra={"opt/tool/readme": b"the image's own /opt\n"})
     other = busybox_layout(str(images / "other"), {"Env": ["PATH=/bin", "B=2"]})
     store = images / "envs"
     key, key_b = _image_key(layout, images / "cache"), _image_key(other, images / "cache")
@@ -453,9 +461,10 @@ def test_an_environment_is_shown_only_to_the_root_it_was_built_for(images: Path)
                                               environment="on-a")) as sb:
             r = await sb.exec(["/bin/sh", "-c", "cat /opt/corral/env/marker.txt; "
                                "echo PYTHONPATH=$PYTHONPATH; cat /etc/image-marker; "
-                               "touch /opt/corral/env/x || echo ro"])
-        assert r.stdout_text.splitlines()[:3] == [
-            "env on-a", "PYTHONPATH=/opt/corral/env", "from the image"], r.stderr_text
+                               "cat /opt/tool/readme; touch /opt/corral/env/x || echo ro"])
+        assert r.stdout_text.splitlines()[:4] == [
+            "env on-a", "PYTHONPATH=/opt/corral/env", "from the image",
+            "the image's own /opt"], r.stderr_text
         assert r.stdout_text.splitlines()[-1] == "ro"
 
     _run(go, images / "cache", env_store_dir=str(store))
