@@ -7,6 +7,10 @@ the sandbox: its network is the index's hosts alone, its writable area a tmpfs o
 tar stream of the installed tree, capped in bytes and members, and unpacks it with
 ``tarfile``'s ``data`` filter (no absolute paths, no ``..``, no links out, no device
 files, no setuid bits), then makes it read-only and renames it into the store.
+
+On a base image (``image=``) the sandbox's root is the image and the install is its own
+``python3 -m pip``; the key holds the image's content digest and what its python3
+said of itself inside it (:func:`base_image`), in place of the host's interpreter.
 """
 
 from __future__ import annotations
@@ -270,7 +274,7 @@ async def _build(store: EnvStore, digest: str, inputs: dict[str, Any],
         tar_path = temp / "out.tar"
         own = provider is None
         if provider is None:
-            provider = _own_provider(base, image_cache_dir)
+            provider = _own_provider(base is not None, image_cache_dir)
         try:
             log = await _install(provider, inputs, options, tar_path, base)
         finally:
@@ -297,9 +301,11 @@ async def _build(store: EnvStore, digest: str, inputs: dict[str, Any],
         raise
 
 
-def _own_provider(base: BaseImage | None, image_cache_dir: str | None) -> SandboxProvider:
+def _own_provider(image: bool, image_cache_dir: str | None) -> SandboxProvider:
+    """A private linux provider for one build (on an image: resolving it in the image
+    cache the build resolved it in)."""
     from corral.providers.linux import LinuxProvider
-    if base is None:
+    if not image:
         return LinuxProvider(spares=0)
     return LinuxProvider(spares=0, image_cache_dir=_image_cache(image_cache_dir).root)
 
@@ -375,9 +381,7 @@ async def _probe(ref: str, unpacked: Any, options: BuildOptions,
             "installed by the image's own python3 and pip")
     own = provider is None
     if provider is None:
-        provider = _own_provider(BaseImage(ref=ref, key=unpacked.key, python=py,
-                                           interpreter={}, machine="", libc=("", "")),
-                                 image_cache_dir)
+        provider = _own_provider(True, image_cache_dir)
     try:
         spec = SandboxSpec(tenant_id="corral-envs", image=ref, limits=options.limits)
         async with await provider.create(spec) as sb:
