@@ -253,11 +253,13 @@ def test_an_image_without_python_or_pip_is_refused_typed_and_the_store_unchanged
             opts = _opts(index.port, ca.ca_pem)
             kw: dict[str, Any] = {"options": opts, "store": store, "provider": p,
                                   "image_cache_dir": str(cache)}
+            # (without a provider: the build's own, on the same image cache)
+            own = {k: v for k, v in kw.items() if k != "provider"}
             with pytest.raises(ConfigInvalidError, match="no python3") as e:
-                await build_environment("x", ["corraltoy"], image=no_python, **kw)
+                await build_environment("x", ["corraltoy"], image=no_python, **own)
             assert e.value.field == "image"
             with pytest.raises(ConfigInvalidError, match="has no pip") as e:
-                await build_environment("x", ["corraltoy"], image=no_pip, **kw)
+                await build_environment("x", ["corraltoy"], image=no_pip, **own)
             assert e.value.field == "image" and "Python 3." in str(e.value)
             _untouched(store, [])
             # a build that fails in the image (no such project on the index): typed, and
