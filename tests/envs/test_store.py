@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import stat
+import sysconfig
 import time
 from pathlib import Path
 
@@ -90,6 +91,22 @@ def test_check_root_names_what_the_environment_was_built_for(tmp_path: Path) -> 
         assert e.value.field == "environment"
     assert env(a).image == a and env(None).image is None
     assert Environment(name="", digest="c" * 64, path=tmp_path).image is None
+
+
+def test_a_host_environment_built_by_another_interpreter_is_refused(tmp_path: Path) -> None:
+    """A store is shared by every corral on the host and a name points at its last build:
+    one built by a 3.12 corral, used from this interpreter, is refused saying so (it
+    failed inside as an ImportError of numpy's compiled part)."""
+    here = sysconfig.get_config_var("SOABI")
+
+    def env(soabi: str) -> Environment:
+        return Environment(name="sci", digest="c" * 64, path=tmp_path, meta={
+            "inputs": {"image": None, "interpreter": {"soabi": soabi}}})
+    check_root(env(here), None)  # built by this interpreter
+    other = "cpython-39-x86_64-linux-gnu"
+    with pytest.raises(ConfigInvalidError, match="built for another interpreter") as e:
+        check_root(env(other), None)
+    assert other in e.value.message and here in e.value.message
 
 
 def test_image_facts_are_kept_by_key(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import stat
+import sysconfig
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -154,9 +155,21 @@ def check_root(env: Environment, image: str | None) -> None:
     packages' compiled parts and paths are for one interpreter (ConfigInvalidError,
     field ``environment``, saying which root it was built for)."""
     built = env.image
+    label = env.name or env.digest[:12]
+    if built is None and image is None:
+        # the host's: but which interpreter? A store is shared by every corral on the
+        # host, and a name points at the last build of it, whatever it was built for
+        inputs = env.meta.get("inputs")
+        interp = inputs.get("interpreter") if isinstance(inputs, Mapping) else None
+        here = sysconfig.get_config_var("SOABI") or ""
+        if isinstance(interp, Mapping) and here and interp.get("soabi") != here:
+            raise ConfigInvalidError(
+                "environment", f"environment {label!r} is built for another interpreter "
+                f"({interp.get('soabi') or 'unknown'}); this one is {here} (build it again "
+                "with this interpreter: corral env build NAME -r ...)")
+        return
     if built == image:
         return
-    label = env.name or env.digest[:12]
     if built is None:
         why = (f"environment {label!r} is built for the host's interpreter; this "
                f"sandbox's root is the image {image} and runs the image's own (build it "
