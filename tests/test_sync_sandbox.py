@@ -11,15 +11,26 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from corral.core.errors import ProviderError
-from corral.sandbox import Sandbox
+from corral.sandbox import Sandbox, _shutdown
 from strict_tier import host_can_sandbox, needs_strict
 
 CI = "context-isolated"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_shared_providers() -> Iterator[None]:
+    """The providers ``Sandbox.create`` shares are closed at the interpreter's exit; a
+    strict one keeps a warm spare (a cgroup holding this process's pid) until then. Close
+    them after this module, so tests that count this process's cgroups (tests/dispatch)
+    do not see that spare whatever order the modules run in."""
+    yield
+    _shutdown()
 
 
 def _gone(path: str, seconds: float = 10.0) -> bool:

@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import stat
+import sysconfig
 import time
 from pathlib import Path
 
@@ -13,8 +14,8 @@ import pytest
 
 from corral.core.errors import ConfigInvalidError
 from corral.envs import BuildOptions, Environment, EnvStore
-from corral.envs.build import build_inputs, top_level_modules
-from corral.envs.store import ENV_MOUNT, digest_of, normalize_requirements
+from corral.envs.build import BaseImage, build_inputs, top_level_modules
+from corral.envs.store import ENV_MOUNT, check_root, digest_of, normalize_requirements
 
 
 def _fake(store: EnvStore, digest: str, *, size: int = 10, modules: tuple[str, ...] = ("m",)
@@ -50,6 +51,72 @@ def test_digest_follows_every_input() -> None:
     assert base["interpreter"]["soabi"]  # the interpreter's ABI is in the key
     assert BuildOptions().hosts() == ("pypi.org:443", "files.pythonhosted.org:443")
     assert BuildOptions(index_url="https://i.test:8443/simple/").hosts() == ("i.test:8443",)
+
+
+def _base(key: str, version: tuple[int, int, int] = (3, 12, 8)) -> BaseImage:
+    return BaseImage(ref="registry.test/py:3", key=key, python="/usr/local/bin/python3",
+                     interpreter={"implementation": "cpython", "version": list(version),
+                                  "soabi": f"cpython-3{version[1]}-x86_64-linux-gnu",
+                                  "abiflags": ""},
+                     machine="x86_64", libc=("glibc", "2.36"))
+
+
+def test_a_base_image_is_in_the_key_by_content_and_interpreter() -> None:
+    host = build_inputs(["numpy"], BuildOptions())
+    assert host["image"] is None  # a host build's inputs (and digests) are as before
+    a = build_inputs(["numpy"], BuildOptions(), image=_base("sha256:" + "a" * 64))
+    assert a["image"] == "sha256:" + "a" * 64
+    assert a["interpreter"]["version"] == [3, 12, 8]  # the image's, not the host's
+    assert a["platform"]["libc"] == ["glibc", "2.36"]
+    digests = {digest_of(x) for x in (
+        host, a, build_inputs(["numpy"], BuildOptions(), image=_base("sha256:" + "b" * 64)),
+        build_inputs(["numpy"], BuildOptions(),
+                     image=_base("sha256:" + "a" * 64, (3, 12, 9))))}
+    assert len(digests) == 4
+    assert digest_of(a) == digest_of(
+        build_inputs(["numpy"], BuildOptions(), image=_base("sha256:" + "a" * 64)))
+
+
+def test_check_root_names_what_the_environment_was_built_for(tmp_path: Path) -> None:
+    def env(image: str | None) -> Environment:
+        return Environment(name="e", digest="c" * 64, path=tmp_path,
+                           meta={"inputs": {"image": image}})
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    check_root(env(None), None)
+    check_root(env(a), a)
+    for built, root, why in ((None, a, "built for the host's interpreter"),
+                             (a, None, "runs the host's"), (a, b, "another image")):
+        with pytest.raises(ConfigInvalidError, match=why) as e:
+            check_root(env(built), root)
+        assert e.value.field == "environment"
+    assert env(a).image == a and env(None).image is None
+    assert Environment(name="", digest="c" * 64, path=tmp_path).image is None
+
+
+def test_a_host_environment_built_by_another_interpreter_is_refused(tmp_path: Path) -> None:
+    """A store is shared by every corral on the host and a name points at its last build:
+    one built by a 3.12 corral, used from this interpreter, is refused saying so (it
+    failed inside as an ImportError of numpy's compiled part)."""
+    here = sysconfig.get_config_var("SOABI")
+
+    def env(soabi: str) -> Environment:
+        return Environment(name="sci", digest="c" * 64, path=tmp_path, meta={
+            "inputs": {"image": None, "interpreter": {"soabi": soabi}}})
+    check_root(env(here), None)  # built by this interpreter
+    other = "cpython-39-x86_64-linux-gnu"
+    with pytest.raises(ConfigInvalidError, match="built for another interpreter") as e:
+        check_root(env(other), None)
+    assert other in e.value.message and here in e.value.message
+
+
+def test_image_facts_are_kept_by_key(tmp_path: Path) -> None:
+    store = EnvStore(tmp_path / "envs")
+    key = "sha256:" + "d" * 64
+    assert store.image_facts(key) is None
+    store.set_image_facts(key, {"python": "/usr/bin/python3"})
+    assert store.image_facts(key) == {"python": "/usr/bin/python3", "image": key}
+    assert store.image_facts("sha256:" + "e" * 64) is None
+    assert store.image_facts("dir:/x") is None
 
 
 def test_publish_is_read_only_and_named(tmp_path: Path) -> None:

@@ -187,11 +187,11 @@ def images() -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _run(coro_fn: Any, cache: Path) -> Any:
+def _run(coro_fn: Any, cache: Path, **kw: Any) -> Any:
     from corral.providers.linux import LinuxProvider
 
     async def go() -> Any:
-        p = LinuxProvider(image_cache_dir=str(cache), spares=0)
+        p = LinuxProvider(image_cache_dir=str(cache), spares=0, **kw)
         try:
             return await coro_fn(p)
         finally:
@@ -405,14 +405,66 @@ def test_a_fork_of_the_agent_never_imports_the_images_files(images: Path) -> Non
     assert b"PLANTED RAN" in host.stdout
 
 
+def fake_env(store: Path, name: str, image: str | None) -> Any:
+    """An environment in the store at ``store`` as a build leaves it (a file under
+    ``site/``, its meta naming the base image ``image``), without building one."""
+    from corral.envs.store import EnvStore, digest_of
+    st = EnvStore(store)
+    inputs = {"v": 1, "fake": name, "image": image}
+    digest = digest_of(inputs)
+    temp = st.new_temp()
+    (temp / "site").mkdir(mode=0o755)
+    (temp / "site" / "marker.txt").write_text(f"env {name}\n")
+    (temp / "meta.json").write_text(json.dumps({"digest": digest, "inputs": inputs,
+                                                "modules": [], "size_bytes": 1}))
+    env = st.publish(temp, digest)
+    st.set_name(name, digest)
+    return env
+
+
+def test_the_plan_spreads_the_environments_mount() -> None:
+    from corral.envs.store import ENV_MOUNT
+    from corral.providers.linux.policy import plan
+    assert plan._ENV_MOUNT == ENV_MOUNT  # the plan's copy (it loads no envs code)
+
+
+def _image_key(layout: str, cache: Path) -> str:
+    from corral.images import resolve
+    from corral.images.cache import ImageCache
+    return resolve(layout, cache=ImageCache(str(cache))).key
+
+
 @linux
-def test_an_environment_with_an_image_root_is_refused(images: Path) -> None:
-    # an environment's packages are built for the host's interpreter: an image root runs
-    # the image's own, so the pair is refused at create, never shown half-loadable
-    layout = busybox_layout(str(images / "layout"), {"Env": ["PATH=/bin"]})
+def test_an_environment_is_shown_only_to_the_root_it_was_built_for(images: Path) -> None:
+    # an environment's packages are built for one interpreter: the host's, or a base
+    # image's (by its content key); any other root is refused at create, typed, saying
+    # why, never shown a tree it cannot load. The image it was built on gets it bound
+    # read-only at the same path, on the PYTHONPATH.
+    # (the image has an /opt of its own: its entries stay, the packages go beside them)
+    layout = busybox_layout(str(images / "layout"), {"Env": ["PATH=/bin"]},
+                            extra={"opt/tool/readme": b"the image's own /opt\n"})
+    other = busybox_layout(str(images / "other"), {"Env": ["PATH=/bin", "B=2"]})
+    store = images / "envs"
+    key, key_b = _image_key(layout, images / "cache"), _image_key(other, images / "cache")
+    assert key.startswith("sha256:") and key != key_b
+    fake_env(store, "host-env", None)
+    fake_env(store, "on-a", key)
 
     async def go(p: Any) -> None:
-        with pytest.raises(ConfigInvalidError, match="host's interpreter") as ei:
-            await p.create(SandboxSpec(tenant_id="t", image=layout, environment="anything"))
-        assert ei.value.field == "environment"
-    _run(go, images / "cache")
+        for image, env, why in ((layout, "host-env", "host's interpreter"),
+                                (other, "on-a", "another image"),
+                                (None, "on-a", "runs the host's")):
+            with pytest.raises(ConfigInvalidError, match=why) as ei:
+                await p.create(SandboxSpec(tenant_id="t", image=image, environment=env))
+            assert ei.value.field == "environment"
+        async with await p.create(SandboxSpec(tenant_id="t", image=layout,
+                                              environment="on-a")) as sb:
+            r = await sb.exec(["/bin/sh", "-c", "cat /opt/corral/env/marker.txt; "
+                               "echo PYTHONPATH=$PYTHONPATH; cat /etc/image-marker; "
+                               "cat /opt/tool/readme; touch /opt/corral/env/x || echo ro"])
+        assert r.stdout_text.splitlines()[:4] == [
+            "env on-a", "PYTHONPATH=/opt/corral/env", "from the image",
+            "the image's own /opt"], r.stderr_text
+        assert r.stdout_text.splitlines()[-1] == "ro"
+
+    _run(go, images / "cache", env_store_dir=str(store))

@@ -74,6 +74,35 @@ def test_exec_error_carries_the_same_result() -> None:
 
 
 @needs_cgroup_limits()
+def test_a_started_process_says_which_limit_ended_it() -> None:
+    """A background process (``start_process``) the memory limit killed waits to a
+    ``memory-limit`` result, as exec does (it said ``exit -9``: a session then had to
+    guess). The control: one that SIGKILLs itself in the same sandbox is an exit."""
+    import asyncio
+
+    from corral.core.spec import ProcessOpts
+    from corral.providers.linux import LinuxProvider
+
+    async def go() -> None:
+        async with LinuxProvider(spares=0) as p:
+            spec = SandboxSpec(level=Level.STRICT, limits=SandboxLimits(mem_mb=64))
+            async with await p.create(spec) as sb:
+                proc = await sb.start_process([PY, "-I", "-S", "-c", HOG],
+                                              ProcessOpts(timeout_ms=20_000))
+                res = await proc.wait()
+                assert res.outcome is Outcome.MEMORY_LIMIT, res
+                assert res.exit_code == -signal.SIGKILL and res.limit_value == 64
+                assert res.observed is not None and res.usage.peak_mem_mb >= res.observed
+                proc = await sb.start_process(
+                    [PY, "-I", "-S", "-c", "import os; os.kill(os.getpid(), 9)"],
+                    ProcessOpts(timeout_ms=20_000))
+                res = await proc.wait()
+                assert (res.outcome, res.exit_code) == (Outcome.EXIT, -signal.SIGKILL), res
+
+    asyncio.run(go())
+
+
+@needs_cgroup_limits()
 def test_cli_json_has_the_facts(capsys: pytest.CaptureFixture[str]) -> None:
     status = main(["run", "--level", "strict", "--mem-mb", "64", "--json", "--", PY, "-I",
                    "-S", "-c", HOG])

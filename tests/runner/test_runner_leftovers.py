@@ -155,11 +155,15 @@ def test_sigkill_of_the_caller_kills_the_tree(
     The command writes its own pid, double-forks a scrubbed daemon (pid in a
     file too), then sleeps; the run's timeout (25 s; 60 s for the CLI's
     default) is far beyond the wait here (5 s), so only the caller's death
-    can end them. ``mem_mb`` puts the rlimit trampoline in the chain.
+    can end them. ``mem_mb`` puts the rlimit trampoline in the chain. The
+    run's own temp dir (its cwd) is removed too: by the supervisor, which finds
+    nobody reading its report.
     """
     pidfile = tmp_path / "daemon.pid"
     cmdfile = tmp_path / "command.pid"
-    code = (f"import os; open({str(cmdfile)!r},'w').write(str(os.getpid()))\n"
+    cwdfile = tmp_path / "cwd"  # the run's own temp dir, written before the pid
+    code = (f"import os; open({str(cwdfile)!r},'w').write(os.getcwd())\n"
+            f"open({str(cmdfile)!r},'w').write(str(os.getpid()))\n"
             + _scrubbed_daemon(str(pidfile), argv_token, "time.sleep(30)"))
     helperfile = tmp_path / "helper.pid"
     if caller_kind == "corral run":
@@ -189,6 +193,12 @@ def test_sigkill_of_the_caller_kills_the_tree(
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert [p for p in pids if _alive(p)] == []
+        # the run's own temp dir: nobody is left to remove it but the supervisor
+        run_dir = cwdfile.read_text()
+        assert os.path.basename(run_dir).startswith("corral-run-")
+        while os.path.lexists(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not os.path.lexists(run_dir), f"the run's temp dir {run_dir} was left"
     finally:
         if caller.poll() is None:
             caller.kill()

@@ -154,6 +154,18 @@ def test_a_cell_past_the_memory_limit_ends_the_session_with_the_typed_error() ->
             s.run("small")
 
 
+@needs_cgroup_limits()
+def test_a_cell_that_sigkills_its_interpreter_is_an_exit_not_a_memory_kill() -> None:
+    """A memory kill is what the cgroup counted, not any SIGKILL: a cell killing its own
+    interpreter ends the session as an exit (status -9), with the memory limit set."""
+    with Session(limits=SandboxLimits(mem_mb=128, max_processes=32, disk_mb=32)) as s:
+        with pytest.raises(SessionEndedError) as info:
+            s.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+        assert not isinstance(info.value, LimitsExceededError)
+        assert info.value.reason == "exited" and "-9" in str(info.value)
+        assert not s.alive
+
+
 def test_output_past_the_cap_is_cut_with_a_note() -> None:
     with Session(max_output_chars=1000) as s:
         r = s.run("for i in range(1000):\n    print('line', i)")

@@ -18,11 +18,14 @@ them): there each path hands out ``fork_exec`` and starts the process.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from env_toy import TOY, publish_toy, toy_pool
 from snippet_levels import LEVELS, STRICT_SKIP
 
 from corral.core.spec import Level
@@ -222,3 +225,45 @@ print(sorted(n for n in ("socket", "_socket", "select", "selectors", "ssl", "sub
         timeout_ms=10_000, allowed=DEFAULT_ALLOWED_IMPORTS | {"socket"}, guard=True)).result()
     assert [line.text for line in t.logs] == [
         "['_socket', 'select', 'selectors', 'socket', 'ssl']"], (t.logs, t.errors)
+
+
+def test_control_an_environment_package_keeps_the_spawn_modules(tmp_path: Path) -> None:
+    """The control for the environment pool: plain Python with the toy environment's
+    package loaded (it imports ``subprocess`` and ``asyncio``, as a real package keeps
+    what it imported) and ``gc``: each path hands out ``fork_exec`` and starts a process."""
+    env = publish_toy(tmp_path / "envs")
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys\nsys.path.append({str(env.site)!r})\n"
+         f"import {TOY}, gc\n" + PROBE],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    reached = {label for label, got in _outcomes(done.stdout).items()
+               if got == ["PRIMITIVE", "SPAWNED"]}
+    assert reached == set(PATHS) - {"importlib_via_import", "stdout_globals"}, done.stdout
+
+
+@needs_strict(STRICT_SKIP)
+def test_an_environment_pool_run_reaches_no_process_primitive(tmp_path: Path) -> None:
+    """The same probe in a run of an environment's warm pool: its template preloaded the
+    package (so ``subprocess`` and ``asyncio`` stay loaded: an environment's modules are
+    not shed) and the run is its spare, forked ahead of the job and prefaulted. Every
+    path is refused all the same: ``fork_exec``'s holders hold the stand-in and
+    ``RLIMIT_NPROC`` is 0."""
+    async def main() -> Transcript:
+        async with toy_pool(tmp_path / "envs") as pool:
+            await _run_in(pool, [("main.py", "1")], tenant_id="spawn-reach",
+                          level=Level.STRICT, timeout_ms=10_000,
+                          allowed=DEFAULT_ALLOWED_IMPORTS | {TOY}, guard=True)
+            return await _run_in(  # the second run: a spare forked ahead of it
+                pool, [("main.py", f"import {TOY}\nprint('loaded', {TOY}.ANSWER)\n" + PROBE)],
+                tenant_id="spawn-reach", level=Level.STRICT, timeout_ms=10_000,
+                allowed=DEFAULT_ALLOWED_IMPORTS | {TOY}, guard=True)
+
+    t = asyncio.run(main())
+    text = "\n".join(line.text for line in t.logs)
+    assert "loaded 42" in text, (text, t.errors)
+    outcomes = _outcomes(text)
+    assert set(outcomes) == set(PATHS), (text, t.errors)
+    for label, got in outcomes.items():
+        assert got[0] == "REFUSED", (label, text)
+        assert "PRIMITIVE" not in got and "SPAWNED" not in got, (label, text)

@@ -51,6 +51,13 @@ def add_parser(subparsers: Any) -> None:
                    help="let pip build sdists (their build back ends run in the sandbox); "
                         "default wheels only")
     b.add_argument("--cert", metavar="PEM", help="more CA certificates the index needs")
+    b.add_argument("--image", default=None, metavar="REF",
+                   help="a base image (registry reference or OCI layout): the install runs "
+                        "with the image's own python3 and pip, in a sandbox whose root is "
+                        "the image; use it with --image REF --environment NAME")
+    b.add_argument("--image-cache", default=None, metavar="DIR",
+                   help="the image cache the base image is resolved in (default: the "
+                        "image cache's default dir, as corral run --image)")
     b.add_argument("--timeout", type=float, default=900.0, metavar="S",
                    help="seconds the install may take (default 900)")
     b.add_argument("--mem-mb", type=int, default=2048, help="build memory (default 2048)")
@@ -109,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 def _doc(e: Any) -> dict[str, Any]:
     return {"name": e.name, "digest": e.digest, "path": str(e.path),
             "size_bytes": e.size_bytes, "modules": sorted(e.modules),
-            "requirements": list(e.requirements)}
+            "requirements": list(e.requirements), "image": e.image}
 
 
 def _build(args: argparse.Namespace, store: Any) -> int:
@@ -137,11 +144,13 @@ def _build(args: argparse.Namespace, store: Any) -> int:
                         limits=SandboxLimits(mem_mb=args.mem_mb, disk_mb=args.disk_mb,
                                              max_processes=256), **kw)
     t0 = time.monotonic()
-    env = build(args.name, lines, options=opts, store=store)
+    env = build(args.name, lines, options=opts, store=store, image=args.image,
+                image_cache_dir=args.image_cache)
     took = time.monotonic() - t0
     if args.json:
         print(json.dumps({**_doc(env), "seconds": round(took, 3)}, indent=2))
     else:
+        on = f"\n  on image {env.image}" if env.image else ""
         print(f"{env.name}: sha256:{env.digest}\n  {size_text(env.size_bytes)}, "
-              f"modules: {' '.join(sorted(env.modules))}\n  {took:.2f} s")
+              f"modules: {' '.join(sorted(env.modules))}{on}\n  {took:.2f} s")
     return 0

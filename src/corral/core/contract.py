@@ -156,7 +156,9 @@ class ProcessHandle(abc.ABC):
     @abc.abstractmethod
     async def wait(self) -> RunResult:
         """Wait for the process to end and return how it ended (outcome ``exit``,
-        or ``timeout`` when ``ProcessOpts.timeout_ms`` passed and it was killed)."""
+        ``timeout`` when ``ProcessOpts.timeout_ms`` passed and it was killed, or the
+        limit outcome (``memory-limit``, ...) when a provider that enforces that limit
+        saw it end the process: returned, not raised, as this is a result)."""
 
     @abc.abstractmethod
     async def kill(self) -> None:

@@ -18,19 +18,24 @@ __all__ = ["BUILD_LIMITS", "DEFAULT_INDEX", "ENV_MOUNT", "BuildOptions", "EnvSto
 
 def environment(name: str, requirements: Sequence[str] | str | None = None, *,
                 options: BuildOptions | None = None,
-                store: EnvStore | None = None) -> Environment:
+                store: EnvStore | None = None, image: str | None = None,
+                image_cache_dir: str | None = None) -> Environment:
     """The environment ``name`` (a name or a digest) from the store; with
     ``requirements``, built first when its inputs are not built yet (in a strict
-    sandbox; a cache hit otherwise, with no sandbox and no network).
+    sandbox; a cache hit otherwise, with no sandbox and no network); ``image``: built
+    on that base image, with its own python3 and pip (:func:`build_environment`).
 
     Raises ConfigInvalidError (field ``environment``) when there is none."""
     store = store or EnvStore()
     if requirements is None:
         return store.get(name)
-    return build(name, requirements, options=options, store=store)
+    return build(name, requirements, options=options, store=store, image=image,
+                 image_cache_dir=image_cache_dir)
 
 
 def build(name: str, requirements: Sequence[str] | str, *,
-          options: BuildOptions | None = None, store: EnvStore | None = None) -> Environment:
+          options: BuildOptions | None = None, store: EnvStore | None = None,
+          image: str | None = None, image_cache_dir: str | None = None) -> Environment:
     """:func:`build_environment`, from sync code."""
-    return run_sync(build_environment(name, requirements, options=options, store=store))
+    return run_sync(build_environment(name, requirements, options=options, store=store,
+                                      image=image, image_cache_dir=image_cache_dir))

@@ -7,6 +7,10 @@ the sandbox: its network is the index's hosts alone, its writable area a tmpfs o
 tar stream of the installed tree, capped in bytes and members, and unpacks it with
 ``tarfile``'s ``data`` filter (no absolute paths, no ``..``, no links out, no device
 files, no setuid bits), then makes it read-only and renames it into the store.
+
+On a base image (``image=``) the sandbox's root is the image and the install is its own
+``python3 -m pip``; the key holds the image's content digest and what its python3
+said of itself inside it (:func:`base_image`), in place of the host's interpreter.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ from corral.core.errors import ConfigInvalidError, LimitsExceededError, Provider
 from corral.core.spec import ExecOpts, NetworkPolicy, ProcessOpts, SandboxLimits, SandboxSpec
 from corral.envs.store import Environment, EnvStore, digest_of, normalize_requirements, valid_name
 
-__all__ = ["BuildOptions", "DEFAULT_INDEX", "BUILD_LIMITS", "build_environment",
-           "build_inputs", "stats"]
+__all__ = ["BaseImage", "BuildOptions", "DEFAULT_INDEX", "BUILD_LIMITS", "base_image",
+           "build_environment", "build_inputs", "stats"]
 
 DEFAULT_INDEX: Final = "https://pypi.org/simple/"
 #: the hosts the default index serves from (the simple pages, then the files)
@@ -128,6 +132,42 @@ def non_public_index_entries(options: BuildOptions) -> tuple[str, ...]:
     return tuple(out)
 
 
+#: what a base image's python3 tells of itself, read inside the image (one JSON line)
+_PROBE = (
+    "import importlib.util, json, platform, sys, sysconfig\n"
+    "print(json.dumps({'implementation': sys.implementation.name,\n"
+    "  'version': list(sys.version_info[:3]), 'version_text': sys.version,\n"
+    "  'soabi': sysconfig.get_config_var('SOABI') or '',\n"
+    "  'abiflags': getattr(sys, 'abiflags', ''), 'machine': platform.machine(),\n"
+    "  'libc': list(platform.libc_ver()), 'executable': sys.executable,\n"
+    "  'pip': importlib.util.find_spec('pip') is not None}))\n")
+_DEFAULT_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BaseImage:
+    """A base image an environment is built on: its reference as given, its content
+    key (``sha256:<config digest>``: the tag is not what is hashed) and what its own
+    ``python3`` said of itself inside it (:func:`base_image`).
+
+    Attributes:
+        ref: the image as the user wrote it (a registry reference or a local layout).
+        key: ``sha256:<config digest>`` (the config lists every layer's digest).
+        python: the image's python3, a path inside it (found on the config's PATH).
+        interpreter: implementation, version, SOABI, ABI flags (part of the key).
+        machine / libc: the platform as the image's python reports it (part of the key).
+        version_text: its ``sys.version``.
+    """
+
+    ref: str
+    key: str
+    python: str
+    interpreter: dict[str, Any]
+    machine: str
+    libc: tuple[str, str]
+    version_text: str = ""
+
+
 def _interpreter() -> dict[str, Any]:
     return {"implementation": sys.implementation.name,
             "version": list(sys.version_info[:3]),
@@ -136,23 +176,32 @@ def _interpreter() -> dict[str, Any]:
 
 
 def build_inputs(requirements: Sequence[str] | str, options: BuildOptions,
-                 *, image_digest: str | None = None) -> dict[str, Any]:
-    """Everything a build's result depends on: the digest is their sha256."""
+                 *, image: BaseImage | None = None) -> dict[str, Any]:
+    """Everything a build's result depends on: the digest is their sha256. On a base
+    image: the image's content key and its interpreter and platform (read inside it),
+    not the host's."""
+    if image is None:
+        interp = _interpreter()
+        plat = {"machine": platform.machine(), "system": platform.system(),
+                "libc": list(platform.libc_ver())}
+    else:
+        interp = dict(image.interpreter)
+        plat = {"machine": image.machine, "system": "Linux", "libc": list(image.libc)}
     return {"v": 1,
-            "interpreter": _interpreter(),
-            "platform": {"machine": platform.machine(), "system": platform.system(),
-                         "libc": list(platform.libc_ver())},
+            "interpreter": interp,
+            "platform": plat,
             "requirements": list(normalize_requirements(requirements)),
             "index_url": options.index_url,
             "index_hosts": list(options.hosts()),
             "allow_source": options.allow_source,
-            "image": image_digest}
+            "image": None if image is None else image.key}
 
 
 async def build_environment(
         name: str, requirements: Sequence[str] | str, *,
         options: BuildOptions | None = None, store: EnvStore | None = None,
-        provider: SandboxProvider | None = None) -> Environment:
+        provider: SandboxProvider | None = None, image: str | None = None,
+        image_cache_dir: str | None = None) -> Environment:
     """Build (or find) the environment of ``requirements`` and name it ``name``.
 
     Same inputs, same digest: a second call finds the built tree and touches no
@@ -160,16 +209,30 @@ async def build_environment(
     lock); the install runs in a strict sandbox of ``provider`` (default: a private
     :class:`~corral.providers.linux.LinuxProvider`, closed after).
 
+    ``image``: a base image (a registry reference or a local OCI layout/tar): the
+    install runs in a sandbox whose root is the image, with the image's own python3
+    and pip; the key holds the image's content digest and its interpreter's version
+    and SOABI (:func:`base_image`). The image is resolved in the image cache
+    ``image_cache_dir`` (default: the image cache's default dir; a given
+    ``provider`` must use the same one).
+
     Raises:
         ConfigInvalidError: a bad name, requirement or option.
         ProviderError: pip failed in the sandbox (its output's tail in the message,
             and the hosts the sandbox tried and was refused).
         LimitsExceededError / SandboxTimeoutError: the build hit a limit.
+        ConfigInvalidError (field ``image``): the base image has no python3 or no pip,
+            or is a rootfs dir (no content digest).
     """
     valid_name(name)
     options = options or BuildOptions()
     store = store or EnvStore()
-    inputs = build_inputs(requirements, options)
+    normalize_requirements(requirements)  # a bad list is refused before any image work
+    base = None
+    if image is not None:
+        base = await base_image(image, store=store, options=options, provider=provider,
+                                image_cache_dir=image_cache_dir)
+    inputs = build_inputs(requirements, options, image=base)
     digest = digest_of(inputs)
     hit = store.find(digest, name)
     if hit is not None:
@@ -180,7 +243,8 @@ async def build_environment(
     async with _locked(store, digest):
         hit = store.find(digest, name)
         if hit is None:
-            hit = await _build(store, digest, inputs, options, provider)
+            hit = await _build(store, digest, inputs, options, provider, base,
+                               image_cache_dir)
         else:
             stats["cache_hits"] += 1
         store.set_name(name, digest)
@@ -200,7 +264,9 @@ async def _locked(store: EnvStore, digest: str) -> Any:
 
 
 async def _build(store: EnvStore, digest: str, inputs: dict[str, Any],
-                 options: BuildOptions, provider: SandboxProvider | None) -> Environment:
+                 options: BuildOptions, provider: SandboxProvider | None,
+                 base: BaseImage | None = None,
+                 image_cache_dir: str | None = None) -> Environment:
     store.clean_temp()
     temp = store.new_temp()
     try:
@@ -208,13 +274,17 @@ async def _build(store: EnvStore, digest: str, inputs: dict[str, Any],
         tar_path = temp / "out.tar"
         own = provider is None
         if provider is None:
-            from corral.providers.linux import LinuxProvider
-            provider = LinuxProvider(spares=0)
+            provider = _own_provider(base is not None, image_cache_dir)
         try:
-            log = await _install(provider, inputs, options, tar_path)
+            log = await _install(provider, inputs, options, tar_path, base)
         finally:
             if own:
                 await provider.aclose()
+        if base is not None:  # the image the sandbox ran is still the one hashed
+            again = await _resolve_image(base.ref, image_cache_dir)
+            if again.key != base.key:
+                raise ProviderError(f"the image {base.ref!r} changed during the build "
+                                    f"({base.key} -> {again.key}); build again")
         stats["sandbox_builds"] += 1
         size, modules = await asyncio.to_thread(_unpack, tar_path, temp, options.max_bytes)
         tar_path.unlink()
@@ -231,15 +301,133 @@ async def _build(store: EnvStore, digest: str, inputs: dict[str, Any],
         raise
 
 
+def _own_provider(image: bool, image_cache_dir: str | None) -> SandboxProvider:
+    """A private linux provider for one build (on an image: resolving it in the image
+    cache the build resolved it in)."""
+    from corral.providers.linux import LinuxProvider
+    if not image:
+        return LinuxProvider(spares=0)
+    return LinuxProvider(spares=0, image_cache_dir=_image_cache(image_cache_dir).root)
+
+
+def _image_cache(image_cache_dir: str | None) -> Any:
+    from corral.images.cache import ImageCache
+    return ImageCache(image_cache_dir)
+
+
+async def _resolve_image(ref: str, image_cache_dir: str | None) -> Any:
+    """``ref`` unpacked (or found) in the image cache, as the provider will (pulled when
+    missing); blocking work in a thread."""
+    from corral.images import resolve
+    cache = _image_cache(image_cache_dir)
+    return await asyncio.to_thread(resolve, ref, cache=cache, pull_policy="missing")
+
+
+async def base_image(ref: str, *, store: EnvStore, options: BuildOptions,
+                     provider: SandboxProvider | None = None,
+                     image_cache_dir: str | None = None) -> BaseImage:
+    """The base image ``ref``: resolved to its content key, and its python3's facts,
+    read once inside the image (a strict sandbox whose root is the image, no network)
+    and kept in the store under that key (a function of the image's content: a
+    second build on the same image reads them from there, with no sandbox).
+
+    Raises ConfigInvalidError (field ``image``): a rootfs dir (no content digest),
+    no ``python3`` on the image's PATH (or one that does not run), or no ``pip``."""
+    unpacked = await _resolve_image(ref, image_cache_dir)
+    key = unpacked.key
+    if not key.startswith("sha256:"):
+        raise ConfigInvalidError(
+            "image", f"an environment is built on an image with a content digest (a "
+            f"registry reference, an OCI layout or tar), not the rootfs dir {ref!r}")
+    facts = store.image_facts(key)
+    if facts is None:
+        facts = await _probe(ref, unpacked, options, provider, image_cache_dir)
+        store.set_image_facts(key, facts)
+    try:
+        return BaseImage(ref=ref, key=key, python=str(facts["python"]),
+                         interpreter={k: facts[k] for k in ("implementation", "version",
+                                                            "soabi", "abiflags")},
+                         machine=str(facts["machine"]),
+                         libc=(str(facts["libc"][0]), str(facts["libc"][1])),
+                         version_text=str(facts.get("version_text", "")))
+    except (KeyError, IndexError, TypeError) as e:  # a store file of another version
+        raise ConfigInvalidError(
+            "image", f"unreadable facts of {key} in the store: {e}") from None
+
+
+def _python_on_path(unpacked: Any) -> str | None:
+    """The first ``python3`` on the image config's PATH (default a Debian-like one),
+    as a path inside the image; None when none is there."""
+    from corral.providers.linux.host.imageroot import env_of
+    path = env_of(unpacked.config.env).get("PATH") or _DEFAULT_PATH
+    for d in path.split(":"):
+        if not d.startswith("/") or ".." in d.split("/"):
+            continue
+        inside = posixpath.join(posixpath.normpath(d), "python3")
+        if os.path.lexists(os.path.join(unpacked.rootfs, inside.lstrip("/"))):
+            return inside
+    return None
+
+
+async def _probe(ref: str, unpacked: Any, options: BuildOptions,
+                 provider: SandboxProvider | None,
+                 image_cache_dir: str | None) -> dict[str, Any]:
+    """The image's python3 asked, inside the image, what it is (:data:`_PROBE`)."""
+    import json
+    py = _python_on_path(unpacked)
+    if py is None:
+        raise ConfigInvalidError(
+            "image", f"the image {ref!r} has no python3 on its PATH: an environment is "
+            "installed by the image's own python3 and pip")
+    own = provider is None
+    if provider is None:
+        provider = _own_provider(True, image_cache_dir)
+    try:
+        spec = SandboxSpec(tenant_id="corral-envs", image=ref, limits=options.limits)
+        async with await provider.create(spec) as sb:
+            r = await sb.exec([py, "-I", "-c", _PROBE], ExecOpts(timeout_ms=60_000))
+    finally:
+        if own:
+            await provider.aclose()
+    if r.exit_code != 0:
+        raise ConfigInvalidError(
+            "image", f"the image {ref!r}'s python3 ({py}) does not run: exit "
+                     f"{r.exit_code}: {_tail(r.stderr_text, 500)}")
+    try:
+        doc = json.loads(r.stdout_text.strip().splitlines()[-1])
+        version = [int(v) for v in doc["version"]][:3]
+        facts: dict[str, Any] = {"python": py,
+                 "implementation": str(doc["implementation"]),
+                 "version": version,
+                 "version_text": str(doc["version_text"])[:500],
+                 "soabi": str(doc["soabi"])[:200], "abiflags": str(doc["abiflags"])[:20],
+                 "machine": str(doc["machine"])[:50],
+                 "libc": [str(doc["libc"][0])[:50], str(doc["libc"][1])[:50]],
+                 "pip": doc["pip"] is True}
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ConfigInvalidError(
+            "image", f"the image {ref!r}'s python3 ({py}) did not say what it is: "
+                     f"{_tail(r.stdout_text + r.stderr_text, 500)!r}") from None
+    if not facts["pip"]:
+        v = ".".join(str(x) for x in version)
+        raise ConfigInvalidError(
+            "image", f"the image {ref!r}'s python3 ({py}, Python {v}) has no pip: an "
+                     "environment is installed by the image's own pip (add it to the "
+                     "image: python3-pip, or ensurepip)")
+    return facts
+
+
 async def _install(provider: SandboxProvider, inputs: dict[str, Any],
-                   options: BuildOptions, tar_path: Path) -> str:
-    """pip install in a fresh strict sandbox; the installed tree streamed to ``tar_path``."""
+                   options: BuildOptions, tar_path: Path,
+                   base: BaseImage | None = None) -> str:
+    """pip install in a fresh strict sandbox (whose root is ``base`` when given: its
+    own python3 and pip); the installed tree streamed to ``tar_path``."""
     spec = SandboxSpec(tenant_id="corral-envs", network=NetworkPolicy.allowlist(
         *options.hosts(), *options.extra_hosts),
-                       limits=options.limits)
+                       limits=options.limits, image=None if base is None else base.ref)
     from corral.providers.linux.host.sandbox import _system_cas
     ca = _system_cas() + (options.cert_pem or b"")
-    py = sys.executable
+    py = sys.executable if base is None else base.python
     deadline = time.monotonic() + options.timeout_s
     async with await provider.create(spec) as sb:
         await sb.write_file("requirements.txt", "\n".join(inputs["requirements"]) + "\n")

@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import stat
+import sysconfig
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -34,8 +35,8 @@ from typing import Any, Final
 
 from corral.core.errors import ConfigInvalidError
 
-__all__ = ["ENV_MOUNT", "DEFAULT_MAX_BYTES", "EnvStore", "Environment", "default_root",
-           "digest_of", "normalize_requirements", "valid_name"]
+__all__ = ["ENV_MOUNT", "DEFAULT_MAX_BYTES", "EnvStore", "Environment", "check_root",
+           "default_root", "digest_of", "normalize_requirements", "valid_name"]
 
 #: where an environment's packages are seen inside a sandbox (read-only)
 ENV_MOUNT: Final = "/opt/corral/env"
@@ -138,6 +139,48 @@ class Environment:
     def sandbox_env(self) -> dict[str, str]:
         """The variables every command of a sandbox using it gets (``PYTHONPATH``)."""
         return {"PYTHONPATH": ENV_MOUNT, "CORRAL_ENVIRONMENT": self.digest}
+
+    @property
+    def image(self) -> str | None:
+        """The digest of the base image it was built on (``sha256:<config digest>``),
+        None when built for the host's interpreter."""
+        inputs = self.meta.get("inputs")
+        got = inputs.get("image") if isinstance(inputs, Mapping) else None
+        return got if isinstance(got, str) and got else None
+
+
+def check_root(env: Environment, image: str | None) -> None:
+    """Refuse ``env`` in a sandbox whose root is the image of key ``image`` (None: the
+    host's view, with the host's interpreter) unless it was built for that root: its
+    packages' compiled parts and paths are for one interpreter (ConfigInvalidError,
+    field ``environment``, saying which root it was built for)."""
+    built = env.image
+    label = env.name or env.digest[:12]
+    if built is None and image is None:
+        # the host's: but which interpreter? A store is shared by every corral on the
+        # host, and a name points at the last build of it, whatever it was built for
+        inputs = env.meta.get("inputs")
+        interp = inputs.get("interpreter") if isinstance(inputs, Mapping) else None
+        here = sysconfig.get_config_var("SOABI") or ""
+        if isinstance(interp, Mapping) and here and interp.get("soabi") != here:
+            raise ConfigInvalidError(
+                "environment", f"environment {label!r} is built for another interpreter "
+                f"({interp.get('soabi') or 'unknown'}); this one is {here} (build it again "
+                "with this interpreter: corral env build NAME -r ...)")
+        return
+    if built == image:
+        return
+    if built is None:
+        why = (f"environment {label!r} is built for the host's interpreter; this "
+               f"sandbox's root is the image {image} and runs the image's own (build it "
+               "on that image: corral env build NAME --image REF, or drop image=)")
+    elif image is None:
+        why = (f"environment {label!r} is built on the image {built}, for its "
+               "interpreter; this sandbox runs the host's (give image= that image)")
+    else:
+        why = (f"environment {label!r} is built on the image {built}; this sandbox's "
+               f"root is another image, {image} (build the environment on it)")
+    raise ConfigInvalidError("environment", why)
 
 
 class EnvStore:
@@ -242,6 +285,31 @@ class EnvStore:
                 if env is not None:
                     out.append(env)
         return out
+
+    def image_facts(self, image: str) -> dict[str, Any] | None:
+        """What was read inside the base image of key ``image`` (its interpreter:
+        :func:`corral.envs.build.probe_image`), if it was, else None."""
+        hexd = image.removeprefix("sha256:")
+        if not _DIGEST.match(hexd):
+            return None
+        try:
+            with open(self.root / "images" / f"{hexd}.json", "rb") as f:
+                doc = json.loads(f.read(65536))
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) and doc.get("image") == image else None
+
+    def set_image_facts(self, image: str, facts: Mapping[str, Any]) -> None:
+        """Record ``facts`` of the base image ``image`` (atomically; a function of the
+        image's content, so never stale)."""
+        hexd = image.removeprefix("sha256:")
+        if not _DIGEST.match(hexd):
+            return
+        d = self._dir("images")
+        tmp = d / f".{hexd}.{uuid.uuid4().hex}"
+        tmp.write_text(json.dumps({**facts, "image": image}, sort_keys=True))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, d / f"{hexd}.json")
 
     # -- writes --------------------------------------------------------------------
     def touch(self, digest: str) -> None:

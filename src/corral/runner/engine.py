@@ -28,7 +28,14 @@ from corral.core.cancel import call_on_cancel
 from corral.core.result import Outcome, OutputBuffer, RunResult
 from corral.core.spec import ResourceUsage
 from corral.runner.options import RunOptions, build_env
-from corral.runner.tree import Supervised, kill_group, limited_argv, reap, remove_tree
+from corral.runner.tree import (
+    Supervised,
+    kill_group,
+    limited_argv,
+    reap,
+    remove_tree,
+    spawn_process,
+)
 
 __all__ = ["CWD_PREFIX", "BoundedRun"]
 
@@ -139,8 +146,13 @@ class BoundedRun:
             self._host_peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             self._t_spawn = time.monotonic()
             try:
-                started = o.spawner(argv, cwd=self._cwd, env=env, stdin=child[0],
-                                    stdout=child[1], stderr=child[2])
+                if o.spawner is spawn_process:  # the default: it may clean up after us
+                    started = spawn_process(argv, cwd=self._cwd, env=env, stdin=child[0],
+                                            stdout=child[1], stderr=child[2],
+                                            remove_cwd=self._cwd_owned)
+                else:
+                    started = o.spawner(argv, cwd=self._cwd, env=env, stdin=child[0],
+                                        stdout=child[1], stderr=child[2])
             except (OSError, subprocess.SubprocessError) as e:
                 self._spawn_error = e
                 return

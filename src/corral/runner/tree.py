@@ -85,6 +85,8 @@ _FINAL: Final = struct.Struct("=iddqiq")
 _WATCH: Final = frozenset({signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2,
                            signal.SIGTERM, signal.SIGHUP})
 _STOP: Final = frozenset({signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP})
+#: how long a supervisor stopped by a signal waits for a dying runner's fds to close
+_DYING_WAIT_MS: Final = 1000
 _MAX_PASSES: Final = 10_000
 _REAP_WAIT_S: Final = 5.0
 
@@ -241,13 +243,18 @@ _ALL_SIGNALS: Final = frozenset(signal.valid_signals())
 
 
 def spawn_process(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
-                  stdin: int, stdout: int, stderr: int) -> Supervised | int:
+                  stdin: int, stdout: int, stderr: int,
+                  remove_cwd: bool = False) -> Supervised | int:
     """The real spawner: the command under a forked supervisor (Linux), else :func:`popen_process`.
 
     The command starts with ``posix_spawn`` from the supervisor: a new
     session, fds 0-2 the given ones and no other, SIGPIPE/SIGXFSZ reset to
     default, an empty signal mask. Start errors (missing command, bad cwd)
     come back here as ``OSError``, after the supervisor was reaped.
+
+    ``remove_cwd`` (the runner's own temp dir): when the runner is gone by the
+    time the tree is dead (its end of the report pipe is closed: it was
+    SIGKILLed), the supervisor removes ``cwd`` itself, since nobody else will.
     """
     kernel = _kernel()
     if kernel is None:
@@ -259,7 +266,7 @@ def spawn_process(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
     st_r, st_w = os.pipe()
     fds = (stdin, stdout, stderr, st_w, ctl_r)
     try:
-        helped = _HELPER.fork_supervisor(argv, cwd, env, fds)
+        helped = _HELPER.fork_supervisor(argv, cwd, env, fds, remove_cwd)
     except BaseException:
         for fd in (ctl_r, ctl_w, st_r, st_w):
             os.close(fd)
@@ -276,7 +283,7 @@ def spawn_process(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
         try:
             pid = _fork()
             if pid == 0:  # the supervisor: never returns
-                _supervise(kernel, argv, cwd, env, fds, parent)
+                _supervise(kernel, argv, cwd, env, fds, parent, remove_cwd)
         except BaseException:
             for fd in (ctl_r, ctl_w, st_r, st_w):
                 os.close(fd)
@@ -356,12 +363,13 @@ class _SpawnHelper:
                      or not os.path.basename(sys.executable or "").startswith("python"))
 
     def fork_supervisor(self, argv: list[str], cwd: str, env: dict[str, str],
-                        fds: tuple[int, int, int, int, int]) -> tuple[int, int] | None:
+                        fds: tuple[int, int, int, int, int],
+                        remove_cwd: bool = False) -> tuple[int, int] | None:
         """(pid, pidfd) of a supervisor the helper forked, or None: fork it here."""
         if self._off:
             return None
         try:
-            msg = marshal.dumps((argv, os.path.abspath(cwd), env))
+            msg = marshal.dumps((argv, os.path.abspath(cwd), env, remove_cwd))
         except ValueError:
             return None
         if len(msg) > _HELPER_MAX_REQUEST:
@@ -551,14 +559,14 @@ def _serve_spawns(fd: int) -> NoReturn:
             msg, fds, _flags, _addr = socket.recv_fds(sock, _HELPER_MAX_REQUEST + 1024, 5)
             if not msg:
                 break
-            argv, cwd, env = marshal.loads(msg)
+            argv, cwd, env, remove_cwd = marshal.loads(msg)
             old = signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
             try:
                 pid = os.fork()
                 if pid == 0:
                     sock.close()
                     _supervise(kernel, argv, cwd, env, (fds[0], fds[1], fds[2], fds[3],
-                                                        fds[4]), me)
+                                                        fds[4]), me, remove_cwd)
                 pidfd = os.pidfd_open(pid)  # before it can be reaped (SIGCHLD is blocked)
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old)
@@ -599,7 +607,7 @@ def _read_full(fd: int, n: int) -> bytes:
 
 def _supervise(kernel: Any, argv: list[str], cwd: str,
                env: dict[str, str], fds: tuple[int, int, int, int, int],
-               parent: int) -> NoReturn:
+               parent: int, remove_cwd: bool = False) -> NoReturn:
     """The supervisor, in the forked child. Every path ends in ``os._exit``."""
     try:
         gc.disable()  # no finalizers of the runner's objects run here
@@ -637,10 +645,20 @@ def _supervise(kernel: Any, argv: list[str], cwd: str,
         for fd in (0, 1, 2):
             os.close(fd)
         os.set_blocking(4, False)
-        _watch(pid)
+        told = _watch(pid)
         raw, ru, strays = _kill_all(pid)
         utime, stime, maxrss = (ru.ru_utime, ru.ru_stime, ru.ru_maxrss) if ru else (0., 0., 0)
-        os.write(3, _FINAL.pack(raw, utime, stime, maxrss, strays, floor))
+        # Stopped by a signal, not by the command's end nor the runner's word: the runner
+        # may be dying (SIGKILLed: the kernel closes its fds a moment after the first of
+        # its threads ends, which may be the one our PDEATHSIG follows). Nobody will read
+        # the report then, nor remove the run's own temp dir: we do.
+        if remove_cwd and not told and _reader_gone(3, _DYING_WAIT_MS):
+            _remove_cwd(cwd)
+        try:
+            os.write(3, _FINAL.pack(raw, utime, stime, maxrss, strays, floor))
+        except BrokenPipeError:  # the runner is gone
+            if remove_cwd:
+                _remove_cwd(cwd)
     except BaseException:
         os._exit(70)
     os._exit(0)
@@ -651,31 +669,48 @@ def _exit_start(kind: int, value: int, where: int) -> NoReturn:
     os._exit(0)
 
 
-def _watch(pid: int) -> None:
-    """Wait until the command exits (unreaped) or the runner / our parent's death says stop."""
+def _watch(pid: int) -> bool:
+    """Wait until the command exits (unreaped) or the runner / our parent's death says
+    stop. True when the command exited or the runner asked (it is there to read the
+    report); False when a stop signal or the control pipe's EOF ended the watch."""
     first = True
     sig: int = signal.SIGCHLD
     while True:
         if sig == signal.SIGCHLD:
             if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return
+                return True
             if not first:
                 _reap_orphans(pid)
             first = False
         sig = signal.sigwaitinfo(_WATCH).si_signo
         if sig in _STOP:
-            return
+            return False
         if sig == signal.SIGUSR1:
             try:
                 asked = os.read(4, 256)
-            except BlockingIOError:
-                asked = b""
+            except BlockingIOError:  # a SIGUSR1 whose bytes an earlier one read
+                continue
             if not asked:  # EOF: the runner closed the pipe (gone)
-                return
+                return False
             for s in asked:
                 if s == signal.SIGKILL:
-                    return
+                    return True
                 kill_group(pid, s)
+
+
+def _reader_gone(fd: int, timeout_ms: int) -> bool:
+    """Whether the read end of the pipe ``fd`` writes to is closed (POLLERR), waiting up
+    to ``timeout_ms`` for it."""
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLERR / POLLHUP are always reported
+    return any(ev & select.POLLERR for _fd, ev in poller.poll(timeout_ms))
+
+
+def _remove_cwd(cwd: str) -> None:
+    """The run's own temp dir, once nobody else will remove it; then exit."""
+    os.chdir("/")
+    remove_tree(cwd)
+    os._exit(0)
 
 
 def _reap_orphans(pid: int) -> None:
@@ -838,6 +873,8 @@ def remove_tree(path: str) -> None:
         del func, exc
         try:
             parent = os.path.dirname(p)
+            if p == path:  # the top itself: its parent is not ours to chmod
+                return
             os.chmod(parent, stat.S_IRWXU)
             if os.path.isdir(p) and not os.path.islink(p):
                 os.chmod(p, stat.S_IRWXU)
@@ -847,6 +884,8 @@ def remove_tree(path: str) -> None:
         except OSError:
             pass
 
+    if not os.path.lexists(path):  # never "fix" the parent of a path already gone
+        return
     shutil.rmtree(path, onerror=fix)
     if os.path.lexists(path):
         shutil.rmtree(path, ignore_errors=True)

@@ -35,6 +35,7 @@ from corral.core.errors import (
     SessionEndedError,
 )
 from corral.core.files import FileInfo
+from corral.core.result import Outcome
 from corral.core.spec import (
     Level,
     NetworkPolicy,
@@ -450,11 +451,15 @@ class AsyncSession:
         if self._ended is None:
             err: BaseException
             code: int | None = None
+            oom = False
             with contextlib.suppress(Exception):
-                code = (await asyncio.wait_for(self._proc.wait(), 10)).exit_code
+                res = await asyncio.wait_for(self._proc.wait(), 10)
+                code, oom = res.exit_code, res.outcome is Outcome.MEMORY_LIMIT
             if not self._killing and self._ended is None:
                 mem = self.sandbox.spec.limits.mem_mb
-                if code == -9 and mem is not None:
+                # the provider's word (the cgroup's OOM-kill count), never a guess from
+                # the status: a cell that SIGKILLs its own interpreter is an exit
+                if oom and mem is not None:
                     err = LimitsExceededError(
                         "memory", mem, detail="the session's interpreter was killed at the "
                         "sandbox's memory limit (SIGKILL by the kernel's OOM killer); the "

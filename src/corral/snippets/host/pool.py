@@ -64,6 +64,7 @@ from corral.core.spec import (
     SandboxLimits,
     SandboxSpec,
 )
+from corral.core.tasks import TaskSet
 from corral.snippets.host.limiter import FifoLimiter
 from corral.snippets.sandbox.worker import (
     CAPS as _CAPS,
@@ -108,9 +109,28 @@ def env_warmup(preloaded: frozenset[str]) -> str:
     return "".join(code for name, code in sorted(_WARMUPS.items()) if name in preloaded)
 
 
+#: what each spare of an environment template (forked ahead of its job, ``--prefork``)
+#: runs while it waits, per module preloaded: the common first steps of a run (build a
+#: frame, reduce it, print it), whose reference counts and caches write to pages the
+#: fork shares; run there, those pages are copied before the job comes, not during it
+#: (a line a step: the spare stops between two as soon as its job comes)
+_PREFAULTS: Final = {
+    "numpy": "import numpy\nrepr(numpy.arange(4).sum())\n",
+    "pandas": ("import pandas\nd = pandas.DataFrame({'a': [1, 2], 'b': ['x', 'y']})\n"
+               "s = d.sum()\nrepr(s)\nrepr(d)\nrepr(d['a'].sum())\n"),
+}
+
+
+def env_prefault(preloaded: frozenset[str]) -> str:
+    """The prefault code for the spares of a template that preloaded ``preloaded``."""
+    return "".join(code for name, code in sorted(_PREFAULTS.items()) if name in preloaded)
+
+
 #: a template that imported an environment's packages (pandas: ~100 MiB) needs more
 _ENV_TEMPLATE_MB: Final = 768
 _START_TIMEOUT_S: Final = 30.0
+#: how long a template closed by its slot may take to end its run and exit before it is killed
+_CLOSE_WAIT_S: Final = 2.0
 _WORKER_MODULE: Final = "corral.snippets.sandbox.worker"
 #: the fork entry the pool registers with a ``warm-fork`` provider
 _WORKER_ENTRY: Final = _WORKER_MODULE + ":main"
@@ -145,7 +165,7 @@ class _Slot:
     """One warm sandbox and its template process (which forks a child per run)."""
 
     def __init__(self, sandbox: Sandbox, process: ProcessHandle, level: Level,
-                 view: SupportsProcessCount | None) -> None:
+                 view: SupportsProcessCount | None, *, spare: bool = False) -> None:
         self.sandbox, self.process, self.level = sandbox, process, level
         self.tenant: str | None = None
         self.server_pid = 0  # the template's pid inside the sandbox
@@ -155,8 +175,11 @@ class _Slot:
         self._buf = bytearray()  # an unfinished line of the template's stdout
         self._pending: list[Any] = []
         self._stderr = b""
-        self._drain = asyncio.ensure_future(self._drain_stderr())
-        self._view = _ProcessView(view, own=1)  # the template
+        self._tasks = TaskSet()  # the stderr reader: ended by close
+        self._tasks.spawn(self._drain_stderr())
+        # the template, and its spare (the next run's child, forked ahead: ``--prefork``),
+        # which it forks before it answers a job, so that one is always there
+        self._view = _ProcessView(view, own=2 if spare else 1)
 
     async def _drain_stderr(self) -> None:
         with contextlib.suppress(Exception):
@@ -225,11 +248,16 @@ class _Slot:
         return await self._view.leftovers()
 
     async def close(self) -> None:
-        self._drain.cancel()
+        # the template's EOF: it kills a run in progress (and its spare sees its own EOF)
+        # and exits; then the kill, whatever it does, and the sandbox with all it holds
+        with contextlib.suppress(Exception):
+            await self.process.stdin.close()
+            await asyncio.wait_for(self.process.wait(), _CLOSE_WAIT_S)
         with contextlib.suppress(Exception):
             await self.process.kill()
         with contextlib.suppress(Exception):
             await self.sandbox.destroy()
+        await self._tasks.aclose()
 
 
 class _ForkSlot:
@@ -478,15 +506,24 @@ class SnippetPool:
         self._preload = ",".join(sorted(preload if preload is not None
                                         else DEFAULT_ALLOWED_IMPORTS | {"traceback", "ast"}))
         self._idle: dict[tuple[Level, str | None], deque[_AnySlot]] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        #: spares being warmed in the background: cancelled and awaited by aclose
+        self._tasks = TaskSet()
         #: slots being closed in the background: awaited, never cancelled, by aclose
-        self._closing: set[asyncio.Task[Any]] = set()
+        self._closing = TaskSet()
+        #: the slots serving a job now (aclose closes them: the job fails at once)
+        self._busy: set[_AnySlot] = set()
+        self._running = 0  # jobs past the limiter; aclose waits until none is left
+        self._quiet = asyncio.Event()
+        self._quiet.set()
         self._warming: dict[Level, int] = {}
         self._ids = itertools.count(1)
         self._limits: dict[Level, Mapping[str, str]] = {}  # limits_for's answers
         self._counts = dict.fromkeys(
             ("completed", "cancelled", "timed_out", "crashed", "replaced", "created"), 0)
         self._closed = False
+        #: an environment template keeps a spare (``--prefork``); False only to measure
+        #: the pool without (benchmarks/bench_envs.py ``--interleave``)
+        self._prefork = True
         #: (tenant, level, sandbox id, pid of the slot's server inside its sandbox: the
         #: template, or 1 for a strict slot's agent) per run served; for tests and audits
         self.served: deque[tuple[str, str, str, int]] = deque(maxlen=1000)
@@ -566,7 +603,8 @@ class SnippetPool:
             slot: _AnySlot | None = (await self._fork_slot(sandbox, level, view) if forked
                                      else None)
             if slot is None:
-                template = _Slot(sandbox, await self._start_template(sandbox), level, view)
+                template = _Slot(sandbox, await self._start_template(sandbox), level, view,
+                                 spare=self.environment is not None and self._prefork)
                 try:
                     pong = await asyncio.wait_for(
                         template.call(_frame({"op": "ping"}, spec.tenant_id), {}),
@@ -617,7 +655,8 @@ class SnippetPool:
         """A template slot's process: ``python -I -S`` of the worker file."""
         await sandbox.write_file(WORKER_FILE, _worker_source())
         await sandbox.write_file(RECORDS_FILE, Path(_records.__file__).read_text(encoding="utf-8"))
-        argv = [sys.executable, "-I", "-S", WORKER_FILE, "--preload", self._preload]
+        argv = [sys.executable, "-I", "-S", WORKER_FILE, "--preload", self._preload,
+                "--eof-ends-run"]
         env: dict[str, str] = {}
         if self.environment is not None:
             from corral.envs.store import ENV_MOUNT
@@ -629,17 +668,15 @@ class SnippetPool:
             warm = env_warmup(frozenset(self._preload.split(",")))
             if warm:
                 argv += ["--warmup", warm]
+            # the next run's child forked ahead, while the slot waits (the fork of a
+            # template holding the packages costs milliseconds): one spare per template
+            prefault = env_prefault(frozenset(self._preload.split(",")))
+            if self._prefork:
+                argv += ["--prefork"] + (["--prefault", prefault] if prefault else [])
         return await sandbox.start_process(argv, ProcessOpts(stdin=True, env=env))
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     def _close_later(self, slot: _AnySlot) -> None:
-        task = asyncio.ensure_future(slot.close())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._closing.spawn(slot.close())
 
     async def _warm_spare(self, level: Level) -> None:
         self._warming[level] = self._warming.get(level, 0) + 1
@@ -655,11 +692,16 @@ class SnippetPool:
             self._put(slot)
 
     def _top_up(self, level: Level) -> None:
+        if self._closed:
+            return
         have = len(self._idle.get((level, None), ())) + self._warming.get(level, 0)
         for _ in range(self.spares - have):
-            self._spawn(self._warm_spare(level))
+            self._tasks.spawn(self._warm_spare(level))
 
     def _put(self, slot: _AnySlot) -> None:
+        if self._closed:  # a job that ended while the pool closed: its slot goes too
+            self._close_later(slot)
+            return
         slot.last_used = time.monotonic()
         self._idle.setdefault((slot.level, slot.tenant), deque()).append(slot)
         self._retire()
@@ -735,8 +777,18 @@ class SnippetPool:
         except asyncio.CancelledError:
             self._counts["cancelled"] += 1
             raise
+        if self._closed:  # it closed while this job waited for its turn
+            self._limiter.release()
+            raise ProviderError("the snippet pool is closed")
+        self._running += 1
+        self._quiet.clear()
+        slot: _AnySlot | None = None
         try:
             slot = await self._take(level, tenant_id)
+            if self._closed:  # it closed while the slot was made
+                self._close_later(slot)
+                raise ProviderError("the snippet pool is closed")
+            self._busy.add(slot)
             self.served.append((tenant_id, level.value, slot.sandbox.id, slot.server_pid))
             wait_s = (timeout_ms + GRACE_MS + _BACKSTOP_MS) / 1000
             try:
@@ -769,17 +821,25 @@ class SnippetPool:
                 self._put(slot)
             return parsed
         finally:
+            if slot is not None:
+                self._busy.discard(slot)
+            self._running -= 1
+            if not self._running:
+                self._quiet.set()
             self._limiter.release()
 
     async def aclose(self) -> None:
-        """Destroy every slot, stop background work, close the providers the pool made."""
+        """Destroy every slot (those serving a job too: the job fails at once), stop
+        background work, close the providers the pool made. When it returns no task of
+        the pool is pending and no job runs in it (a job still waiting for its turn
+        raises ProviderError when it gets it)."""
         self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
-        slots = [s for q in self._idle.values() for s in q]
+        await self._tasks.aclose()  # spares being warmed: their sandboxes are destroyed
+        slots = [s for q in self._idle.values() for s in q] + list(self._busy)
         self._idle.clear()
-        await asyncio.gather(*(s.close() for s in slots), *self._tasks, *self._closing,
-                             return_exceptions=True)
+        await asyncio.gather(*(s.close() for s in slots), return_exceptions=True)
+        await self._quiet.wait()  # the jobs whose slot was just closed end
+        await self._closing.drain()
         for provider in self._owned:
             with contextlib.suppress(Exception):
                 await provider.aclose()

@@ -509,9 +509,9 @@ async def run_snippet(
     try:
         transcript = await _dispatch(_SnippetRun(
             payload=payload, tenant_id=tenant_id, level=lv, timeout_ms=timeout,
-            allowed=allowed, guard=not _unsafe_skip_validation, split=split, relay=relay),
-            pool=pool, provider=provider, network=network, cancel=cancel,
-            env=(environment, env_modules))
+            allowed=allowed, guard=not _unsafe_skip_validation, split=split, relay=relay,
+            environment=environment, env_modules=env_modules),
+            pool=pool, provider=provider, network=network, cancel=cancel)
     except BaseException:
         relay.close()
         raise
@@ -532,6 +532,10 @@ class _SnippetRun:
     guard: bool
     split: Split
     relay: _LogRelay
+    #: the environment's digest (None: the stdlib pool) and its top-level modules: the run
+    #: goes to that environment's pool, whose template preloaded ``env_preload`` of them
+    environment: str | None = None
+    env_modules: frozenset[str] = frozenset()
 
     async def on(self, pool: SnippetPool) -> Transcript:
         return await _run_in(pool, self.payload, tenant_id=self.tenant_id, level=self.level,
@@ -541,12 +545,9 @@ class _SnippetRun:
 
 async def _dispatch(run: _SnippetRun, *, pool: SnippetPool | None,
                     provider: SandboxProvider | None, network: NetworkPolicy | None,
-                    cancel: CancelToken | None,
-                    env: tuple[str | None, frozenset[str]] = (None, frozenset())
-                    ) -> Transcript:
+                    cancel: CancelToken | None) -> Transcript:
     """The run on the pool it belongs to (see :func:`run_snippet`)."""
-    lv = run.level
-    environment, modules = env
+    lv, environment, modules = run.level, run.environment, run.env_modules
     if environment is not None:
         if pool is not None:
             if pool.environment not in (environment,):

@@ -551,6 +551,9 @@ _WARMUP: list[str] = []
 _ENV_LOADED: set[str] = set()
 #: an environment's dir (``--path``): its packages read their own files at run time
 _EXTRA_ROOTS: list[str] = []
+#: the pool's prefault code (``--prefault``): what a spare (:func:`_fork_spare`) runs while
+#: it waits for its job, so the pages a typical run writes are copied before the run
+_PREFAULT: list[str] = []
 
 
 def _read_roots() -> tuple[str, ...]:
@@ -1345,36 +1348,170 @@ def _forward_logs(lines: list[dict[str, str]]) -> None:
     out.flush()
 
 
-def _run(job: dict[str, Any]) -> dict[str, Any]:
-    """One run in a fresh child, collected here. With ``options["stream"]`` the log lines
-    go to the host as they arrive (:func:`_forward_logs`) and the output leaves them out
-    (``logs`` is empty: the host has them already)."""
+class _SpareLost(Exception):
+    """The template's spare (:func:`_fork_spare`) is gone before its job came: only a run
+    (or something it left behind) kills it; the template refuses to serve on."""
+
+
+#: set by ``--eof-ends-run`` (a pool's template: its host sends one job at a time and
+#: closes stdin only to close the slot): stdin's EOF during a run kills the run (its own
+#: session: the kill of the template would not reach it) and ends the template
+_EOF_ENDS_RUN: list[bool] = []
+#: the template's spare, when it keeps one (``--prefork``): ``(pid, job fd, record fd)``
+_SPARE: list[tuple[int, int, int]] = []
+
+
+def _fork_spare() -> tuple[int, int, int]:
+    """Fork the child of the next run ahead of its job (``--prefork``): the fork, and the
+    page copies of a typical run (:data:`_PREFAULT`), are paid while the template waits,
+    not on the next job's path. The child (:func:`_spare`) holds nothing of the template's
+    but its memory: a new session, stdio on /dev/null, every other descriptor closed;
+    it reads its job (the invoke frame) from a pipe of its own, to EOF (none: the template
+    closed or died, it exits), then runs it as :func:`_run`'s child would. Returns
+    ``(pid, job write end, record read end)``."""
+    jr, jw = os.pipe2(os.O_CLOEXEC)
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = os.fork()
+    except BaseException:
+        for fd in (jr, jw, r, w):
+            os.close(fd)
+        raise
+    if pid == 0:
+        code = 0
+        try:
+            _spare(jr, w)
+        except BaseException:
+            code = 70
+        os._exit(code)
+    os.close(jr)
+    os.close(w)
+    return pid, jw, r
+
+
+def _spare(jr: int, w: int) -> None:
+    """The spare's life: set up, prefault, wait for the job, run it (records to ``w``)."""
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    keep = sorted({jr, w})
+    os.closerange(3, keep[0])  # the template's pipes (the host's, the previous run's)
+    os.closerange(keep[0] + 1, keep[1])
+    os.closerange(keep[1] + 1, 1 << 20)
+    # the pool's own (trusted) code, a line a step: copies the pages a run writes. Only
+    # while no job waits: a job that comes meanwhile starts after the step under way
+    waiting = select.poll()
+    waiting.register(jr, select.POLLIN)
+    space: dict[str, Any] = {"__name__": "__corral_warmup__"}
+    for step in (line for code in _PREFAULT for line in code.splitlines() if line.strip()):
+        if waiting.poll(0):
+            break
+        try:
+            exec(compile(step, "<corral-prefault>", "exec"), space)
+        except Exception:
+            pass
+    space.clear()
+    chunks, size = [], 0
+    while chunk := os.read(jr, 1 << 16):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > _MAX_JOB_BYTES:
+            break
+    os.close(jr)
+    if not chunks:
+        return  # the template closed (or died) before a job came
+    job = _job_of(b"".join(chunks))
+    _child({str(p): str(s) for p, s in job["files"]}, dict(job["options"]), w,
+           new_session=False)
+
+
+def _hand_over(raw: bytes) -> tuple[int, int]:
+    """Give ``raw`` (the job's invoke frame) to the spare; ``(pid, record fd)`` of the run.
+    Raises _SpareLost if the spare is gone."""
+    pid, jw, r = _SPARE.pop()
+    try:
+        gone = os.waitpid(pid, os.WNOHANG)[0] != 0
+        if not gone:
+            try:
+                view = memoryview(raw)
+                while view:
+                    view = view[os.write(jw, view):]
+            except BrokenPipeError:
+                gone = True
+    finally:
+        os.close(jw)
+    if gone:
+        os.close(r)
+        _killpg(pid)
+        raise _SpareLost("the template's spare process is gone")
+    return pid, r
+
+
+def _next_spare(pid: int, r: int) -> None:
+    """Fork the next spare (the run ``pid``, reading on ``r``, is over or ends: its exit
+    runs beside this fork). On failure the run is killed and the error raised: the
+    template never answers a job without its spare (the host counts on it)."""
+    try:
+        _SPARE.append(_fork_spare())
+    except BaseException:
+        _killpg(pid)
+        os.close(r)
+        raise
+
+
+def _run(job: dict[str, Any], raw: bytes = b"") -> dict[str, Any]:
+    """One run in a fresh child, collected here: a spare's (``--prefork``: it gets ``raw``)
+    or one forked now. With ``options["stream"]`` the log lines go to the host as they
+    arrive (:func:`_forward_logs`) and the output leaves them out (``logs`` is empty:
+    the host has them already). With ``--eof-ends-run``, when the host closes the
+    template's stdin during the run (the slot is being closed), the run is killed and
+    the template exits."""
     files = {str(p): str(s) for p, s in job["files"]}
     options = dict(job["options"])
     stream = options.get("stream") is True
     collector = Collector(options, _forward_logs if stream else None)
-    r, w = os.pipe()
     t0 = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            os.close(r)
-            _child(files, options, w)
-        except BaseException:
-            code = 70
-        os._exit(code)
-    os.close(w)
+    prefork = bool(_SPARE)
+    if prefork:
+        pid, r = _hand_over(raw)
+    else:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(r)
+                _child(files, options, w)
+            except BaseException:
+                code = 70
+            os._exit(code)
+        os.close(w)
     deadline = t0 + (options["timeout_ms"] + options["grace_ms"]) / 1000
     killed = False
     bad: ValueError | None = None
     poller = select.poll()
     poller.register(r, select.POLLIN)
+    if _EOF_ENDS_RUN:  # the pool's template: its host's EOF during a run closes the slot
+        poller.register(0, select.POLLIN)
     while True:
         left = deadline - time.monotonic()
-        if left <= 0 or not poller.poll(max(left, 0) * 1000):
+        events = poller.poll(max(left, 0) * 1000) if left > 0 else []
+        if not events:
             killed = True
             break
+        host = [ev for fd, ev in events if fd == 0]
+        if host:
+            peek = getattr(sys.stdin.buffer, "peek", None)  # a frame read ahead, held
+            if host[0] & select.POLLIN or (peek is not None and peek(1)):
+                poller.unregister(0)  # the host's next frame (sent ahead): read after the run
+            else:  # its EOF: the host closed the slot; end the run, then this process
+                _killpg(pid)
+                os.waitpid(pid, 0)
+                _killpg(pid)
+                os._exit(0)
+            if len(events) == 1:
+                continue
         chunk = os.read(r, 65536)
         if not chunk:
             break
@@ -1383,6 +1520,12 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         except BadRecord as exc:
             bad = exc
             break
+        if prefork and collector.end is not None and not _SPARE:
+            # the run's last record: its process is on its way out (freeing its memory
+            # takes milliseconds); the next spare's fork goes beside that, not after it
+            _next_spare(pid, r)
+    if prefork and not _SPARE:
+        _next_spare(pid, r)
     os.close(r)
     _killpg(pid)
     _, status = os.waitpid(pid, 0)
@@ -1408,8 +1551,10 @@ def _write(frame: dict[str, Any]) -> None:
     out.flush()
 
 
-def serve(preload: list[str]) -> None:
-    """The template loop: one invoke frame in, one output (or error) frame out."""
+def serve(preload: list[str], *, prefork: bool = False) -> None:
+    """The template loop: one invoke frame in, one output (or error) frame out. With
+    ``prefork`` the child of the next run is forked ahead of its job
+    (:func:`_fork_spare`): the template then holds one child between jobs."""
     before = frozenset(sys.modules)
     for name in preload:
         try:
@@ -1429,6 +1574,8 @@ def serve(preload: list[str]) -> None:
     _harden()  # once, here: every run is a fork of this process
     gc.collect()
     gc.freeze()
+    if prefork:
+        _SPARE.append(_fork_spare())
     stdin = sys.stdin.buffer
     while line := stdin.readline():
         try:
@@ -1436,13 +1583,17 @@ def serve(preload: list[str]) -> None:
             if job.get("op") == "ping":
                 output: dict[str, Any] = {"pong": True, "pid": os.getpid()}
             elif job.get("op") == "run":
-                output = _run(job)
+                output = _run(job, line)
             else:
                 raise ValueError(f"unknown op {job.get('op')!r}")
         except (ValueError, KeyError, TypeError) as exc:
             _write({"v": 1, "kind": "error", "error": {"code": "config-invalid",
                                                       "message": str(exc)[:500]}})
             continue
+        except _SpareLost as exc:  # the host discards this slot
+            _write({"v": 1, "kind": "error", "error": {"code": "provider-error",
+                                                      "message": str(exc)}})
+            return
         _write({"v": 1, "kind": "output", "output": output})
 
 
@@ -1513,7 +1664,11 @@ def main(argv: list[str]) -> int:
         extra = argv[argv.index("--path") + 1]  # standard library, never before it
         sys.path.append(extra)
         _EXTRA_ROOTS.append(extra.rstrip("/") + "/")
-    serve([p for p in preload if p])
+    if "--eof-ends-run" in argv:
+        _EOF_ENDS_RUN.append(True)
+    if "--prefault" in argv:  # the pool's own code, run by each spare before its job
+        _PREFAULT.append(argv[argv.index("--prefault") + 1])
+    serve([p for p in preload if p], prefork="--prefork" in argv)
     return 0
 
 

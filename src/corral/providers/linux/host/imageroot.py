@@ -64,7 +64,7 @@ def image_root_of(image: UnpackedImage) -> ImageRoot:
                      has_passwd=has_passwd, has_group=has_group,
                      has_working_dir=bool(wd) and real(wd, os.path.isdir),
                      top_level=frozenset(os.listdir(root)), uid=uid, gid=gid,
-                     entrypoint=c.entrypoint, cmd=c.cmd)
+                     entrypoint=c.entrypoint, cmd=c.cmd, key=image.key)
 
 
 #: how much of an image's /etc/passwd or /etc/group is read to resolve its User

@@ -8,6 +8,7 @@ from the kernel, with caps counted as it arrives.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -146,10 +147,15 @@ class LinuxProcess(ProcessHandle):
     def __init__(self, run: Run, stdin: StdinPipe, out_fd: int, err_fd: int,
                  kill: Callable[[Run, str], Awaitable[None]], started: float,
                  timeout_ms: int | None,
-                 denials: Callable[[], tuple[NetworkDenial, ...]] | None = None) -> None:
+                 denials: Callable[[], tuple[NetworkDenial, ...]] | None = None,
+                 limit_hit: Callable[[ExitInfo], tuple[Outcome, int, int | None, str] | None]
+                 | None = None) -> None:
         """``denials``: the network refusals since the start (read when it exits: the
-        result's ``denials``)."""
+        result's ``denials``). ``limit_hit``: which limit ended it, if one did (the
+        sandbox's rules for exec), read once when it exits."""
         self._run = run
+        self._limit_hit = limit_hit
+        self._hit: tuple[Outcome, int, int | None, str] | None = None
         self._denials = denials
         self._seen_denials: tuple[NetworkDenial, ...] = ()
         self._kill = kill
@@ -173,9 +179,15 @@ class LinuxProcess(ProcessHandle):
         if not self._run.exit.done():
             self._killer = asyncio.ensure_future(self._kill(self._run, "timeout"))
 
-    def _on_exit(self, _f: object) -> None:
+    def _on_exit(self, f: asyncio.Future[ExitInfo]) -> None:
         if self._denials is not None:
             self._seen_denials = self._denials()
+        if (self._limit_hit is not None and self._run.killed_for != "timeout"
+                and not f.cancelled() and f.exception() is None):
+            try:  # the cgroup's counters, now (a sandbox destroyed meanwhile: none)
+                self._hit = self._limit_hit(f.result())
+            except (OSError, ValueError):
+                self._hit = None
         if self._timer is not None:
             self._timer.cancel()
         loop = asyncio.get_running_loop()
@@ -194,8 +206,16 @@ class LinuxProcess(ProcessHandle):
             if not self._killer.cancelled():
                 self._killer.exception()  # seen: the exit above is what counts
         wall = int((asyncio.get_running_loop().time() - self._started) * 1000)
+        usage = usage_of(info, wall)
+        if self._hit is not None:
+            outcome, limit, observed, detail = self._hit
+            if outcome is Outcome.MEMORY_LIMIT and observed:
+                usage = dataclasses.replace(usage, peak_mem_mb=max(usage.peak_mem_mb, observed))
+            return RunResult(outcome=outcome, exit_code=info.code, usage=usage,
+                             duration_ms=float(wall), limit_value=limit, observed=observed,
+                             detail=detail, denials=self._seen_denials)
         outcome = Outcome.TIMEOUT if self._run.killed_for == "timeout" else Outcome.EXIT
-        return RunResult(outcome=outcome, exit_code=info.code, usage=usage_of(info, wall),
+        return RunResult(outcome=outcome, exit_code=info.code, usage=usage,
                          duration_ms=float(wall), denials=self._seen_denials)
 
     async def kill(self) -> None:

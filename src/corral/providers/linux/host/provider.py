@@ -278,14 +278,11 @@ class LinuxProvider(SandboxProvider):
         PYTHONPATH), checked against this host's cgroups."""
         options, env_vars = self.options, None
         if spec.environment is not None:
-            if image is not None and is_image_root(spec):
-                # an environment is built for the host's interpreter (its ABI and paths);
-                # an image root brings its own: never shown a tree it cannot load
-                raise ConfigInvalidError("environment", (
-                    "an environment is built for the host's interpreter; a sandbox whose "
-                    "root is an image runs the image's own (install the packages in the "
-                    "image, or drop image=)"))
+            from corral.envs.store import check_root
             env = self._environment(spec.environment)
+            # built for one interpreter (its ABI and paths): the host's, or an image's
+            # (by its content key); never shown to another root
+            check_root(env, image.key if image is not None and is_image_root(spec) else None)
             options = dataclasses.replace(options, binds=options.binds + tuple(
                 Bind(src, dst) for src, dst in env.sandbox_binds()))
             env_vars = env.sandbox_env()

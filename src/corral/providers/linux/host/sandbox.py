@@ -577,6 +577,8 @@ class LinuxSandbox(Sandbox):
         """A started command (``entry``: a fork of the agent calling it) as a handle."""
         started = asyncio.get_running_loop().time()
         mark = self.network.denial_mark()
+        # counters before this command, as for exec: which limit ended it, at its end
+        before = (self._oom_kills(), self._pids_max_events()) if self._ran else (0, 0)
         run, in_w, out_r, err_r, spawn_err = await self._start(argv, opts.env, opts.cwd,
                                                                entry=entry)
         if run is None:
@@ -588,7 +590,8 @@ class LinuxSandbox(Sandbox):
         if not opts.stdin:
             stdin.close_now()
         return LinuxProcess(run, stdin, out_r, err_r, self._kill_run, started, opts.timeout_ms,
-                            denials=lambda: self.network.denials_since(mark))
+                            denials=lambda: self.network.denials_since(mark),
+                            limit_hit=lambda info: self._limit_hit(run, info, before))
 
     @property
     def alive(self) -> bool:

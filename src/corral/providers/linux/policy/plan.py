@@ -104,6 +104,10 @@ _ROOT_MODES: Final = (None, InvocationMode.HANDLER_IMAGE)
 #: an image root's top-level dirs whose entries are bound one by one into a dir of
 #: the sandbox's own, so the plan's files (hosts, hostname, resolv.conf) sit among them
 _SPREAD: Final = ("etc",)
+#: where an environment's packages are bound (corral.envs.store.ENV_MOUNT, not imported
+#: here): in an image root its top-level dir is spread too, the image's own entries of
+#: /opt bound one by one beside it (an image's own /opt/corral is hidden)
+_ENV_MOUNT: Final = "/opt/corral/env"
 #: the image ``User`` values a strict sandbox runs as (its one mapped id is 0 inside)
 _ROOT_USERS: Final = frozenset({"", "0", "root", "0:0", "root:root", "root:0", "0:root"})
 
@@ -218,6 +222,8 @@ class ImageRoot:
             root maps then); the sandbox runs as them inside.
         entrypoint / cmd: the config's ``Entrypoint`` and ``Cmd`` (what mode
             ``handler-image`` runs).
+        key: the image's cache key (``sha256:<config digest>``, ``dir:<path>`` for a
+            rootfs dir): an environment built on an image names it (corral.envs).
     """
 
     rootfs: str
@@ -232,6 +238,7 @@ class ImageRoot:
     gid: int | None = None
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
+    key: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -681,15 +688,19 @@ def _image_root_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayo
     # the caller's binds, checked as without an image but against no host dir
     bare = HostLayout(euid=host.euid, egid=host.egid, system_dirs=(), dev_nodes=host.dev_nodes)
     before, after = _extra_binds(bare, options, with_package=False)
+    spread = list(_SPREAD)
     for b in before:  # (``after``: under /work or /tmp)
         top = b.target.split("/")[1]
+        if b.target == _ENV_MOUNT and top in image.top_level and top not in spread:
+            spread.append(top)  # an environment's packages, among the image's /opt
+            continue
         if top in image.top_level:
             raise ConfigInvalidError(
                 "binds", f"dst {b.target!r} would hide the image's /{top} (a bind takes its "
                 "top-level name in an image root): bind under /work, /tmp or a top-level "
                 "name the image does not have")
     steps = [MountStep(kind="rootfs", target="/", source=posixpath.normpath(rootfs),
-                       data=",".join(_SPREAD).encode())]
+                       data=",".join(spread).encode())]
     etc = _etc_files(options.hostname)
     drop = {"/etc/passwd"} if image.has_passwd else set()
     drop |= {"/etc/group"} if image.has_group else set()
