@@ -634,6 +634,8 @@ class _Background:
         return doc
 
 
+#: how long a cancelled server's lifespan waits for its sandboxes to be released
+_RELEASE_S = 30.0
 #: background processes one named sandbox keeps at once
 MAX_BACKGROUND = 16
 
@@ -654,8 +656,24 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
             yield backend
         finally:
             from corral.mcp.sessions import close_sessions
-            await asyncio.shield(close_sessions(backend))
-            await asyncio.shield(backend.aclose())
+
+            async def release() -> None:
+                try:
+                    await close_sessions(backend)
+                finally:
+                    await backend.aclose()
+
+            # finished even if the server's task is cancelled meanwhile (bounded), and
+            # awaited here: a cancellation waits for it, then goes on
+            closing = asyncio.ensure_future(release())
+            try:
+                await asyncio.shield(closing)
+            except asyncio.CancelledError:
+                try:
+                    await asyncio.wait([closing], timeout=_RELEASE_S)
+                finally:
+                    await settle([closing])
+                raise
 
     server: MCPServer[Any] = _CorralServer(
         "corral", title="corral sandboxes", version=__version__, instructions=INSTRUCTIONS,
