@@ -174,7 +174,7 @@ class RemoteProvider(SandboxProvider):
             sets = self._tasks[loop] = (TaskSet(), TaskSet())
         return sets
 
-    def spawn_reader(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def _spawn_reader(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A task reading a stream of the server's, ended at :meth:`aclose` at the latest."""
         return self._owned()[0].spawn(coro)
 
@@ -534,7 +534,7 @@ class RemoteProcess(ProcessHandle):
         self.stdout = self._out
         self.stderr = self._err
         self._result: RunResult | None = None
-        self._reader = provider.spawn_reader(self._read())  # the provider's: aclose ends it
+        self._reader = provider._spawn_reader(self._read())  # the provider's: aclose ends it
 
     async def _read(self) -> None:
         try:
