@@ -190,3 +190,36 @@ def test_playground_links_carry_the_source_in_the_fragment() -> None:
     for bad in ("ftp://x/", "http://x/#frag", "playground"):
         with pytest.raises(ConfigInvalidError):
             McpConfig(playground_url=bad)
+
+
+def test_aclose_waits_for_a_destroy_whose_caller_was_cancelled() -> None:
+    """A destroy is shielded from its caller's cancellation; the registry owns it: its
+    aclose waits for it (and ends the reaper), so no task of it is left pending."""
+    async def main() -> tuple[set[asyncio.Task[Any]], bool]:
+        before = asyncio.all_tasks()
+        reg, p, _ = make()
+        reg.start()  # the idle reaper runs
+        entry = await reg.create(Scope("t", "s"), "a", SandboxSpec(), p.create)
+        release = asyncio.Event()
+        real = entry.sandbox.destroy
+
+        async def slow_destroy() -> None:
+            await release.wait()
+            await real()
+
+        entry.sandbox.destroy = slow_destroy  # type: ignore[method-assign]
+        caller = asyncio.ensure_future(reg.destroy(Scope("t", "s"), "a"))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        closing = asyncio.ensure_future(reg.aclose())
+        await asyncio.sleep(0.01)
+        assert not closing.done()  # it waits for the destroy under way
+        release.set()
+        await closing
+        left = {t for t in asyncio.all_tasks() - before if not t.done()}
+        return left, alive(p) == 0
+    left, none_alive = asyncio.run(main())
+    assert left == set()
+    assert none_alive

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from corral.core.contract import SandboxProvider
 from corral.core.errors import ConfigInvalidError, LimitsExceededError, ProviderError
 from corral.core.spec import ExecOpts, NetworkPolicy, ProcessOpts, SandboxLimits, SandboxSpec
+from corral.core.tasks import settle
 from corral.envs.store import Environment, EnvStore, digest_of, normalize_requirements, valid_name
 
 __all__ = ["BaseImage", "BuildOptions", "DEFAULT_INDEX", "BUILD_LIMITS", "base_image",
@@ -462,7 +463,7 @@ async def _install(provider: SandboxProvider, inputs: dict[str, Any],
             async for _ in proc.stderr:
                 pass
 
-        err_task = asyncio.ensure_future(drain_err())
+        err_task = asyncio.ensure_future(drain_err())  # awaited below, or ended (settle)
         try:
             with open(tar_path, "wb") as f:
                 async for chunk in proc.stdout:
@@ -473,8 +474,10 @@ async def _install(provider: SandboxProvider, inputs: dict[str, Any],
                             "disk", options.max_bytes >> 20, written >> 20,
                             "the built environment read back from the sandbox")
                     f.write(chunk)
-        finally:
-            await err_task
+        except BaseException:  # the stream may not end before the sandbox does: cancel
+            await settle([err_task])
+            raise
+        await err_task
         res = await proc.wait()
         if res.exit_code != 0:
             raise ProviderError(f"reading the built environment failed: exit {res.exit_code}")

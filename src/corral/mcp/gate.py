@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from corral.core.tasks import TaskSet
 from corral.mcp.tenants import McpTenant, TenantTable
 
 __all__ = ["HttpGate", "TENANT_KEY", "tenant_of_scope"]
@@ -95,6 +96,11 @@ class HttpGate:
         self.sessions: dict[str, _Session] = {}
         #: session-opening requests under way, per tenant
         self._opening: dict[str, int] = {}
+        #: the expiry reaper (started by the first request) and the releases of ended
+        #: sessions (shielded from their request's cancellation): ended and awaited at
+        #: the lifespan's shutdown (:meth:`aclose`)
+        self._tasks = TaskSet()
+        self._releases = TaskSet()
         self._reaper: asyncio.Task[None] | None = None
         self._users: dict[str, Any] = {}
         #: requests refused: {"unauthorized": n, "sessions-tenant": n, "sessions-server": n}
@@ -136,7 +142,7 @@ class HttpGate:
                           [(b"www-authenticate", b'Bearer realm="corral-mcp"')])
             return
         if self._reaper is None:
-            self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+            self._reaper = self._tasks.spawn(self._reap_loop())
         scope = {**scope, TENANT_KEY: tenant.name, "user": self._user(tenant)}
         sid = headers.get("mcp-session-id")
         if sid:
@@ -228,7 +234,10 @@ class HttpGate:
         entry = self.sessions.pop(sid, None)
         if entry is not None:
             with contextlib.suppress(Exception):  # releasing is best effort per session
-                await asyncio.shield(self._on_end(entry.tenant, sid))
+                await asyncio.shield(self._releases.spawn(self._release(entry.tenant, sid)))
+
+    async def _release(self, tenant: str, sid: str) -> None:
+        await self._on_end(tenant, sid)
 
     # -- the reaper ------------------------------------------------------------------
     def _due(self, now: float) -> list[str]:
@@ -288,10 +297,14 @@ class HttpGate:
     def _lifespan_receive(self, receive: Receive) -> Receive:
         async def wrapped() -> MutableMapping[str, Any]:
             message = await receive()
-            if message.get("type") == "lifespan.shutdown" and self._reaper is not None:
-                self._reaper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._reaper
-                self._reaper = None
+            if message.get("type") == "lifespan.shutdown":
+                await self.aclose()
             return message
         return wrapped
+
+    async def aclose(self) -> None:
+        """Stop the reaper and wait for the releases under way (the lifespan's shutdown
+        does this; a new request starts the reaper again)."""
+        await self._tasks.aclose()
+        self._reaper = None
+        await self._releases.drain()

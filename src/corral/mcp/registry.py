@@ -26,6 +26,7 @@ from typing import Any, Final, NamedTuple
 from corral.core.contract import Sandbox
 from corral.core.errors import ConfigInvalidError
 from corral.core.spec import SandboxSpec
+from corral.core.tasks import TaskSet
 
 __all__ = ["NAME_PATTERN", "Entry", "SandboxRegistry", "Scope"]
 
@@ -79,6 +80,10 @@ class SandboxRegistry:
         self._entries: dict[tuple[Scope, str], Entry] = {}
         #: creations under way (their spec), counted against the caps before they exist
         self._pending: dict[Scope, list[SandboxSpec]] = {}
+        #: the idle reaper (started by :meth:`start`) and the destroys under way (each
+        #: shielded from its caller's cancellation): ended and awaited by :meth:`aclose`
+        self._tasks = TaskSet()
+        self._destroys = TaskSet()
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
         #: (scope, name, why) of every sandbox ended, newest last (for tests and logs)
@@ -122,7 +127,7 @@ class SandboxRegistry:
     def start(self) -> None:
         """Start the idle reaper on the running loop (idempotent)."""
         if self._reaper is None and not self._closed:
-            self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+            self._reaper = self._tasks.spawn(self._reap_loop())
 
     async def create(self, scope: Scope, name: str, spec: SandboxSpec, make: Create, *,
                      tenant_max: int | None = None,
@@ -231,19 +236,19 @@ class SandboxRegistry:
     async def aclose(self) -> None:
         """Stop the reaper and destroy every sandbox (the server stops). Idempotent."""
         self._closed = True
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
-            self._reaper = None
+        await self._tasks.aclose()  # the reaper (a destroy it started goes on, owned)
+        self._reaper = None
         entries = [e for e in self._entries.values() if not e.ending]
-        await asyncio.gather(*(self._end(e, "server stopped") for e in entries))
+        try:
+            await asyncio.gather(*(self._end(e, "server stopped") for e in entries))
+        finally:
+            await self._destroys.drain()
 
     async def _end(self, entry: Entry, why: str) -> None:
         entry.ending = True
         try:
             # shielded: a cancelled caller (a client gone) must not leave half a sandbox
-            await asyncio.shield(entry.sandbox.destroy())
+            await asyncio.shield(self._destroys.spawn(entry.sandbox.destroy()))
         finally:
             self._entries.pop((entry.scope, entry.name), None)
             self.ended.append((entry.scope, entry.name, why))

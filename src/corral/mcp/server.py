@@ -60,6 +60,7 @@ from corral.core.spec import (
     SandboxLimits,
     SandboxSpec,
 )
+from corral.core.tasks import TaskSet, settle
 from corral.mcp.config import LEVEL_ORDER, McpConfig, level_at_least, offered_levels
 from corral.mcp.gate import HttpGate, tenant_of_scope
 from corral.mcp.registry import SandboxRegistry, Scope
@@ -139,6 +140,9 @@ class Backend:
         self.envs = McpEnvs(config)
         #: set once aclose has released everything
         self.closed = asyncio.Event()
+        #: tasks that outlive the tool call that starts them (a background process's
+        #: output reader): ended and awaited by :meth:`aclose`
+        self.tasks = TaskSet()
 
     async def start(self) -> None:
         self.registry.start()
@@ -224,7 +228,10 @@ class Backend:
     async def aclose(self) -> None:
         """Destroy every named sandbox, close the pool and the providers."""
         try:
-            await self.registry.aclose()
+            try:
+                await self.registry.aclose()
+            finally:
+                await self.tasks.aclose()  # the readers of processes of those sandboxes
         finally:
             await self.envs.aclose()
             pool, self._pool = self._pool, None
@@ -472,18 +479,17 @@ class _LiveOutput:
                     await self._ctx.report_progress(self._seen, None, message)
 
     async def __aenter__(self) -> _LiveOutput:
-        self._task = asyncio.ensure_future(self._pump())
+        self._task = asyncio.ensure_future(self._pump())  # ended by __aexit__ (settle)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
-        if exc[0] is None:  # sent what was queued before the result goes out
-            self._queue.put_nowait(None)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._task), 5)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        try:
+            if exc[0] is None:  # sent what was queued before the result goes out
+                self._queue.put_nowait(None)
+                await asyncio.wait([self._task], timeout=5)
+        finally:
+            await settle([self._task])
 
 
 #: the longest playground link made (browsers and clients handle far longer; a link is a
@@ -580,7 +586,8 @@ class _Background:
     """A command started by ``process_start``: its output read as it comes (the first
     ``cap`` bytes of each stream kept), then how it ended."""
 
-    def __init__(self, pid: str, handle: ProcessHandle, cap: int, level: Level) -> None:
+    def __init__(self, pid: str, handle: ProcessHandle, cap: int, level: Level,
+                 tasks: TaskSet) -> None:
         import codecs
         self.id, self.handle, self.cap, self.level = pid, handle, cap, level
         self.bufs = (bytearray(), bytearray())
@@ -588,7 +595,7 @@ class _Background:
         self.sent = [0, 0]
         self.decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in range(2)]
         self.result: RunResult | None = None
-        self.task = asyncio.ensure_future(self._pump())
+        self.task = tasks.spawn(self._pump())  # the backend's: ended at its aclose
 
     async def _read(self, i: int, it: Any) -> None:
         async for chunk in it:
@@ -631,6 +638,8 @@ class _Background:
         return doc
 
 
+#: how long a cancelled server's lifespan waits for its sandboxes to be released
+_RELEASE_S = 30.0
 #: background processes one named sandbox keeps at once
 MAX_BACKGROUND = 16
 
@@ -651,8 +660,24 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
             yield backend
         finally:
             from corral.mcp.sessions import close_sessions
-            await asyncio.shield(close_sessions(backend))
-            await asyncio.shield(backend.aclose())
+
+            async def release() -> None:
+                try:
+                    await close_sessions(backend)
+                finally:
+                    await backend.aclose()
+
+            # finished even if the server's task is cancelled meanwhile (bounded), and
+            # awaited here: a cancellation waits for it, then goes on
+            closing = asyncio.ensure_future(release())
+            try:
+                await asyncio.shield(closing)
+            except asyncio.CancelledError:
+                try:
+                    await asyncio.wait([closing], timeout=_RELEASE_S)
+                finally:
+                    await settle([closing])
+                raise
 
     server: MCPServer[Any] = _CorralServer(
         "corral", title="corral sandboxes", version=__version__, instructions=INSTRUCTIONS,
@@ -985,7 +1010,7 @@ def build_server(config: McpConfig | None = None, tenants: TenantTable | None = 
                     stdin=False, env=env, cwd=cwd, timeout_ms=timeout_ms))
                 pid = f"p{uuid.uuid4().hex[:12]}"
                 procs[pid] = _Background(pid, handle, _output_cap(cfg, tenant),
-                                         sb.spec.level)
+                                         sb.spec.level, backend.tasks)
             return _result({"name": name, "process": pid})
         return await _guard(call)
 
@@ -1086,7 +1111,7 @@ async def _stdio_main(server: MCPServer[Any], backend: Backend) -> int:
         for sig in signals:
             loop.remove_signal_handler(sig)
     if not stop.is_set():
-        stopping.cancel()
+        await settle([stopping])
         await task  # the client left: the lifespan has destroyed every sandbox
         return 0
     try:
@@ -1144,15 +1169,19 @@ def serve_http(config: McpConfig | None = None, *, tenants: TenantTable,
         ssl_certfile=tls_certfile, ssl_keyfile=tls_keyfile))
 
     async def main() -> None:
-        task = asyncio.ensure_future(server.serve())
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        if server.started and announce is not None:
-            sock = server.servers[0].sockets[0]
-            bound = sock.getsockname()[1]
-            shown = f"[{host}]" if ":" in host else host
-            scheme = "https" if tls_certfile else "http"
-            announce(f"{scheme}://{shown}:{bound}{path}")
+        task = asyncio.ensure_future(server.serve())  # awaited below, or ended (settle)
+        try:
+            while not server.started and not task.done():
+                await asyncio.sleep(0.01)
+            if server.started and announce is not None:
+                sock = server.servers[0].sockets[0]
+                bound = sock.getsockname()[1]
+                shown = f"[{host}]" if ":" in host else host
+                scheme = "https" if tls_certfile else "http"
+                announce(f"{scheme}://{shown}:{bound}{path}")
+        except BaseException:
+            await settle([task])
+            raise
         await task
 
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully; a

@@ -56,6 +56,7 @@ from corral.core.spec import (
     SandboxSpec,
 )
 from corral.core.sync import sync_twin
+from corral.core.tasks import settle
 
 if TYPE_CHECKING:
     from corral.providers.linux.policy.plan import Bind
@@ -281,6 +282,7 @@ async def _run(o: StrictOptions) -> RunResult:
                                        stderr=b"".join(seen[2]))
             finally:
                 remove()
+                await settle([task])  # ended (a cancelled caller's too) before destroy
             for path in o.files_out:
                 try:
                     got: bytes | None = await sandbox.read_file(path)

@@ -46,6 +46,7 @@ from starlette.types import Receive, Scope, Send
 from corral.core.errors import ConfigInvalidError, CorralError, ProviderError
 from corral.core.result import Outcome
 from corral.core.spec import Level
+from corral.core.tasks import settle
 from corral.providers.remote import wire
 from corral.serve import models as m
 from corral.serve.config import ServeConfig, token_digest
@@ -142,23 +143,19 @@ async def _until_disconnect(work: Awaitable[T], receive: Receive,
                             on_gone: Callable[[], None] | None = None) -> T:
     """``work``, cancelled at once when the client goes away (raises _ClientGone then);
     ``on_gone`` runs first (it frees the request's cap slots)."""
-    task = asyncio.ensure_future(work)
+    task = asyncio.ensure_future(work)  # both tasks end here (settle) before it returns
     watch = asyncio.ensure_future(_disconnected(receive))
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:  # the server cancels the request (shutdown grace)
-        task.cancel()
-        watch.cancel()
-        await asyncio.gather(task, watch, return_exceptions=True)
+        await settle([task, watch])
         raise
-    watch.cancel()
+    await settle([watch])
     if task.done():
         return task.result()
     if on_gone is not None:
         on_gone()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    await settle([task])
     raise _ClientGone
 
 
@@ -605,21 +602,22 @@ class _Api(FileRoutes):
         # starts now; a refusal that comes before any line (a bad argument, a full cap)
         # is still answered with its status, not as a 200 stream
         lines: asyncio.Queue[Any] = asyncio.Queue()
-        task = asyncio.ensure_future(self.s.snippet(
+        # the service owns both tasks (its close ends them); the stream below ends them
+        # when it ends, the handler when it answers otherwise
+        task = self.s.tasks.spawn(self.s.snippet(
             tenant, source=body.source_arg(), files=files, timeout_ms=timeout,
             level=level, on_log=lines.put_nowait, environment=body.environment))
         task.add_done_callback(lambda _: lines.put_nowait(None))
-        first = asyncio.ensure_future(lines.get())
+        first = self.s.tasks.spawn(lines.get())
         try:
             await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
-            task.cancel()
-            first.cancel()
+            await settle([task, first])
             raise
         nothing_written = not first.done() or first.result() is None
         if (task.done() and not task.cancelled() and task.exception() is not None
                 and nothing_written):  # refused before it wrote anything
-            first.cancel()
+            await settle([first])
             raise task.exception()  # type: ignore[misc]
 
         async def events() -> AsyncIterator[Event]:
@@ -629,11 +627,8 @@ class _Api(FileRoutes):
                     yield {"event": "log", "stream": line.stream, "text": line.text}
                     line = await lines.get()
                 yield {"event": "transcript", "transcript": await task}
-            finally:
-                if not task.done():  # the client went away, or the server stops
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
+            finally:  # the client went away, or the server stops: ends both tasks
+                await settle([task, first])
 
         return _NDJSONResponse(None, events(), lambda: self.s.draining)
 

@@ -20,7 +20,7 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from corral.core.contract import (
     Sandbox,
@@ -51,6 +51,7 @@ from corral.core.spec import (
     SandboxSpec,
     SnapshotHandle,
 )
+from corral.core.tasks import TaskSet, settle
 from corral.providers.remote import wire
 from corral.serve import tenancy
 from corral.serve.config import ServeConfig
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
 __all__ = ["EARLY_RELEASE", "ApiError", "Event", "RunStream", "Service"]
 
 Event = dict[str, Any]
+T = TypeVar("T")
 _CLIENT_ID: Final = re.compile(r"[A-Za-z0-9_-]{16,80}")
 #: the levels snippets run at (never ``none``)
 _SNIPPET_LEVELS: Final = (Level.STRICT, Level.CONTEXT_ISOLATED)
@@ -136,6 +138,12 @@ class Service:
         self._env_pools: dict[str, Any] = {}
         self._env_builds: Any = None  # envbuild.TenantBuilds, made on first use
         self._expirer: asyncio.Task[None] | None = None
+        #: the service's own tasks (the expiry loop, each streamed run's work): ended by
+        #: :meth:`close` (the app's lifespan end), none outlives the service
+        self.tasks = TaskSet()
+        #: destroys that must finish even when the request that asked is cancelled
+        #: (shielded): :meth:`close` waits for them
+        self._cleanups = TaskSet()
         self.draining = False
         self._active = 0
         self._idle = asyncio.Event()
@@ -203,19 +211,18 @@ class Service:
         reaped = {p.name: list(getattr(p, "reaped_orphans", ())) for p in self._owned}
         self.log.event("providers", levels={lv.value: p.name for lv, p in self.providers.items()},
                        reaped_orphans=reaped)
-        self._expirer = asyncio.ensure_future(self._expire_loop())
+        self._expirer = self.tasks.spawn(self._expire_loop())
 
     async def close(self) -> None:
         """Drain: refuse new work, wait (bounded) for in-flight work to unwind, destroy
         every sandbox, close the snippet pool and the providers this service made."""
         self.draining = True
-        if self._expirer is not None:
-            self._expirer.cancel()
-            with contextlib.suppress(BaseException):
-                await self._expirer
+        await settle([self._expirer])
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_UNWIND_S):
                 await self._idle.wait()
+        await self.tasks.aclose()  # what still runs past the unwind time is cancelled
+        await self._cleanups.drain()
         entries = [e for t in self.tenants.values() for e in t.sandboxes.values()]
         for t in self.tenants.values():
             t.sandboxes.clear()
@@ -231,7 +238,13 @@ class Service:
             with contextlib.suppress(Exception):
                 await p.aclose()
         self._owned.clear()
+        await self.tasks.aclose()  # anything spawned while the sandboxes went
         self.log.event("drained", sandboxes_destroyed=len(entries))
+
+    async def shielded(self, work: Coroutine[Any, Any, T]) -> T:
+        """``work`` run to its end even if the caller is cancelled meanwhile (a destroy:
+        never half of one), as a task the service owns (:meth:`close` waits for it)."""
+        return await asyncio.shield(self._cleanups.spawn(work))
 
     @contextlib.contextmanager
     def operation(self) -> Any:
@@ -443,7 +456,7 @@ class Service:
             sb = await provider.create(spec)
             sid = client_id or new_id("sb")
             if sid in tenant.tombstones:  # its DELETE came while it was being made
-                await asyncio.shield(self._destroy_sandbox(sb))
+                await self.shielded(self._destroy_sandbox(sb))
                 raise CreateCancelledError("the sandbox was destroyed while being created")
             entry = SandboxEntry(id=sid, sandbox=sb, level=spec.level.value,
                                  provider=provider.name, mem_mb=mem, lifetime=life)
@@ -471,7 +484,7 @@ class Service:
         entry = tenant.sandboxes.pop(sandbox_id, None)
         if entry is None:
             return False
-        await asyncio.shield(self._destroy_entry(entry))
+        await self.shielded(self._destroy_entry(entry))
         self.log.event("sandbox-destroyed", tenant=tenant.name, id=sandbox_id)
         return True
 
@@ -538,7 +551,7 @@ class Service:
                 finally:
                     q.put_nowait(None)
 
-            task = asyncio.ensure_future(go())
+            task = self.tasks.spawn(go())  # owned by the service too: ended at close
             try:
                 while (item := await q.get()) is not None:
                     yield _output_event(*item)
@@ -553,10 +566,8 @@ class Service:
                     yield {"event": "result", "result": wire.result_to_json(result)}
             finally:
                 if not task.done():
-                    task.cancel()
                     self._count_run(kind, None, asyncio.CancelledError())
-                    with contextlib.suppress(BaseException):
-                        await task
+                await settle([task])
 
         return RunStream(events, releases)
 

@@ -24,6 +24,7 @@ from corral.core.errors import (
     SessionEndedError,
 )
 from corral.core.spec import Level, SandboxLimits, SandboxSpec
+from corral.core.tasks import settle
 from corral.serve import models as m, tenancy
 from corral.serve.service import ApiError, Event, Service
 from corral.serve.state import TenantState
@@ -127,7 +128,7 @@ class SessionTable:
                     max_lifetime_s=life.max_lifetime_s if life else 4 * 3600.0,
                     env=self.env, python=self.python)
             except BaseException:
-                await asyncio.shield(self.s.destroy(tenant, entry.id))
+                await self.s.shielded(self.s.destroy(tenant, entry.id))
                 raise
             self._of(tenant)[entry.id] = sess
         finally:
@@ -172,7 +173,7 @@ class SessionTable:
                     on_display=None if put is None else lambda d: put(_display_event(d)))
             except (LimitsExceededError, SandboxTimeoutError, SessionEndedError):
                 self.s.log.event("session-ended", tenant=tenant.name, id=sid)
-                await asyncio.shield(self._drop(tenant, sid))
+                await self.s.shielded(self._drop(tenant, sid))
                 raise
 
     def stream(self, tenant: TenantState, sid: str, body: CellRequest
@@ -184,7 +185,7 @@ class SessionTable:
         queue: asyncio.Queue[Event] = asyncio.Queue()
 
         async def events() -> AsyncIterator[Event]:
-            task = asyncio.ensure_future(self.run(tenant, sid, body, queue))
+            task = self.s.tasks.spawn(self.run(tenant, sid, body, queue))  # the service's
             task.add_done_callback(lambda _: queue.put_nowait({"event": "_end"}))
             try:
                 while True:
@@ -195,10 +196,7 @@ class SessionTable:
                 result = await task  # raises the error that ended the session
                 yield {"event": "cell", "cell": result.to_json()}
             finally:
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
+                await settle([task])
 
         return events()
 

@@ -24,6 +24,7 @@ from typing import Any, Final, Literal
 from corral.core.contract import ProcessHandle, Sandbox
 from corral.core.errors import LimitsExceededError
 from corral.core.result import RunResult
+from corral.core.tasks import settle
 from corral.serve.config import TenantConfig
 from corral.serve.tenancy import Lifetime
 
@@ -71,6 +72,8 @@ class ProcessEntry:
                 if open_streams[0] == 0:
                     await self.output.put(None)
 
+        # owned by this entry: close() ends them (the service closes every entry of a
+        # sandbox it destroys); an entry is forgotten only once they ended (prune)
         self.pumps = [asyncio.ensure_future(pump(1, self.handle.stdout)),
                       asyncio.ensure_future(pump(2, self.handle.stderr))]
 
@@ -79,9 +82,7 @@ class ProcessEntry:
         streaming sees the end at once; output not yet read is dropped)."""
         with contextlib.suppress(Exception):
             await self.handle.kill()
-        for t in self.pumps:
-            t.cancel()
-        await asyncio.gather(*self.pumps, return_exceptions=True)
+        await settle(self.pumps)
         while True:
             try:
                 self.output.put_nowait(None)

@@ -44,6 +44,7 @@ from corral.core.spec import (
     SandboxSpec,
     SnapshotHandle,
 )
+from corral.core.tasks import TaskSet, settle
 from corral.sessions.result import CellError, CellResult, DisplayItem
 from corral.snippets.host.sanitize import sanitize_stack
 
@@ -198,6 +199,9 @@ class AsyncSession:
         self._ended: BaseException | None = None
         self._killing = False
         self._buf = bytearray()
+        # owned by the session: close() ends and awaits them (settle), and the interrupts
+        # of cancelled cells (shielded from the cancellation)
+        self._chores = TaskSet()
         self._tasks = [asyncio.ensure_future(self._read_stdout()),
                        asyncio.ensure_future(self._read_stderr()),
                        asyncio.ensure_future(self._watch())]
@@ -343,8 +347,8 @@ class AsyncSession:
                     timed_out = True
                     await self._interrupt(cell)
             except asyncio.CancelledError:
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(self._interrupt(cell))
+                with contextlib.suppress(BaseException):  # finished even if cancelled again
+                    await asyncio.shield(self._chores.spawn(self._interrupt(cell)))
                 raise
             finally:
                 self._cell = None
@@ -540,16 +544,14 @@ class AsyncSession:
         provider it made). Idempotent."""
         await self._end(SessionEndedError("the session was closed", reason="closed"))
         me = asyncio.current_task()
-        for t in self._tasks:
-            if t is not me:
-                t.cancel()
-        for t in self._tasks:
-            if t is not me:
-                with contextlib.suppress(BaseException):
-                    await t
-        if self._owned is not None:
-            owned, self._owned = self._owned, None
-            await owned.aclose()
+        try:
+            # ended and awaited; a cancellation of this close still propagates
+            await settle(t for t in self._tasks if t is not me)
+            await self._chores.aclose()
+        finally:
+            if self._owned is not None:
+                owned, self._owned = self._owned, None
+                await owned.aclose()
 
     def __repr__(self) -> str:
         state = "alive" if self._ended is None else f"ended ({type(self._ended).__name__})"

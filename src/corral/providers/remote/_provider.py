@@ -22,7 +22,7 @@ import json
 import secrets
 import ssl
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from typing import Any, Final, final
 
 from corral.core.cancel import CancelScope, CancelToken
@@ -46,6 +46,7 @@ from corral.core.spec import (
     SandboxSpec,
     SnapshotHandle,
 )
+from corral.core.tasks import TaskSet, settle as settle_tasks
 from corral.providers.remote import wire
 
 __all__ = ["RemoteProcess", "RemoteProvider", "RemoteSandbox"]
@@ -146,6 +147,11 @@ class RemoteProvider(SandboxProvider):
             weakref.WeakKeyDictionary()
         self._live: dict[str, RemoteSandbox] = {}
         self._closed = False
+        #: per loop (as the clients): the tasks of this provider, (readers of started
+        #: processes' output, destroys shielded from their caller's cancellation); aclose
+        #: cancels the readers and waits for the destroys
+        self._tasks: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[TaskSet, TaskSet]] = weakref.WeakKeyDictionary()
 
     # -- the client ------------------------------------------------------------------
     def client(self) -> Any:
@@ -160,6 +166,21 @@ class RemoteProvider(SandboxProvider):
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
             self._clients[loop] = c
         return c
+
+    def _owned(self) -> tuple[TaskSet, TaskSet]:
+        loop = asyncio.get_running_loop()
+        sets = self._tasks.get(loop)
+        if sets is None:
+            sets = self._tasks[loop] = (TaskSet(), TaskSet())
+        return sets
+
+    def _spawn_reader(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A task reading a stream of the server's, ended at :meth:`aclose` at the latest."""
+        return self._owned()[0].spawn(coro)
+
+    async def _forget_shielded(self, sid: str) -> None:
+        """:meth:`_forget`, finished even when the caller is cancelled (aclose waits)."""
+        await asyncio.shield(self._owned()[1].spawn(self._forget(sid)))
 
     async def call(self, method: str, path: str, *, json_body: Any = None,
                    content: bytes | None = None, params: Mapping[str, str] | None = None,
@@ -195,13 +216,13 @@ class RemoteProvider(SandboxProvider):
                 await self.call("POST", "/sandboxes", json_body=body)
                 done = True
         except asyncio.CancelledError:
-            await asyncio.shield(self._forget(sid))
+            await self._forget_shielded(sid)
             raise
         except CreateCancelledError:
-            await asyncio.shield(self._forget(sid))
+            await self._forget_shielded(sid)
             raise
         if scope.cancelled or not done:
-            await asyncio.shield(self._forget(sid))
+            await self._forget_shielded(sid)
             raise CreateCancelledError("create cancelled; the sandbox was destroyed")
         sb = _sandbox_class(self.capabilities)(self, sid, spec)
         self._live[sid] = sb
@@ -246,7 +267,14 @@ class RemoteProvider(SandboxProvider):
         connections."""
         self._closed = True
         live, self._live = list(self._live.values()), {}
-        await asyncio.gather(*(sb.destroy() for sb in live), return_exceptions=True)
+        try:
+            await asyncio.gather(*(sb.destroy() for sb in live), return_exceptions=True)
+        finally:
+            sets = self._tasks.pop(asyncio.get_running_loop(), None)
+            if sets is not None:  # readers of sandboxes not destroyed (connected) too
+                readers, destroys = sets
+                await readers.aclose()
+                await destroys.drain()
         c = self._clients.pop(asyncio.get_running_loop(), None)
         if c is not None:  # clients of other loops go with their loops
             with contextlib.suppress(Exception):
@@ -506,7 +534,7 @@ class RemoteProcess(ProcessHandle):
         self.stdout = self._out
         self.stderr = self._err
         self._result: RunResult | None = None
-        self._reader = asyncio.ensure_future(self._read())
+        self._reader = provider._spawn_reader(self._read())  # the provider's: aclose ends it
 
     async def _read(self) -> None:
         try:
@@ -529,12 +557,22 @@ class RemoteProcess(ProcessHandle):
             self._err.q.put_nowait(None)
 
     async def settle(self, seconds: float = 10.0) -> None:
-        """Wait (bounded) for the output stream to end."""
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(self._reader), seconds)
+        """Wait (bounded) for the output stream to end; past the bound its reader is
+        cancelled (and awaited)."""
+        try:
+            await asyncio.wait([self._reader], timeout=seconds)
+        finally:
+            await settle_tasks([self._reader])
 
     async def wait(self) -> RunResult:
-        await asyncio.shield(self._reader)
+        try:
+            await asyncio.shield(self._reader)
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if self._reader.cancelled() and me is not None and not me.cancelling():
+                # its reader was ended by the provider's aclose, not this caller cancelled
+                raise ProviderError("the remote provider was closed") from None
+            raise
         if self._result is not None:
             return self._result
         r = await self._p.call("GET", f"{self._path}/wait")

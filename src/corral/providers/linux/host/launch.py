@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from corral.core.cancel import CancelScope, CancelToken
 from corral.core.errors import CreateCancelledError, LevelNotSupportedError, ProviderError
 from corral.core.spec import SandboxLimits
+from corral.core.tasks import settle
 from corral.providers.linux.host.channel import REQUEST_TIMEOUT_S, Channel, Zygote, kill_pidfd
 from corral.providers.linux.host.spares import Launched
 from corral.providers.linux.init.clone import IDMAP_ERROR  # the launcher's word for it
@@ -23,9 +24,12 @@ from corral.providers.linux.policy.plan import SandboxPlan
 if TYPE_CHECKING:
     from corral.providers.linux.host.cgroups import CgroupManager
 
-__all__ = ["launch", "race"]
+__all__ = ["FORK_SETTLE_S", "launch", "race"]
 
 _T = TypeVar("_T")
+#: how long a cancelled launch waits for the fork server's reply before it cancels the
+#: request (the fork server's answer is what the rollback needs to kill the sandbox)
+FORK_SETTLE_S = 10.0
 IDMAP_FIX = ("; a read-write bind as root needs one (what the sandbox writes then lands "
              "on the host as uid 0x70000000, never as a sandbox's uid): bind a directory "
              "on a file system with idmapped mounts (ext4, xfs, btrfs, tmpfs since 6.3; "
@@ -61,10 +65,15 @@ async def launch(plan: SandboxPlan, prog: bytes, cancel: CancelToken | None, *,
             try:
                 _pid, pidfd = await asyncio.shield(forking)
             except asyncio.CancelledError:
-                # let the in-flight launch settle, so the rollback kills what it made
-                await asyncio.wait([forking], timeout=10)
-                if forking.done() and not forking.cancelled() and not forking.exception():
-                    _pid, pidfd = forking.result()
+                # let the in-flight launch finish (bounded), so the rollback kills what it
+                # made; past the bound it is cancelled and awaited here: a reply that comes
+                # later is dropped by the channel, its pidfd killed (``on_orphan_fds``)
+                try:
+                    await asyncio.wait([forking], timeout=FORK_SETTLE_S)
+                finally:
+                    if forking.done() and not forking.cancelled() and not forking.exception():
+                        _pid, pidfd = forking.result()
+                    await settle([forking])
                 raise
         except ProviderError as e:
             if "unshare" in e.message or "id maps" in e.message:
