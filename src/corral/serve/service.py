@@ -648,7 +648,7 @@ class Service:
         box = self.sandbox_slot(tenant, mem)
         box.__enter__()
         return self._streamed(tenant, "run", lambda on_output: _one_run(
-            provider, spec, argv, opts, files, on_output),
+            provider, spec, argv, opts, files, on_output, self.shielded),
             [lambda: _exit(box)])
 
     # -- environments (docs/environments.md, "Over the service") ---------------------------
@@ -904,9 +904,13 @@ async def _exec_with(sb: Sandbox, argv: Sequence[str], opts: ExecOpts,
 
 async def _one_run(provider: SandboxProvider, spec: SandboxSpec, argv: Sequence[str],
                    opts: ExecOpts, files: Mapping[str, bytes],
-                   on_output: Callable[[int, bytes], None]) -> RunResult:
-    """A fresh sandbox, the files written, the command run, the sandbox destroyed. A run
-    that ended otherwise than by exiting is returned as its value (as ``run_strict``)."""
+                   on_output: Callable[[int, bytes], None],
+                   shielded: Callable[[Coroutine[Any, Any, None]], Awaitable[None]]
+                   ) -> RunResult:
+    """A fresh sandbox, the files written, the command run, the sandbox destroyed (by
+    ``shielded``: the service owns that destroy, so a cancelled run still finishes it and
+    :meth:`Service.close` waits for it). A run that ended otherwise than by exiting is
+    returned as its value (as ``run_strict``)."""
     sb = await provider.create(spec)
     try:
         for path, data in files.items():
@@ -918,5 +922,5 @@ async def _one_run(provider: SandboxProvider, spec: SandboxSpec, argv: Sequence[
                 return e.result
             raise
     finally:
-        await asyncio.shield(sb.destroy())
+        await shielded(sb.destroy())
 
