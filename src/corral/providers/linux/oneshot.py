@@ -479,9 +479,14 @@ _KEY_SOURCES: Final = (
     "providers/linux/host/cgroups.py", "providers/linux/host/cgroupfs.py",
     "providers/linux/host/cgroupfiles.py")
 
+_PACKAGE_DIR: list[str] = []  # _package_dir's answer, once found
+
+
 def _package_dir() -> str:
-    import corral  # the package itself (its __init__ may not have run: see _corral_cli)
-    return os.path.dirname(os.path.realpath(str(corral.__file__)))
+    if not _PACKAGE_DIR:
+        import corral  # the package itself (its __init__ may not have run: see _corral_cli)
+        _PACKAGE_DIR.append(os.path.dirname(os.path.realpath(str(corral.__file__))))
+    return _PACKAGE_DIR[0]
 
 
 def host_facts() -> dict[str, Any]:
@@ -551,11 +556,16 @@ def cache_dir() -> str | None:
 
 
 def _cache_path(req: OneShot) -> str | None:
+    """The request's cache file: one slot of at most 64, picked by the limits and by
+    the installed corral it comes from (its package directory), so two checkouts or
+    venvs used in turn (a benchmark against main, several worktrees) keep a file each
+    instead of overwriting one another's on every run."""
     d = cache_dir()
     if d is None:
         return None
-    slot = ((req.mem_mb or 0) * 31 + (req.cpu_ms or 0)) % 16  # at most 16 files
-    return os.path.join(d, f"plan-{slot}")
+    import zlib  # a built-in C module: no Python file to load
+    seed = f"{_package_dir()}\0{req.mem_mb or 0}\0{req.cpu_ms or 0}".encode(errors="replace")
+    return os.path.join(d, f"plan-{zlib.crc32(seed) % 64}")
 
 
 def _cache_load(path: str, key: tuple[Any, ...]) -> Prepared | None:
