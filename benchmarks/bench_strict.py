@@ -18,8 +18,8 @@ Tables:
    create + exec with destroy off the clock), under bwrap and nsjail in
    MEASUREMENTS.md §4's configurations, under plain unshare with the same
    namespaces (a floor: no file system set-up), and as a whole
-   ``corral run --level strict`` CLI process: the console script's entry
-   (``_corral_cli:main``, which takes the one-shot path of
+   ``corral run --level strict`` CLI process: the installed ``corral`` script
+   (``bin/corral``: ``_corral_cli:main``, which takes the one-shot path of
    ``corral.providers.linux.oneshot`` for this command line) and, for comparison,
    the library path it replaces (``corral.cli:main``, run_strict with its fork
    server; with ``--ro-bind`` for another interpreter). Goal for the CLI: at most

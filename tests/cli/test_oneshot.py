@@ -297,6 +297,31 @@ def _req(*opts: str) -> oneshot.OneShot:
     return req
 
 
+def test_the_corral_script_imports_nothing_before_the_entry() -> None:
+    """``bin/corral`` (what an install puts on PATH) runs the one-shot path without
+    importing ``re``, ``enum`` or ``typing`` first, as pip's wrapper for an entry point
+    did (``import re`` before ``main``: about 5 ms of every run); the control run shows
+    that ``-X importtime`` lists such an import when it happens."""
+    script = Path(__file__).resolve().parents[2] / "bin" / "corral"
+    env = {**os.environ, "CORRAL_CLI_TRACE": "1"}
+    r = subprocess.run([sys.executable, "-X", "importtime", str(script), "run", "--level",
+                        "strict", "--", "/bin/sh", "-c", "echo out; exit 3"],
+                       capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=60,
+                       check=False)
+    if TAKEN not in r.stderr:
+        unavailable(r.stderr.decode(errors="replace")[-500:])
+    assert (r.returncode, r.stdout) == (3, b"out\n"), r.stderr[-2000:]
+
+    def imported(err: bytes) -> set[str]:
+        return {line.rpartition(b"|")[2].strip().decode() for line in err.splitlines()
+                if line.startswith(b"import time:")}
+
+    assert not imported(r.stderr) & {"re", "enum", "typing"}, r.stderr[-2000:]
+    control = subprocess.run([sys.executable, "-X", "importtime", "-c", "import re"],
+                             capture_output=True, check=True)
+    assert {"re", "enum"} <= imported(control.stderr)
+
+
 def test_a_cached_run_loads_none_of_the_heavy_modules() -> None:
     """The second run of a command line (its plan, filter and cgroup facts cached by the
     first) loads no module a bare start does not, beyond ctypes and the path's own:
