@@ -970,7 +970,12 @@ def _limit_hit(lim: _Limits, cg: CgroupDirs | None, code: int, cpu_ms: int, disk
                ) -> tuple[str, int, int | None, str] | None:
     """Which limit ended the command, if one did: the provider's rules
     (:func:`corral.providers.linux.policy.outcomes.limit_hit`), on this path's facts (a
-    fresh cgroup: any OOM kill or refused fork is this command's)."""
+    fresh cgroup: any OOM kill or refused fork is this command's). A clean exit (0) is
+    none, by those rules when the host did not kill the sandbox (``cpu_killed_at=0``
+    here: that kill is reported before this): answered without loading them, the
+    common case (a test holds the two equal)."""
+    if code == 0:
+        return None
     from corral.providers.linux.policy.outcomes import limit_hit
     return limit_hit(
         code, mem_mb=lim.mem_mb, cpu_ms=lim.cpu_ms, max_processes=lim.max_processes,
