@@ -50,15 +50,17 @@ stores them (``marshal``) under a key (:func:`cache_key`: the request's limits,
 the caller's ids, the host layout, the caller's cgroups and the cgroup mounts,
 boot, kernel, architecture, and the size, mtime and inode of every source file
 they come from), and later runs with the same key load them instead. The file
-lives in ``/run/corral/oneshot`` (root) or ``$XDG_RUNTIME_DIR/corral-oneshot``,
-a 0700 directory of the caller's own, and is read only if it is the caller's
-own regular file writable by nobody else; a set-up that fails after a cache hit
-drops the entry. Without such a directory every run computes.
+(one per limits and installed corral: :func:`_cache_path`) lives in
+``/run/corral/oneshot`` (root) or ``$XDG_RUNTIME_DIR/corral-oneshot``, a 0700
+directory of the caller's own, and is read only if it is the caller's own regular
+file writable by nobody else; a set-up that fails after a cache hit drops the
+entry. Without such a directory every run computes.
 
 Imports. Besides a bare interpreter's start, the path loads ``ctypes`` (the
 syscalls), ``_signal`` and ``_socket`` (the C modules, without ``signal.py``'s
-and ``socket.py``'s enums) and corral's own modules it runs; every module here,
-in ``init/``, ``_sys_unsafe`` and ``uidpool`` keeps ``typing`` and
+and ``socket.py``'s enums), ``zlib`` (built in: the cache file's name) and
+corral's own modules it runs (not ``policy.outcomes`` after a clean exit); every
+module here, in ``init/``, ``_sys_unsafe`` and ``uidpool`` keeps ``typing`` and
 ``collections.abc`` for annotations only (``TYPE_CHECKING = False``). A test
 holds the set.
 """
