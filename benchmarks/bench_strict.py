@@ -18,8 +18,8 @@ Tables:
    create + exec with destroy off the clock), under bwrap and nsjail in
    MEASUREMENTS.md §4's configurations, under plain unshare with the same
    namespaces (a floor: no file system set-up), and as a whole
-   ``corral run --level strict`` CLI process: the console script's entry
-   (``_corral_cli:main``, which takes the one-shot path of
+   ``corral run --level strict`` CLI process: the installed ``corral`` script
+   (``bin/corral``: ``_corral_cli:main``, which takes the one-shot path of
    ``corral.providers.linux.oneshot`` for this command line) and, for comparison,
    the library path it replaces (``corral.cli:main``, run_strict with its fork
    server; with ``--ro-bind`` for another interpreter). Goal for the CLI: at most
@@ -33,6 +33,11 @@ Tables:
 3. private memory (Private_Clean + Private_Dirty of smaps_rollup) per idle
    sandbox, for K sandboxes alive at once: the agent (pid 1) alone and all
    processes of the sandbox's cgroup.
+
+Side by side with another checkout (``--against PATH``: its installed ``corral``
+script, e.g. main's ``.venv/bin/corral``): one more row in both cold tables, that
+script running the same command line, interleaved with the others in every round
+(the ratios of the two CLI rows then compare the checkouts on the same machine state).
 
 Another interpreter (``--python``): its prefixes outside /usr are bound
 read-only into every variant: corral's provider gets ``ro_binds`` when its
@@ -300,6 +305,8 @@ async def cold_table(provider: LinuxProvider, cold: LinuxProvider | None, rounds
         ("cli", cli_entry(), lambda b: [*b.split("\0"), "run", "--level", "strict", *binds,
                                         "--", *cmd]),
         ("clidef", cli_entry(), lambda b: [*b.split("\0"), "run", *binds, "--", *cmd]),
+        *([("cliref", AGAINST[0], lambda b: [b, "run", "--level", "strict", *binds, "--",
+                                             *cmd])] if AGAINST else []),
         ("clilib", "\0".join(_script_argv("corral.cli")),
          lambda b: [*b.split("\0"), "run", "--level", "strict", *binds, "--", *cmd]),
     ]
@@ -330,6 +337,8 @@ async def cold_table(provider: LinuxProvider, cold: LinuxProvider | None, rounds
     return _rows(times, LABELS) + skipped
 
 
+#: --against: another checkout's corral script, run beside this one's (the cliref row)
+AGAINST: list[str] = []
 #: variant key -> peak MiB of its process tree (peak_mib), for the last cold table
 PEAK_MIB: dict[str, float] = {}
 #: the path the CLI row took, for the last cold table (cli_path)
@@ -365,6 +374,7 @@ LABELS = {
     "cli": "corral run --level strict (whole CLI)",
     "clidef": "corral run, no --level (default: strict)",
     "clilib": "corral run, library path (corral.cli:main)",
+    "cliref": "corral run --level strict, --against script",
 }
 
 
@@ -494,6 +504,7 @@ def _judge_cold(rows: list[Row], full_goal: bool) -> None:
             r.goal = ("baseline" if r.key == "bare" else
                       "part of the row above" if r.label.startswith("  ") else
                       "info: the CLI before the one-shot path" if r.key == "clilib"
+                      else f"reference: {AGAINST[0]}" if r.key == "cliref"
                       else "peer")
 
 
@@ -575,11 +586,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--python", default=os.path.realpath(sys.executable), metavar="PATH",
                     help="the interpreter to start (default: the real file behind "
                     "sys.executable, %(default)s)")
+    ap.add_argument("--against", metavar="PATH", help="another checkout's corral script "
+                    "(e.g. main's .venv/bin/corral): a row of its own, interleaved")
     ns = ap.parse_args(argv)
     if ns.runs < 2 or ns.sandboxes < 1:
         ap.error("--runs must be >= 2 and --sandboxes >= 1")
     if not os.access(ns.python, os.X_OK):
         ap.error(f"--python {ns.python!r} is not an executable file")
+    if ns.against is not None:
+        if not os.access(ns.against, os.X_OK):
+            ap.error(f"--against {ns.against!r} is not an executable file")
+        AGAINST[:] = [os.path.abspath(ns.against)]
     asyncio.run(run(ns.runs, ns.sandboxes, ns.python))
 
 

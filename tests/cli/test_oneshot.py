@@ -288,13 +288,43 @@ def _ended(p: subprocess.Popen[bytes], how: str) -> tuple[int, bytes]:
 _HEAVY = ("typing", "dataclasses", "enum", "re", "inspect", "socket", "signal", "asyncio",
           "shutil", "corral.core.spec", "corral.core.errors",
           "corral.providers.linux.policy.plan", "corral.providers.linux.policy.seccomp",
-          "corral.providers.linux.host.cgroups")
+          "corral.providers.linux.host.cgroups",
+          # a clean exit is no limit hit: the rules are loaded only for another exit
+          "corral.providers.linux.policy.outcomes")
 
 
 def _req(*opts: str) -> oneshot.OneShot:
     req = oneshot.parse_argv(["run", "--level", "strict", *opts, "--", "/bin/true"])
     assert req is not None
     return req
+
+
+def test_the_corral_script_imports_nothing_before_the_entry() -> None:
+    """``bin/corral`` (what an install puts on PATH) runs the one-shot path without
+    importing ``re``, ``enum`` or ``typing`` first, as pip's wrapper for an entry point
+    did (``import re`` before ``main``: about 5 ms of every run); the control run shows
+    that ``-X importtime`` lists such an import when it happens."""
+    script = Path(__file__).resolve().parents[2] / "bin" / "corral"
+    env = {**os.environ, "CORRAL_CLI_TRACE": "1"}
+    r = subprocess.run([sys.executable, "-X", "importtime", str(script), "run", "--level",
+                        "strict", "--", "/bin/sh", "-c", "echo out; exit 3"],
+                       capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=60,
+                       check=False)
+    if TAKEN not in r.stderr:
+        unavailable(r.stderr.decode(errors="replace")[-500:])
+    assert (r.returncode, r.stdout) == (3, b"out\n"), r.stderr[-2000:]
+
+    def imported(err: bytes) -> set[str]:
+        return {line.rpartition(b"|")[2].strip().decode() for line in err.splitlines()
+                if line.startswith(b"import time:")}
+
+    bare = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"],
+                          capture_output=True, check=True)  # what the site of this venv loads
+    assert not (imported(r.stderr) - imported(bare.stderr)) & {"re", "enum", "typing"}, \
+        r.stderr[-2000:]
+    control = subprocess.run([sys.executable, "-X", "importtime", "-c", "import re"],
+                             capture_output=True, check=True)
+    assert {"re", "enum"} <= imported(control.stderr)
 
 
 def test_a_cached_run_loads_none_of_the_heavy_modules() -> None:
@@ -320,6 +350,19 @@ def test_a_cached_run_loads_none_of_the_heavy_modules() -> None:
         assert oneshot.cache_dir() is None, "three runs, no cache hit"
         pytest.skip("no cache for this user (not root, no XDG_RUNTIME_DIR)")
     assert b"corral-test: heavy []" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_clean_exit_is_no_limit_hit_by_the_providers_rules() -> None:
+    """``_limit_hit`` answers a clean exit without loading ``policy.outcomes``: that is
+    what ``limit_hit`` says for exit 0 when the host did not kill the sandbox, even
+    with every limit set, the cgroup's counters up and the writable area full."""
+    from corral.providers.linux.policy.outcomes import limit_hit
+    assert limit_hit(0, mem_mb=64, cpu_ms=10, max_processes=4, disk_mb=1, by_rlimit=False,
+                     cpu_killed_at=0, cpu_used=lambda: 10**6, oom_rose=lambda: True,
+                     peak_mb=lambda: 64, pids_refused=lambda: True, disk_free=0) is None
+    lim = oneshot._Limits(64, 4, 10, 1)
+    assert oneshot._limit_hit(lim, None, 0, 10**6, 0) is None
+    assert oneshot._limit_hit(lim, None, -25, 0, 0) is not None  # SIGXFSZ: the disk
 
 
 def test_host_facts_are_the_plans_host_layout() -> None:

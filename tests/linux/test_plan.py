@@ -191,6 +191,16 @@ def test_env_base_is_the_minimal_allowlist() -> None:
                                      "TMPDIR": "/tmp"} == dict(ENV_BASE)
 
 
+def test_env_vars_go_over_the_env_base_in_the_plan_and_its_wire_form() -> None:
+    """An environment's PYTHONPATH is part of the plan as built (one place), over the
+    base, in the wire form pid 1 receives; a plan without it has the base alone."""
+    p = build_plan(spec(), options=LinuxOptions(), host=ROOT_HOST,
+                   env_vars={"PYTHONPATH": "/opt/corral-env", "HOME": "/tmp"})
+    assert dict(p.env_base) == {**ENV_BASE, "PYTHONPATH": "/opt/corral-env", "HOME": "/tmp"}
+    assert p.to_wire()["env_base"]["PYTHONPATH"] == "/opt/corral-env"
+    assert "PYTHONPATH" not in plan().env_base
+
+
 def test_plan_is_frozen_and_wire_safe() -> None:
     p = plan()
     with pytest.raises(AttributeError):

@@ -50,15 +50,17 @@ stores them (``marshal``) under a key (:func:`cache_key`: the request's limits,
 the caller's ids, the host layout, the caller's cgroups and the cgroup mounts,
 boot, kernel, architecture, and the size, mtime and inode of every source file
 they come from), and later runs with the same key load them instead. The file
-lives in ``/run/corral/oneshot`` (root) or ``$XDG_RUNTIME_DIR/corral-oneshot``,
-a 0700 directory of the caller's own, and is read only if it is the caller's
-own regular file writable by nobody else; a set-up that fails after a cache hit
-drops the entry. Without such a directory every run computes.
+(one per limits and installed corral: :func:`_cache_path`) lives in
+``/run/corral/oneshot`` (root) or ``$XDG_RUNTIME_DIR/corral-oneshot``, a 0700
+directory of the caller's own, and is read only if it is the caller's own regular
+file writable by nobody else; a set-up that fails after a cache hit drops the
+entry. Without such a directory every run computes.
 
 Imports. Besides a bare interpreter's start, the path loads ``ctypes`` (the
 syscalls), ``_signal`` and ``_socket`` (the C modules, without ``signal.py``'s
-and ``socket.py``'s enums) and corral's own modules it runs; every module here,
-in ``init/``, ``_sys_unsafe`` and ``uidpool`` keeps ``typing`` and
+and ``socket.py``'s enums), ``zlib`` (built in: the cache file's name) and
+corral's own modules it runs (not ``policy.outcomes`` after a clean exit); every
+module here, in ``init/``, ``_sys_unsafe`` and ``uidpool`` keeps ``typing`` and
 ``collections.abc`` for annotations only (``TYPE_CHECKING = False``). A test
 holds the set.
 """
@@ -479,9 +481,14 @@ _KEY_SOURCES: Final = (
     "providers/linux/host/cgroups.py", "providers/linux/host/cgroupfs.py",
     "providers/linux/host/cgroupfiles.py")
 
+_PACKAGE_DIR: list[str] = []  # _package_dir's answer, once found
+
+
 def _package_dir() -> str:
-    import corral  # the package itself (its __init__ may not have run: see _corral_cli)
-    return os.path.dirname(os.path.realpath(str(corral.__file__)))
+    if not _PACKAGE_DIR:
+        import corral  # the package itself (its __init__ may not have run: see _corral_cli)
+        _PACKAGE_DIR.append(os.path.dirname(os.path.realpath(str(corral.__file__))))
+    return _PACKAGE_DIR[0]
 
 
 def host_facts() -> dict[str, Any]:
@@ -551,11 +558,16 @@ def cache_dir() -> str | None:
 
 
 def _cache_path(req: OneShot) -> str | None:
+    """The request's cache file: one slot of at most 64, picked by the limits and by
+    the installed corral it comes from (its package directory), so two checkouts or
+    venvs used in turn (a benchmark against main, several worktrees) keep a file each
+    instead of overwriting one another's on every run."""
     d = cache_dir()
     if d is None:
         return None
-    slot = ((req.mem_mb or 0) * 31 + (req.cpu_ms or 0)) % 16  # at most 16 files
-    return os.path.join(d, f"plan-{slot}")
+    import zlib  # a built-in C module: no Python file to load
+    seed = f"{_package_dir()}\0{req.mem_mb or 0}\0{req.cpu_ms or 0}".encode(errors="replace")
+    return os.path.join(d, f"plan-{zlib.crc32(seed) % 64}")
 
 
 def _cache_load(path: str, key: tuple[Any, ...]) -> Prepared | None:
@@ -960,7 +972,12 @@ def _limit_hit(lim: _Limits, cg: CgroupDirs | None, code: int, cpu_ms: int, disk
                ) -> tuple[str, int, int | None, str] | None:
     """Which limit ended the command, if one did: the provider's rules
     (:func:`corral.providers.linux.policy.outcomes.limit_hit`), on this path's facts (a
-    fresh cgroup: any OOM kill or refused fork is this command's)."""
+    fresh cgroup: any OOM kill or refused fork is this command's). A clean exit (0) is
+    none, by those rules when the host did not kill the sandbox (``cpu_killed_at=0``
+    here: that kill is reported before this): answered without loading them, the
+    common case (a test holds the two equal)."""
+    if code == 0:
+        return None
     from corral.providers.linux.policy.outcomes import limit_hit
     return limit_hit(
         code, mem_mb=lim.mem_mb, cpu_ms=lim.cpu_ms, max_processes=lim.max_processes,

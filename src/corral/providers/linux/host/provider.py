@@ -286,9 +286,8 @@ class LinuxProvider(SandboxProvider):
             options = dataclasses.replace(options, binds=options.binds + tuple(
                 Bind(src, dst) for src, dst in env.sandbox_binds()))
             env_vars = env.sandbox_env()
-        plan = build_plan(spec, options=options, host=self._host, image=image)
-        if env_vars:
-            plan = dataclasses.replace(plan, env_base={**plan.env_base, **env_vars})
+        plan = build_plan(spec, options=options, host=self._host, image=image,
+                          env_vars=env_vars)
         self._cgroups.require(plan.cgroup_limits)
         return plan
 

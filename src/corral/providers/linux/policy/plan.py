@@ -590,7 +590,8 @@ def _extra_binds(host: HostLayout, options: LinuxOptions,
 def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
                image: ImageRoot | None = None,
                rootfs: str | None = None, image_env: Mapping[str, str] | None = None,
-               image_root: ImageRoot | None = None) -> SandboxPlan:
+               image_root: ImageRoot | None = None,
+               env_vars: Mapping[str, str] | None = None) -> SandboxPlan:
     """Turn ``spec`` into a plan, or refuse it with one specific error.
 
     ``image``: the unpacked ``spec.image`` as the provider read it: the sandbox's
@@ -605,6 +606,9 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
 
     ``image_root``: a spec whose image has no handler mode takes the image as its
     root instead (:func:`_image_root_plan`): none of the host's dirs is shown.
+
+    ``env_vars``: variables over the env base (and over the image's ``Env``), last:
+    a built environment's ``PYTHONPATH`` (``corral.envs``), say.
     """
     egress = check_spec(spec)
     if image is not None:
@@ -614,7 +618,7 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
             rootfs, image_env = image.rootfs, image.env
     if is_image_root(spec) or image_root is not None:
         return _image_root_plan(spec, options=options, host=host, image=image_root,
-                                egress=egress)
+                                egress=egress, env_vars=env_vars)
     if (spec.image is None) != (rootfs is None):
         raise ConfigInvalidError(
             "image", "the plan needs the unpacked rootfs of exactly the spec's image")
@@ -639,7 +643,8 @@ def build_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
     steps.extend(_own_dirs(host, disk_bytes))
     steps.extend(after)
     return _plan(spec, options, limits, uid_map, gid_map, steps, disk_bytes,
-                 env_base={**ENV_BASE, **(image_env or {})}, egress=egress)
+                 env_base={**ENV_BASE, **(image_env or {}), **(env_vars or {})},
+                 egress=egress)
 
 
 def _own_dirs(host: HostLayout, disk_bytes: int) -> list[MountStep]:
@@ -665,7 +670,8 @@ def _own_dirs(host: HostLayout, disk_bytes: int) -> list[MountStep]:
 
 
 def _image_root_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayout,
-                     image: ImageRoot | None, egress: EgressPolicy | None) -> SandboxPlan:
+                     image: ImageRoot | None, egress: EgressPolicy | None,
+                     env_vars: Mapping[str, str] | None = None) -> SandboxPlan:
     """The plan of a sandbox whose root is ``image`` (see docs/images.md, "The image
     as the root"): the image's top-level entries bound read-only (``rootfs`` step,
     its /etc entry by entry among the sandbox's hosts, hostname and resolv.conf),
@@ -711,7 +717,8 @@ def _image_root_plan(spec: SandboxSpec, *, options: LinuxOptions, host: HostLayo
         steps.append(MountStep(kind="dir", target=cwd, mode=0o755))
     steps.extend(after)
     return _plan(spec, options, limits, uid_map, gid_map, steps, disk_bytes,
-                 env_base={**ENV_BASE, **image.env}, egress=egress, image_root=True, cwd=cwd,
+                 env_base={**ENV_BASE, **image.env, **(env_vars or {})}, egress=egress,
+                 image_root=True, cwd=cwd,
                  image_command=(tuple(image.entrypoint), tuple(image.cmd)))
 
 
