@@ -7,7 +7,6 @@ transport), so its tasks are this loop's."""
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 import pytest
@@ -20,38 +19,11 @@ from mcp_support import doc
 from corral.core.spec import Level
 from corral.mcp.config import McpConfig
 from corral.mcp.server import build_server
-
-
-def _descendants() -> set[int]:
-    parent: dict[int, int] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] not in ("Z", "X"):
-            parent[int(d)] = int(fields[1])
-    mine, grew = {os.getpid()}, True
-    while grew:
-        more = {p for p, pp in parent.items() if pp in mine} - mine
-        grew = bool(more)
-        mine |= more
-    return mine - {os.getpid()}
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
+from proctree import cmdline, descendants
 
 
 def test_closing_the_server_ends_every_task_and_process() -> None:
-    procs_before = _descendants()
+    procs_before = descendants()
 
     async def main() -> tuple[set[asyncio.Task[Any]], int, int, bool]:
         before = asyncio.all_tasks()
@@ -77,6 +49,6 @@ def test_closing_the_server_ends_every_task_and_process() -> None:
     assert closed
     assert left == set()
     assert (in_flight, owned_after) == (1, 0)
-    left_procs = {pid: cmd for pid in _descendants() - procs_before
-                  if "_serve_spawns" not in (cmd := _cmdline(pid))}  # one per process
+    left_procs = {pid: cmd for pid in descendants() - procs_before
+                  if "_serve_spawns" not in (cmd := cmdline(pid))}  # one per process
     assert left_procs == {}

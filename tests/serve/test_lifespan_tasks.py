@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import tomllib
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -24,6 +23,7 @@ from servehelp import ALICE, config_text
 from corral.serve import service as service_mod
 from corral.serve.app import create_app
 from corral.serve.config import config_from_dict
+from proctree import cmdline, descendants
 
 Message = MutableMapping[str, Any]
 
@@ -93,47 +93,12 @@ class _Request:
             out += msg.get("body", b"")
         return out
 
-
-def _descendants() -> set[int]:
-    """Live processes below this one (from /proc: ppid links)."""
-    parent: dict[int, int] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] not in ("Z", "X"):
-            parent[int(d)] = int(fields[1])
-    mine, grew = {os.getpid()}, True
-    while grew:
-        more = {p for p, pp in parent.items() if pp in mine} - mine
-        grew = bool(more)
-        mine |= more
-    return mine - {os.getpid()}
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
-
-
-async def _running(cmdline: str, before: set[int]) -> None:
+async def _running(command: str, before: set[int]) -> None:
     for _ in range(500):
-        for pid in _descendants() - before:
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    if fh.read().replace(b"\0", b" ").strip() == cmdline.encode():
-                        return
-            except OSError:
-                continue
+        if any(cmdline(pid) == command for pid in descendants() - before):
+            return
         await asyncio.sleep(0.02)
-    raise AssertionError(f"{cmdline!r} never ran")
+    raise AssertionError(f"{command!r} never ran")
 
 
 def test_lifespan_end_leaves_no_task_and_no_process(monkeypatch: pytest.MonkeyPatch,
@@ -142,7 +107,7 @@ def test_lifespan_end_leaves_no_task_and_no_process(monkeypatch: pytest.MonkeyPa
     doc = tomllib.loads(config_text({"context-isolated": "subproc"}))
     app = create_app(config_from_dict(doc))
     service = app.state.service
-    procs_before = _descendants()
+    procs_before = descendants()
 
     async def main() -> tuple[set[asyncio.Task[Any]], int, bytes, int]:
         before = asyncio.all_tasks()
@@ -175,6 +140,6 @@ def test_lifespan_end_leaves_no_task_and_no_process(monkeypatch: pytest.MonkeyPa
     assert owned_after == 0
     assert b"unavailable" in tail  # the server stopped before the run ended
     # the runner's spawn helper is one per process (it ends when this process does)
-    left_procs = {pid: cmd for pid in _descendants() - procs_before
-                  if "_serve_spawns" not in (cmd := _cmdline(pid))}
+    left_procs = {pid: cmd for pid in descendants() - procs_before
+                  if "_serve_spawns" not in (cmd := cmdline(pid))}
     assert left_procs == {}  # the sleeps are gone

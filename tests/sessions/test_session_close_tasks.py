@@ -12,28 +12,9 @@ import pytest
 
 from corral import SessionEndedError
 from corral.sessions import AsyncSession
+from proctree import cmdline, descendants
 
 pytestmark = pytest.mark.usefixtures("strict")
-
-
-def _descendants() -> set[int]:
-    parent: dict[int, int] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] not in ("Z", "X"):
-            parent[int(d)] = int(fields[1])
-    mine, grew = {os.getpid()}, True
-    while grew:
-        more = {p for p, pp in parent.items() if pp in mine} - mine
-        grew = bool(more)
-        mine |= more
-    return mine - {os.getpid()}
 
 
 def _my_cgroups() -> list[str]:
@@ -45,7 +26,7 @@ def _my_cgroups() -> list[str]:
 
 
 def test_close_during_a_cell_ends_every_task_process_and_cgroup() -> None:
-    procs_before, cgroups_before = _descendants(), set(_my_cgroups())
+    procs_before, cgroups_before = descendants(), set(_my_cgroups())
 
     async def main() -> tuple[set[asyncio.Task[Any]], BaseException | None]:
         before = asyncio.all_tasks()
@@ -67,14 +48,6 @@ def test_close_during_a_cell_ends_every_task_process_and_cgroup() -> None:
     left, err = asyncio.run(main())
     assert left == set()
     assert isinstance(err, SessionEndedError), repr(err)
-    left_procs = _descendants() - procs_before
-    assert not {p for p in left_procs if "_serve_spawns" not in _read_cmdline(p)}
+    left_procs = descendants() - procs_before
+    assert not {p for p in left_procs if "_serve_spawns" not in cmdline(p)}
     assert set(_my_cgroups()) - cgroups_before == set()
-
-
-def _read_cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().decode(errors="replace")
-    except OSError:
-        return "?"
