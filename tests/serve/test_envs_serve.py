@@ -214,6 +214,13 @@ def test_a_granted_tenant_builds_and_uses_its_own_environment(
                          ref)
         assert carol.get("/v1/environments/toy").status_code == 404
         assert carol.delete("/v1/environments/toy").status_code == 404
+        # not while its own live sandbox uses it (409: the store never removes an
+        # environment from under a sandbox); the service's warm snippet pool is no bar
+        r = alice.post("/v1/sandboxes", json={"spec": {"environment": "toy"}})
+        assert r.status_code == 201, r.text
+        busy = alice.delete("/v1/environments/toy")
+        assert busy.status_code == 409 and "in use" in busy.text, busy.text
+        assert alice.delete(f"/v1/sandboxes/{r.json()['id']}").status_code == 204
         # removed: gone from the store, and no longer usable
         assert alice.delete("/v1/environments/toy").status_code == 204
         _refused_env(alice.post("/v1/snippets", json={"source": "1", "environment": "toy"}),

@@ -337,6 +337,46 @@ class EnvStore:
         os.chmod(tmp, 0o644)
         os.replace(tmp, d / f"{name}.json")
 
+    # -- users ---------------------------------------------------------------------
+    def _use_file(self, digest: str) -> int:
+        return os.open(self._dir("locks") / f"{digest}.use",
+                       os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def hold(self, digest: str) -> int:
+        """Mark ``digest`` in use until the returned fd is closed (a shared flock on
+        ``locks/<digest>.use``): :meth:`evict` passes it by and :meth:`remove` refuses
+        it meanwhile, so no file goes from under a live sandbox. ConfigInvalidError
+        (field ``environment``) when it is being removed or gone."""
+        if not _DIGEST.match(digest):
+            raise ConfigInvalidError("environment", f"not a digest: {digest!r}")
+        fd = self._use_file(digest)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigInvalidError("environment", f"environment {digest[:12]} is being "
+                                     "removed (build it again)") from None
+        if not (self.object_dir(digest) / "meta.json").exists():
+            os.close(fd)
+            raise ConfigInvalidError("environment", f"environment {digest[:12]} is not in "
+                                     f"{self.root} (evicted or removed: build it again)")
+        return fd
+
+    @contextlib.contextmanager
+    def _unused(self, digest: str) -> Iterator[bool]:
+        """Whether nobody holds ``digest`` (see :meth:`hold`); while True, nobody can
+        start to (an exclusive flock on its use file, held for the block)."""
+        fd = self._use_file(digest)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # releases the lock
+
     @contextlib.contextmanager
     def lock(self, digest: str) -> Iterator[None]:
         """Hold the build lock of ``digest`` (blocks while another build holds it)."""
@@ -383,14 +423,20 @@ class EnvStore:
                 raise ConfigInvalidError("environment",
                                          f"no environment named {name_or_digest!r}")
             digest, drop = names[name_or_digest], [name_or_digest]
-        for n in drop:
-            with contextlib.suppress(FileNotFoundError):
-                (self.root / "names" / f"{n}.json").unlink()
-        if any(d == digest for n, d in names.items() if n not in drop):
+        def unname() -> None:
+            for n in drop:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.root / "names" / f"{n}.json").unlink()
+        if (any(d == digest for n, d in names.items() if n not in drop)
+                or not self.object_dir(digest).exists()):
+            unname()  # another name keeps the tree (or there is none)
             return []
-        if not self.object_dir(digest).exists():
-            return []
-        with self.lock(digest):
+        with self.lock(digest), self._unused(digest) as unused:
+            if not unused:  # refused whole: the names stay too
+                raise ConfigInvalidError(
+                    "environment", f"environment {name_or_digest!r} is in use by a live "
+                    "sandbox (destroy it first)")
+            unname()
             self._drop(self.object_dir(digest))
         with contextlib.suppress(FileNotFoundError):
             (self.root / "used" / digest).unlink()
@@ -416,11 +462,13 @@ class EnvStore:
                 break
             if env.digest in keep:
                 continue
-            for n, d in self.names().items():
-                if d == env.digest:
-                    with contextlib.suppress(FileNotFoundError):
-                        (self.root / "names" / f"{n}.json").unlink()
-            with self.lock(env.digest):
+            with self.lock(env.digest), self._unused(env.digest) as unused:
+                if not unused:  # a live sandbox has it: never from under it
+                    continue
+                for n, d in self.names().items():
+                    if d == env.digest:
+                        with contextlib.suppress(FileNotFoundError):
+                            (self.root / "names" / f"{n}.json").unlink()
                 if self.object_dir(env.digest).exists():
                     self._drop(self.object_dir(env.digest))
             with contextlib.suppress(FileNotFoundError):

@@ -710,7 +710,7 @@ class _Api(FileRoutes):
                errors=(403, 409), tag="environments")
     async def remove_environment(self, request: Request, tenant: TenantState, body: Any
                                  ) -> Response:
-        self.s.remove_environment(tenant, request.path_params["name"])
+        await self.s.remove_environment(tenant, request.path_params["name"])
         return Response(status_code=204)
 
     @operation("the caller's live sandboxes", ok=m.SandboxList)

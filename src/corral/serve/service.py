@@ -731,15 +731,27 @@ class Service:
                 return dict(doc)
         raise ApiError("not-found", "no such environment", what="environment")
 
-    def remove_environment(self, tenant: TenantState, name: str) -> None:
+    async def remove_environment(self, tenant: TenantState, name: str) -> None:
+        """Remove the tenant's own environment ``name``: the service's warm snippet pool
+        of it is closed first (its sandboxes hold it); one the tenant's live sandbox or
+        session still uses is a 409 ``conflict`` (the store never removes an environment
+        from under a sandbox)."""
         from corral.serve.envbuild import Busy
         if name in tenant.config.policy.environments:
             raise ApiError("forbidden", "an environment the operator lists is the "
                            "operator's to remove", what="environment")
+        sname = self.env_builds.resolve(tenant.name, name)
+        if sname is not None:
+            digest = self.env_builds.own(tenant.name).get(name)
+            pool = self._env_pools.pop(digest, None) if digest else None
+            if pool is not None:
+                await pool.aclose()
         try:
             gone = self.env_builds.remove(tenant.name, name)
         except Busy as e:
             raise ApiError("conflict", str(e), what="environment") from None
+        except ConfigInvalidError as e:  # in use by a live sandbox
+            raise ApiError("conflict", e.message, what="environment") from None
         if not gone:
             raise ApiError("not-found", "no such environment", what="environment")
 

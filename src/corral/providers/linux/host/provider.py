@@ -200,6 +200,8 @@ class LinuxProvider(SandboxProvider):
         self._pool = SparePool(spares, self._build_spare, self._reaper)
         #: enforces cpu_ms for every live sandbox that has one (one timer for all)
         self._cpu_watch = CpuWatch()
+        #: a live sandbox's hold on its environment (EnvStore.hold), closed when it goes
+        self._env_holds: dict[LinuxSandbox, int] = {}
         #: what each sandbox uses of this provider (its only way back here)
         self._sandbox_host = SandboxHost(
             cpu_watch=self._cpu_watch, reaper=self._reaper, forget=self._forget,
@@ -319,6 +321,22 @@ class LinuxProvider(SandboxProvider):
         if not isinstance(spec, SandboxSpec):
             raise ConfigInvalidError("spec", "must be a SandboxSpec")
         plan = await self._plan_for(spec)
+        hold = -1
+        if spec.environment is not None:  # in use while the sandbox lives: never evicted
+            from corral.envs.store import EnvStore
+            hold = EnvStore(self._env_store_dir).hold(plan.env_base["CORRAL_ENVIRONMENT"])
+        try:
+            sb = await self._create(spec, plan, cancel)
+        except BaseException:
+            if hold >= 0:
+                os.close(hold)
+            raise
+        if hold >= 0:
+            self._env_holds[sb] = hold
+        return sb
+
+    async def _create(self, spec: SandboxSpec, plan: SandboxPlan,
+                      cancel: CancelToken | None) -> LinuxSandbox:
         prog = self._seccomp()
         if cancel is not None and cancel.cancelled:
             raise CreateCancelledError(f"create cancelled: {cancel.reason}")
@@ -404,6 +422,9 @@ class LinuxProvider(SandboxProvider):
     def _forget(self, sb: LinuxSandbox) -> None:
         self._live.discard(sb)
         self._cpu_watch.discard(sb)
+        hold = self._env_holds.pop(sb, -1)
+        if hold >= 0:  # its environment may be evicted or removed from now on
+            os.close(hold)
 
     async def aclose(self) -> None:
         """Destroy every live sandbox and spare, stop the zygote, drop the snapshots.

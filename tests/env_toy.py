@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from corral.envs import Environment, EnvStore
 from corral.providers.linux import LinuxProvider
 from corral.snippets.host.pool import SnippetPool
 from corral.snippets.host.runner import env_preload
+from proctree import descendants
 
 __all__ = ["TOY", "descendants", "publish_toy", "toy_pool"]
 
@@ -52,26 +52,3 @@ async def toy_pool(root: Path, **kw: Any) -> AsyncIterator[SnippetPool]:
             yield pool
         finally:
             await pool.aclose()
-
-
-def descendants() -> set[int]:
-    """The live processes below this one (read from /proc: pid -> parent)."""
-    parent: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as fh:
-                fields = fh.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if fields and fields[0] != "Z":
-            parent[int(name)] = int(fields[1])
-    out: set[int] = set()
-    todo = [os.getpid()]
-    while todo:
-        me = todo.pop()
-        kids = [pid for pid, ppid in parent.items() if ppid == me and pid not in out]
-        out.update(kids)
-        todo.extend(kids)
-    return out

@@ -1,0 +1,68 @@
+"""An environment a live sandbox uses is never removed from under it: ``corral env rm``
+(EnvStore.remove) refuses it typed and LRU eviction passes it by until the sandbox is
+destroyed; then both work (the control). Before, the files went from under a running
+sandbox and its imports failed inside."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from corral.core.errors import ConfigInvalidError
+from corral.core.spec import Level, SandboxSpec
+from corral.envs import EnvStore
+from corral.providers.linux import LinuxProvider
+from env_toy import TOY, publish_toy
+
+PY = os.path.realpath(sys.executable)
+
+
+@pytest.fixture(autouse=True)
+def _sandbox_available(linux: object) -> None:
+    """The linux fixture (tests/linux/conftest.py) skips where the host cannot sandbox."""
+
+
+def test_an_environment_in_use_is_neither_removed_nor_evicted(tmp_path: Path) -> None:
+    env = publish_toy(tmp_path)
+    store = EnvStore(tmp_path)
+    store.set_name("toy", env.digest)
+    tiny = EnvStore(tmp_path, max_bytes=1)  # every environment is over this bound
+
+    async def go() -> None:
+        async with LinuxProvider(spares=0, env_store_dir=str(tmp_path)) as p:
+            sb = await p.create(SandboxSpec(level=Level.STRICT, environment="toy"))
+            try:
+                with pytest.raises(ConfigInvalidError, match="in use by a live sandbox"):
+                    store.remove("toy")
+                assert store.names() == {"toy": env.digest}  # refused whole
+                assert tiny.evict() == []
+                r = await sb.exec([PY, "-c", f"import {TOY}; print({TOY}.ANSWER)"])
+                assert (r.exit_code, r.stdout) == (0, b"42\n"), r
+            finally:
+                await sb.destroy()
+            # the control: once the sandbox is gone, eviction takes it
+            assert tiny.evict() == [env.digest]
+            assert store.find(env.digest) is None and store.names() == {}
+            with pytest.raises(ConfigInvalidError, match="environment"):
+                await p.create(SandboxSpec(level=Level.STRICT, environment=env.digest))
+
+    asyncio.run(go())
+
+
+def test_remove_takes_an_environment_nobody_uses(tmp_path: Path) -> None:
+    env = publish_toy(tmp_path)
+    store = EnvStore(tmp_path)
+    store.set_name("toy", env.digest)
+
+    async def go() -> None:
+        async with LinuxProvider(spares=0, env_store_dir=str(tmp_path)) as p:
+            async with await p.create(SandboxSpec(level=Level.STRICT, environment="toy")):
+                pass
+            assert store.remove("toy") == [env.digest]
+            assert not store.object_dir(env.digest).exists()
+
+    asyncio.run(go())
