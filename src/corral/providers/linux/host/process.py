@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import final
@@ -20,6 +21,10 @@ from corral.core.result import NetworkDenial, Outcome, RunResult
 from corral.core.spec import ResourceUsage
 
 __all__ = ["ExitInfo", "LinuxProcess", "PipeReader", "Run", "StdinPipe"]
+
+#: a SIGKILLed process's limit is looked for again this many times, this far apart
+_OOM_RECHECKS = 5
+_OOM_RECHECK_S = 0.02
 
 _CHUNK = 1 << 16
 
@@ -205,6 +210,18 @@ class LinuxProcess(ProcessHandle):
             await asyncio.wait([self._killer])
             if not self._killer.cancelled():
                 self._killer.exception()  # seen: the exit above is what counts
+        if (self._hit is None and self._limit_hit is not None and not self._run.killed_for
+                and info.code == -signal.SIGKILL):
+            # a SIGKILL nobody here sent: the kernel counts an OOM kill just after it
+            # sends the signal, so the exit can be seen first. Look again, briefly.
+            for _ in range(_OOM_RECHECKS):
+                await asyncio.sleep(_OOM_RECHECK_S)
+                try:
+                    self._hit = self._limit_hit(info)
+                except (OSError, ValueError):  # the sandbox is gone: nothing to read
+                    break
+                if self._hit is not None:
+                    break
         wall = int((asyncio.get_running_loop().time() - self._started) * 1000)
         usage = usage_of(info, wall)
         if self._hit is not None:
