@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from env_toy import TOY, descendants, toy_pool
 from snippet_levels import STRICT_SKIP
 
 from corral.core.errors import ProviderError, UnhandledWorkerError
@@ -21,6 +20,7 @@ from corral.snippets.host.pool import SnippetPool
 from corral.snippets.host.runner import _run_in
 from corral.snippets.host.transcript import Transcript
 from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS
+from env_toy import TOY, descendants, toy_pool
 from strict_tier import needs_strict
 
 pytestmark = needs_strict(STRICT_SKIP)

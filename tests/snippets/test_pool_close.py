@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from env_toy import descendants
 from snippet_levels import LEVELS
 
 from corral.core.errors import ProviderError, UnhandledWorkerError
@@ -18,6 +17,7 @@ from corral.runner.tree import warm_spawn_helper
 from corral.snippets.host.pool import SnippetPool
 from corral.snippets.host.runner import run_snippet
 from corral.snippets.host.transcript import Transcript
+from env_toy import descendants
 
 
 async def until(cond: Any, timeout: float = 20.0) -> None:

@@ -25,13 +25,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from env_toy import TOY, publish_toy, toy_pool
 from snippet_levels import LEVELS, STRICT_SKIP
 
 from corral.core.spec import Level
 from corral.snippets.host.runner import _DEFAULT, _run_in, shutdown_snippet_pool
 from corral.snippets.host.transcript import Transcript
 from corral.snippets.validator import DEFAULT_ALLOWED_IMPORTS, validate_source
+from env_toy import TOY, publish_toy, toy_pool
 from strict_tier import needs_strict
 
 
