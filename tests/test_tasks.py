@@ -63,3 +63,36 @@ def test_settle_leaves_nothing_running_when_its_caller_is_cancelled() -> None:
         return inner.done()
 
     assert asyncio.run(main())
+
+
+_ENDED_NOT_YET_FORGOTTEN = """
+import asyncio
+from corral.core.tasks import TaskSet
+
+async def nothing() -> None:
+    return None
+
+async def main() -> None:
+    for close in ("aclose", "drain"):
+        ts = TaskSet()
+        task = ts.spawn(nothing())
+        await asyncio.sleep(0)  # the task ran and ended; its done callback is only queued
+        assert task.done()
+        await getattr(ts, close)()
+        assert len(ts) == 0
+    print("ok")
+
+asyncio.run(main())
+"""
+
+
+def test_a_taskset_whose_task_just_ended_closes_without_spinning() -> None:
+    """A task ended but its done callback not yet run: awaiting ended tasks does not
+    yield to the loop, so aclose/drain spun forever waiting for that callback (a snippet
+    pool's close hung CI's 3.12 tier: from 3.12, gather completes at once over ended
+    tasks). In a child process, bounded: a spin is a timeout."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _ENDED_NOT_YET_FORGOTTEN],
+                       capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
