@@ -104,9 +104,13 @@ _WARMUPS: Final = {
 }
 
 
+def _code_for(table: Mapping[str, str], preloaded: frozenset[str]) -> str:
+    return "".join(code for name, code in sorted(table.items()) if name in preloaded)
+
+
 def env_warmup(preloaded: frozenset[str]) -> str:
     """The warm-up code for a template that preloaded ``preloaded``."""
-    return "".join(code for name, code in sorted(_WARMUPS.items()) if name in preloaded)
+    return _code_for(_WARMUPS, preloaded)
 
 
 #: what each spare of an environment template (forked ahead of its job, ``--prefork``)
@@ -123,7 +127,7 @@ _PREFAULTS: Final = {
 
 def env_prefault(preloaded: frozenset[str]) -> str:
     """The prefault code for the spares of a template that preloaded ``preloaded``."""
-    return "".join(code for name, code in sorted(_PREFAULTS.items()) if name in preloaded)
+    return _code_for(_PREFAULTS, preloaded)
 
 
 #: a template that imported an environment's packages (pandas: ~100 MiB) needs more
