@@ -596,6 +596,25 @@ def test_the_command_holds_only_fds_0_to_2() -> None:
     assert str(extra_w).encode() in c.stdout.split(), c.stdout
 
 
+_PIDS = ("import os; print(os.getpid(), "
+         "sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+
+
+def test_pid_1_builds_the_view_itself() -> None:
+    """The one-shot pid 1 builds the view in place (``bring_up(builder=False)``): no
+    builder process is forked, so the command is the sandbox's pid 2 and the only other
+    process is pid 1. Control: the library path's pid 1 forks its builder first (pid 2),
+    so its first command gets a later pid; the probe tells the two apart."""
+    r = strict(PY, "-I", "-S", "-c", _PIDS)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split(maxsplit=1) == [b"2", b"[1, 2]\n"], r.stdout
+    lib = subprocess.run([sys.executable, "-m", "corral", "run", "--level", "strict", "--",
+                          PY, "-I", "-S", "-c", _PIDS], capture_output=True, timeout=120,
+                         stdin=subprocess.DEVNULL, check=False)
+    assert lib.returncode == 0, lib.stderr[-2000:]
+    assert int(lib.stdout.split()[0]) > 2, lib.stdout
+
+
 def test_pid_1_title_is_the_zygotes() -> None:
     from corral.providers.linux.init import zygote
     assert oneshot.PROCTITLE == zygote.PROCTITLE

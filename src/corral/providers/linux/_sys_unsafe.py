@@ -228,11 +228,17 @@ def machine_arch() -> str:
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
 
 
+#: this machine's syscall table, once looked up (a process never changes architecture)
+_MY_SYSCALLS: dict[str, int] = {}
+
+
 def _nr(name: str) -> int:
-    nrs = _SYSCALLS.get(machine_arch())
-    if nrs is None:
-        raise OSError(errno.ENOSYS, f"{name}: no syscall number for {machine_arch()}")
-    return nrs[name]
+    if not _MY_SYSCALLS:
+        nrs = _SYSCALLS.get(machine_arch())
+        if nrs is None:
+            raise OSError(errno.ENOSYS, f"{name}: no syscall number for {machine_arch()}")
+        _MY_SYSCALLS.update(nrs)
+    return _MY_SYSCALLS[name]
 
 
 def preresolve() -> None:

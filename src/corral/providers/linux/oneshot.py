@@ -16,7 +16,8 @@ bring-up sequence"):
   into the namespaces as the sandbox's uid, its id maps);
 - pid 1 (C2) drops what is the caller's (its signal handlers, its descriptors,
   its command line: ``/proc/1/cmdline`` shows ``corral``) and runs
-  ``init.pid1.bring_up``: C3 builds the view while C2 joins its cgroup, then
+  ``init.pid1.bring_up`` with ``builder=False``: C2 joins its cgroup and builds the
+  view itself (no C3: this pid 1 lives for one command), then
   ``contain.contain`` (cgroup namespace, rlimits, stray descriptors,
   no_new_privs, every capability dropped, not dumpable, the seccomp filter);
 - C2 then starts the one command as the agent does (``contain.spawn``: a new
@@ -274,7 +275,8 @@ def _pid1(sock: _socket.socket, plan: Mapping[str, Any], prog: Any, procs: list[
     except BaseException:
         os._exit(72)
     pid1.bring_up(plan, keep_fd=sock.fileno(), procs=procs, trees=trees, prog=prog,
-                  report=lambda why: _send(sock, f"E {why}"), proctitle=PROCTITLE)
+                  report=lambda why: _send(sock, f"E {why}"), proctitle=PROCTITLE,
+                  builder=False)
     if plan.get("image_root"):
         # as the library's pid 1: the image may hold files at the host interpreter's
         # paths, and no lazy import may run them here (_serve_one needs none)

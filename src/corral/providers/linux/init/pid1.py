@@ -4,7 +4,8 @@ sequence both launch paths run (:func:`bring_up`).
 Both run inside the new namespaces, cloned by the launcher (``clone.clone_pid1``: the
 zygote's template on the library path, the ``corral run`` process itself on the
 one-shot path). pid 1 takes its plan and cgroup files from the launcher (as root, also
-one detached mount tree per bind source: ``clone.prepare``), forks the builder (pid 2),
+one detached mount tree per bind source: ``clone.prepare``), forks the builder (pid 2;
+the one-shot path's pid 1 builds the view itself, see :func:`bring_up`),
 moves itself into the sandbox's cgroups while the builder builds the file system view
 (attaching those trees, or else binding the sources it opens as the caller), writes the
 user namespace's quotas, hostname and loopback, contains itself, then becomes the agent
@@ -82,19 +83,31 @@ def seal_file_imports() -> None:
 
 def bring_up(plan: Mapping[str, Any], *, keep_fd: int, procs: list[int], trees: list[int],
              prog: bytes | su.Seccomp, report: Callable[[str], object],
-             proctitle: bytes | None = None) -> None:
+             proctitle: bytes | None = None, builder: bool = True) -> None:
     """The one bring-up of a sandbox's pid 1 (C2), the agent's and the one-shot relay's
-    alike: fork C3 to build the file system view (:func:`_build_view`), join the
-    sandbox's cgroup meanwhile (``contain.join_cgroup``: the move waits for an RCU grace
-    period on cgroup v1, or v2 without favordynmods), wait for C3, then contain this
-    process (``contain.contain``: the cgroup namespace, rlimits, descriptors: only
-    ``keep_fd`` stays, the privilege drop and seccomp last). ``proctitle``: what
-    ``/proc/1/cmdline`` shows instead of the launcher's command line (the zygote set its
-    own already). Returns contained; on any failure ``report(why)`` and exit 71: nothing
-    half-built ever runs a command."""
+    alike: the file system view (:func:`_build_view`), the sandbox's cgroup
+    (``contain.join_cgroup``), then contain this process (``contain.contain``: the
+    cgroup namespace, rlimits, descriptors: only ``keep_fd`` stays, the privilege drop
+    and seccomp last). ``proctitle``: what ``/proc/1/cmdline`` shows instead of the
+    launcher's command line (the zygote set its own already). Returns contained; on any
+    failure ``report(why)`` and exit 71: nothing half-built ever runs a command.
+
+    ``builder`` (the agent's): the view is built by C3, forked for it, while pid 1 joins
+    the cgroup, so the pages the mount code dirties die with C3 instead of staying
+    copied in an agent that lives as long as its sandbox. Without (the one-shot path,
+    whose pid 1 lives for one command): pid 1 joins, then builds the view itself; the
+    same steps in the same namespaces, without a fork, a second process's page copies
+    and a wait on the critical path of ``corral run``."""
     try:
         if proctitle is not None:
             su.set_proctitle(proctitle)
+        if not builder:
+            contain.join_cgroup(procs)
+            _view(plan, trees)
+            for fd in trees:
+                os.close(fd)
+            contain.contain(plan, keep_fd=keep_fd, seccomp_prog=prog)
+            return
         view_r, view_w = os.pipe2(os.O_CLOEXEC)
         c3 = su.fork_bare()
         if c3 == 0:
@@ -128,14 +141,7 @@ def _build_view(plan: Mapping[str, Any], err_fd: int, trees: list[int]) -> None:
     ``err_fd``. Never returns."""
     code = 0
     try:
-        # without trees (not root, or an old kernel): opened while the host's
-        # permissions on the way there are still ours (a checkout under a 0700
-        # home); uid 0 inside could not walk to them
-        source_fds = {} if trees else _open_bind_sources(plan["mounts"])
-        uid, gid = plan["uid_map"][0], plan["gid_map"][0]  # 0, or an image's User
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)
-        contain.build_view(plan, source_fds=source_fds, trees=trees)
+        _view(plan, trees)
     except BaseException as e:
         code = 1
         try:
@@ -143,6 +149,20 @@ def _build_view(plan: Mapping[str, Any], err_fd: int, trees: list[int]) -> None:
         except BaseException:
             pass
     os._exit(code)
+
+
+def _view(plan: Mapping[str, Any], trees: list[int]) -> None:
+    """Become uid/gid 0 inside (or an image's User) and build the view."""
+    # without trees (not root, or an old kernel): opened while the host's
+    # permissions on the way there are still ours (a checkout under a 0700
+    # home); uid 0 inside could not walk to them
+    source_fds = {} if trees else _open_bind_sources(plan["mounts"])
+    uid, gid = plan["uid_map"][0], plan["gid_map"][0]  # 0, or an image's User
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    contain.build_view(plan, source_fds=source_fds, trees=trees)
+    for fd in source_fds.values():
+        os.close(fd)
 
 
 def _open_bind_sources(steps: Any) -> dict[str, int]:
