@@ -13,18 +13,37 @@ import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import final
+from typing import TypeVar, final
 
 from corral.core.contract import ProcessHandle, ProcessStdin
 from corral.core.errors import ProviderError
 from corral.core.result import NetworkDenial, Outcome, RunResult
 from corral.core.spec import ResourceUsage
 
-__all__ = ["ExitInfo", "LinuxProcess", "PipeReader", "Run", "StdinPipe"]
+__all__ = ["OOM_RECHECKS", "OOM_RECHECK_S", "ExitInfo", "LinuxProcess", "PipeReader", "Run",
+           "StdinPipe", "look_again"]
+
+T = TypeVar("T")
 
 #: a SIGKILLed process's limit is looked for again this many times, this far apart
-_OOM_RECHECKS = 5
-_OOM_RECHECK_S = 0.02
+OOM_RECHECKS = 5
+OOM_RECHECK_S = 0.02
+
+
+async def look_again(look: Callable[[], T | None]) -> T | None:
+    """After a SIGKILL nobody on the host sent: the kernel counts an OOM kill just after
+    it sends the signal, so the exit can be seen first. Call ``look`` (which limit ended
+    the command, None for none) again, briefly, until it names one; None if it never
+    does, or once it cannot read (OSError, ValueError: the sandbox is gone)."""
+    for _ in range(OOM_RECHECKS):
+        await asyncio.sleep(OOM_RECHECK_S)
+        try:
+            hit = look()
+        except (OSError, ValueError):
+            return None
+        if hit is not None:
+            return hit
+    return None
 
 _CHUNK = 1 << 16
 
@@ -212,16 +231,8 @@ class LinuxProcess(ProcessHandle):
                 self._killer.exception()  # seen: the exit above is what counts
         if (self._hit is None and self._limit_hit is not None and not self._run.killed_for
                 and info.code == -signal.SIGKILL):
-            # a SIGKILL nobody here sent: the kernel counts an OOM kill just after it
-            # sends the signal, so the exit can be seen first. Look again, briefly.
-            for _ in range(_OOM_RECHECKS):
-                await asyncio.sleep(_OOM_RECHECK_S)
-                try:
-                    self._hit = self._limit_hit(info)
-                except (OSError, ValueError):  # the sandbox is gone: nothing to read
-                    break
-                if self._hit is not None:
-                    break
+            limit_hit = self._limit_hit
+            self._hit = await look_again(lambda: limit_hit(info))
         wall = int((asyncio.get_running_loop().time() - self._started) * 1000)
         usage = usage_of(info, wall)
         if self._hit is not None:

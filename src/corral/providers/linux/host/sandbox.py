@@ -34,13 +34,12 @@ from corral.providers.confined import split_relative
 from corral.providers.linux.host.channel import REQUEST_TIMEOUT_S, Channel
 from corral.providers.linux.host.netrelay import SandboxNetwork, proxy_env
 from corral.providers.linux.host.process import (
-    _OOM_RECHECK_S,
-    _OOM_RECHECKS,
     ExitInfo,
     LinuxProcess,
     PipeReader,
     Run,
     StdinPipe,
+    look_again,
     usage_of,
 )
 from corral.providers.linux.host.spares import kill_and_remove, only_init_left, wait_exit
@@ -540,14 +539,8 @@ class LinuxSandbox(Sandbox):
                 info, limit=bufs[fd - 1].cap, observed=bufs[fd - 1].total,
                 detail="the command wrote more than the output cap; it was killed"))
         hit = self._limit_hit(run, info, before)
-        for _ in range(_OOM_RECHECKS if hit is None and not run.killed_for
-                       and info.code == -signal.SIGKILL else 0):
-            # the kernel counts an OOM kill just after it sends the SIGKILL: the exit
-            # can be seen first (LinuxProcess.wait does the same)
-            await asyncio.sleep(_OOM_RECHECK_S)
-            hit = self._limit_hit(run, info, before)
-            if hit is not None:
-                break
+        if hit is None and not run.killed_for and info.code == -signal.SIGKILL:
+            hit = await look_again(lambda: self._limit_hit(run, info, before))
         if hit is not None:
             outcome, limit, observed, detail = hit
             raise _error(result(outcome, info.code, info, limit=limit, observed=observed,
