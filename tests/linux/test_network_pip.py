@@ -46,11 +46,14 @@ def test_pip_install_from_an_https_index_allowed_by_name(
                                   ExecOpts(env={"PYTHONPATH": "/work/site"}))
                 assert r.stdout_text.strip() == "42", r.stderr_text
                 # the same pip, pointed at an index the policy does not list, gets nothing
+                # (--cert again: without it a Debian-built pip looks for the host's CA
+                # bundle, which the sandbox does not show, and fails before it connects)
                 r = await sb.exec(
                     [PY, "-m", "pip", "download", "--no-cache-dir", "--no-input",
                      "--disable-pip-version-check", "--retries", "0", "--timeout", "5",
                      "-d", "/work/dl", "--index-url",
-                     f"https://other.test:{index.port}/simple/", "corraltoy"],
+                     f"https://other.test:{index.port}/simple/", "--cert", "/work/ca.pem",
+                     "corraltoy"],
                     ExecOpts(timeout_ms=120_000))
                 assert r.exit_code != 0
                 assert {(d.host, d.kind) for d in r.denials} == {("other.test", "not-allowed")}
