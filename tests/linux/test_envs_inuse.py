@@ -66,3 +66,41 @@ def test_remove_takes_an_environment_nobody_uses(tmp_path: Path) -> None:
             assert not store.object_dir(env.digest).exists()
 
     asyncio.run(go())
+
+
+def test_an_idle_spare_of_a_removed_environment_is_not_used(tmp_path: Path) -> None:
+    """A provider keeps a spare built for an environment's plan; the environment is then
+    removed (nobody uses it: an idle spare holds no lock) and published again under the
+    same digest (a new tree at the same path). The next sandbox must see the new tree:
+    the spare, bound to the removed one, is ended instead of handed out. Before, the
+    sandbox came from that spare and its import failed inside. Control: without the
+    removal the spare is taken (the same sandbox pid 1 as the spare's), and sees it."""
+    env = publish_toy(tmp_path)
+    store = EnvStore(tmp_path)
+    store.set_name("toy", env.digest)
+    check = [PY, "-c", f"import {TOY}; print({TOY}.ANSWER)"]
+    spec = SandboxSpec(level=Level.STRICT, environment="toy")
+
+    async def go() -> None:
+        async with LinuxProvider(spares=1, env_store_dir=str(tmp_path)) as p:
+            async with await p.create(spec):
+                pass
+            assert await p._pool.drain() == 1  # a spare of the environment's plan, idle
+            spare = next(iter(p._pool.idle.values()))[0].sid
+            # control: nothing changed, so the spare is taken and sees the environment
+            async with await p.create(spec) as sb:
+                assert sb.id == spare
+                r = await sb.exec(check)
+                assert (r.exit_code, r.stdout) == (0, b"42\n"), r
+            assert await p._pool.drain() == 1
+            spare = next(iter(p._pool.idle.values()))[0].sid
+            assert store.remove("toy") == [env.digest]
+            again = publish_toy(tmp_path)
+            assert again.digest == env.digest
+            store.set_name("toy", env.digest)
+            async with await p.create(spec) as sb:
+                assert sb.id != spare
+                r = await sb.exec(check)
+                assert (r.exit_code, r.stdout) == (0, b"42\n"), r
+
+    asyncio.run(go())

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from corral.core.cancel import CancelToken
 
 __all__ = ["Launched", "Reaper", "SparePool", "kill_and_remove", "only_init_left", "shape_key",
-           "wait_exit"]
+           "source_ids", "wait_exit"]
 
 #: how long destroy waits for the pid-namespace init to be gone before it falls back
 #: to killing the cgroup synchronously
@@ -62,6 +62,8 @@ class Launched:
     chan: Channel
     pidfd: int
     cg: Any
+    #: a spare's bind sources as they were when it was built (:func:`source_ids`)
+    sources: tuple[tuple[int, int] | None, ...] | None = None
 
 
 @final
@@ -115,6 +117,11 @@ class SparePool:
             if item.chan.is_closed:  # its agent died while idle
                 await kill_launched(item, self._reaper)
                 continue
+            if item.sources is not None and item.sources != source_ids(plan):
+                # a source was replaced while it idled (an environment removed and
+                # built again, a bound dir made anew): it shows the old tree
+                await kill_launched(item, self._reaper)
+                continue
             try:
                 if item.cg is not None:
                     # before anything of the caller runs
@@ -140,7 +147,9 @@ class SparePool:
 
     async def _build_one(self, key: str, plan: SandboxPlan) -> Launched:
         try:
+            sources = source_ids(plan)  # before: a source replaced meanwhile never matches
             item = await self._build(plan)
+            item.sources = sources
         finally:
             if self.building.get(key) is asyncio.current_task():
                 del self.building[key]
@@ -187,6 +196,23 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
     builds cold)."""
     if not task.cancelled():
         task.exception()
+
+
+def source_ids(plan: SandboxPlan) -> tuple[tuple[int, int] | None, ...]:
+    """The (device, inode) of each host path ``plan`` binds (None: gone). A spare is
+    built with what its sources were then; the same paths can later name other trees
+    (``corral env rm`` then a rebuild of the same environment: same digest, same path,
+    a new directory), and a spare still bound to the old one must not be handed out."""
+    out: list[tuple[int, int] | None] = []
+    for step in plan.mounts:
+        if step.kind in ("bind", "rootfs"):
+            try:
+                st = os.stat(step.source)
+            except OSError:
+                out.append(None)
+            else:
+                out.append((st.st_dev, st.st_ino))
+    return tuple(out)
 
 
 def shape_key(plan: SandboxPlan) -> str:
