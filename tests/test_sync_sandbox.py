@@ -168,6 +168,9 @@ def test_ctrl_c_and_exit_leave_nothing(tmp_path: Path, how: str) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pipe in (proc.stdout, proc.stderr):  # on a failure too: never left to the GC
+            if pipe is not None:
+                pipe.close()
     assert _pid_gone(inner), f"the command {inner} outlived its sandbox"
     assert _gone(work), f"{work} was left behind"
 
