@@ -34,6 +34,20 @@ die() { say "ERROR: $*"; exit 2; }
   tests/linux/test_orphans.py tests/linux/test_provider.py tests/linux/test_nonroot_doors.py \
   -m 'not slow and not env_build'
 
+# The guest's Python packages are the checkout's .venv's, pinned (scripts/test.sh makes it:
+# in CI it runs first). Without them the guest would have no h11 and every scenario would
+# fail on the import, minutes later: say so now instead.
+PY=${CORRAL_V2_PYTHON:-$ROOT/.venv/bin/python}
+[ -x "$PY" ] || die "no $PY: the guest's packages (h11, pytest, hypothesis) are pinned from \
+the checkout's .venv; run 'bash scripts/test.sh' first (it makes .venv), or set CORRAL_V2_PYTHON"
+PINS=$("$PY" -m pip freeze 2>/dev/null | grep -iE '^(pytest|hypothesis|pluggy|iniconfig|packaging|sortedcontainers|h11)==' | sort | tr '\n' ' ' || true)
+missing=()
+for p in h11 pytest hypothesis; do
+  grep -qiE "(^| )$p==" <<<"$PINS" || missing+=("$p")
+done
+[ ${#missing[@]} = 0 ] || die "$PY has no ${missing[*]} (pip freeze): the guest needs them; \
+'bash scripts/test.sh' installs them into .venv"
+
 # --- host packages --------------------------------------------------------------
 need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
@@ -51,10 +65,6 @@ fi
 [ "$(id -u)" = 0 ] || die "building the guest needs root (debootstrap, chroot)"
 KERNEL=$(ls /boot/vmlinuz-*-cloud-amd64 | sort -V | tail -1)
 KVER=${KERNEL#/boot/vmlinuz-}
-PY=$ROOT/.venv/bin/python
-[ -x "$PY" ] || PY=python3
-PINS=$("$PY" -m pip freeze 2>/dev/null | grep -iE '^(pytest|hypothesis|pluggy|iniconfig|packaging|sortedcontainers|h11)==' | sort | tr '\n' ' ')
-[ -n "$PINS" ] || PINS="pytest hypothesis h11"
 
 # --- the cached guest -------------------------------------------------------------
 MIRROR=$(sed -n 's/^URIs: *\(\S*debian\)$/\1/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
@@ -88,7 +98,12 @@ if [ "$(cat "$CACHE/key" 2>/dev/null)" != "$KEY" ]; then
     || die "guest $GPY differs from the host's python: pure-python wheels only, but check"
   # pytest and hypothesis are pure Python: install them from the host into the guest venv
   # shellcheck disable=SC2086
-  "$PY" -m pip install -q --no-compile --target "$SITE" $PINS 2>&1 | grep -v '^WARNING: Location' || true
+  "$PY" -m pip install -q --no-compile --target "$SITE" $PINS > "$CACHE/pip-guest.log" 2>&1 \
+    || { grep -v '^WARNING: Location' "$CACHE/pip-guest.log" | tail -20
+         die "pip could not install $PINS into the guest's venv (log $CACHE/pip-guest.log)"; }
+  for p in h11 pytest hypothesis; do
+    [ -e "$SITE/$p" ] || die "the guest's venv has no $p after pip install (log $CACHE/pip-guest.log)"
+  done
   # the checkout is on the job disk at /job/src: the venv imports corral from there
   echo /job/src/src > "$SITE/corral-checkout.pth"
   chmod -R a+rX "$B/rootfs/opt/venv"
