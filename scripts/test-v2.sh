@@ -6,6 +6,8 @@
 #   c uid 1000 in a delegated cgroup (Delegate=yes)   d root in a private cgroup namespace
 #   e uid 1000 with nothing delegated (what cannot run there skips with its reason: the
 #     tests that ask for cgroup limits carry strict_tier.needs_cgroup_limits)
+# b and d leave out what depends on the uid only, not on root's cgroup (the quota tests,
+# the doors as uid 65534 dropped from root): a runs it (scripts/v2/guest.sh says which)
 # The guest (kernel, busybox initramfs, debootstrap root with a venv holding h11 (corral's runtime dependency), pytest and
 # hypothesis) is cached in $CORRAL_V2_CACHE (default ~/.cache/corral-v2) and rebuilt only
 # when its inputs change; the checkout goes in on a second ext4 image each run.
