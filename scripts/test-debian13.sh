@@ -11,6 +11,8 @@
 # Usage: scripts/test-debian13.sh [pytest args...]  (default: the tier's tests, not slow, not the one
 #        debootstrapped test image (its own root has no debootstrap: marked image_build),
 #        as scripts/test-tiers.sh runs them)
+# Env: CORRAL_D13_BUILD_ONLY=1: build (or find) the cached root, then stop (.ci/run does
+#      this in the background while the interpreter tiers run)
 # Exit: pytest's, or 2 when the root could not be built.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,6 +51,7 @@ else
   say "root cached in $CACHE (key $KEY)"
 fi
 # --- end cached root
+if [ -n "${CORRAL_D13_BUILD_ONLY:-}" ]; then say "build only: done"; exit 0; fi
 R=$CACHE/rootfs
 GVER=$(chroot "$R" /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 say "Debian $(cat "$R/etc/debian_version"), python $GVER"

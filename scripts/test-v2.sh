@@ -6,6 +6,8 @@
 #   c uid 1000 in a delegated cgroup (Delegate=yes)   d root in a private cgroup namespace
 #   e uid 1000 with nothing delegated (what cannot run there skips with its reason: the
 #     tests that ask for cgroup limits carry strict_tier.needs_cgroup_limits)
+# b and d leave out what depends on the uid only, not on root's cgroup (the quota tests,
+# the doors as uid 65534 dropped from root): a runs it (scripts/v2/guest.sh says which)
 # The guest (kernel, busybox initramfs, debootstrap root with a venv holding h11 (corral's runtime dependency), pytest and
 # hypothesis) is cached in $CORRAL_V2_CACHE (default ~/.cache/corral-v2) and rebuilt only
 # when its inputs change; the checkout goes in on a second ext4 image each run.
@@ -14,6 +16,8 @@
 # Usage: scripts/test-v2.sh [pytest args...]   (default: the cgroup/host-detection files
 #        of tests/linux, see below; `scripts/test-v2.sh tests/linux -m 'not slow'` for all)
 # Env: CORRAL_V2_SCENARIOS="a b c d e" (a subset to run fewer), CORRAL_V2_TIMEOUT=600 (s per boot), CORRAL_V2_SMP=2
+#      CORRAL_V2_BUILD_ONLY=1: install the host packages and build (or find) the cached guest,
+#      then stop (.ci/run does this in the background while the interpreter tiers run)
 # Exit: 0 when every scenario passed, 1 when one failed, 2 when the guest could not run.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,6 +38,20 @@ die() { say "ERROR: $*"; exit 2; }
   tests/linux/test_orphans.py tests/linux/test_provider.py tests/linux/test_nonroot_doors.py \
   -m 'not slow and not env_build'
 
+# The guest's Python packages are the checkout's .venv's, pinned (scripts/test.sh makes it:
+# in CI it runs first). Without them the guest would have no h11 and every scenario would
+# fail on the import, minutes later: say so now instead.
+PY=${CORRAL_V2_PYTHON:-$ROOT/.venv/bin/python}
+[ -x "$PY" ] || die "no $PY: the guest's packages (h11, pytest, hypothesis) are pinned from \
+the checkout's .venv; run 'bash scripts/test.sh' first (it makes .venv), or set CORRAL_V2_PYTHON"
+PINS=$("$PY" -m pip freeze 2>/dev/null | grep -iE '^(pytest|hypothesis|pluggy|iniconfig|packaging|sortedcontainers|h11)==' | sort | tr '\n' ' ' || true)
+missing=()
+for p in h11 pytest hypothesis; do
+  grep -qiE "(^| )$p==" <<<"$PINS" || missing+=("$p")
+done
+[ ${#missing[@]} = 0 ] || die "$PY has no ${missing[*]} (pip freeze): the guest needs them; \
+'bash scripts/test.sh' installs them into .venv"
+
 # --- host packages --------------------------------------------------------------
 need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
@@ -51,10 +69,6 @@ fi
 [ "$(id -u)" = 0 ] || die "building the guest needs root (debootstrap, chroot)"
 KERNEL=$(ls /boot/vmlinuz-*-cloud-amd64 | sort -V | tail -1)
 KVER=${KERNEL#/boot/vmlinuz-}
-PY=$ROOT/.venv/bin/python
-[ -x "$PY" ] || PY=python3
-PINS=$("$PY" -m pip freeze 2>/dev/null | grep -iE '^(pytest|hypothesis|pluggy|iniconfig|packaging|sortedcontainers|h11)==' | sort | tr '\n' ' ')
-[ -n "$PINS" ] || PINS="pytest hypothesis h11"
 
 # --- the cached guest -------------------------------------------------------------
 MIRROR=$(sed -n 's/^URIs: *\(\S*debian\)$/\1/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
@@ -88,7 +102,12 @@ if [ "$(cat "$CACHE/key" 2>/dev/null)" != "$KEY" ]; then
     || die "guest $GPY differs from the host's python: pure-python wheels only, but check"
   # pytest and hypothesis are pure Python: install them from the host into the guest venv
   # shellcheck disable=SC2086
-  "$PY" -m pip install -q --no-compile --target "$SITE" $PINS 2>&1 | grep -v '^WARNING: Location' || true
+  "$PY" -m pip install -q --no-compile --target "$SITE" $PINS > "$CACHE/pip-guest.log" 2>&1 \
+    || { grep -v '^WARNING: Location' "$CACHE/pip-guest.log" | tail -20
+         die "pip could not install $PINS into the guest's venv (log $CACHE/pip-guest.log)"; }
+  for p in h11 pytest hypothesis; do
+    [ -e "$SITE/$p" ] || die "the guest's venv has no $p after pip install (log $CACHE/pip-guest.log)"
+  done
   # the checkout is on the job disk at /job/src: the venv imports corral from there
   echo /job/src/src > "$SITE/corral-checkout.pth"
   chmod -R a+rX "$B/rootfs/opt/venv"
@@ -103,6 +122,7 @@ else
   say "guest cached in $CACHE (key $KEY)"
 fi
 # --- end cached guest
+if [ -n "${CORRAL_V2_BUILD_ONLY:-}" ]; then say "build only: done"; exit 0; fi
 
 # --- the job disk: this checkout, the guest script, the pytest args ----------------
 JOB=$(mktemp -d "$CACHE/job.XXXXXX")
