@@ -100,9 +100,12 @@ if [ "$(cat "$CACHE/key" 2>/dev/null)" != "$KEY" ]; then
   GPY=$(basename "$(dirname "$SITE")")
   [ "$GPY" = "python$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" ] \
     || die "guest $GPY differs from the host's python: pure-python wheels only, but check"
-  # pytest and hypothesis are pure Python: install them from the host into the guest venv
+  # pytest and hypothesis are pure Python: install them from the host into the guest venv,
+  # compiled here (the host's python has the guest's minor version, checked above): the
+  # guest's disks are snapshots, so whatever it compiled itself would be lost at power-off
+  # and compiled again, under TCG, by every boot and every sandboxed python
   # shellcheck disable=SC2086
-  "$PY" -m pip install -q --no-compile --target "$SITE" $PINS > "$CACHE/pip-guest.log" 2>&1 \
+  "$PY" -m pip install -q --target "$SITE" $PINS > "$CACHE/pip-guest.log" 2>&1 \
     || { grep -v '^WARNING: Location' "$CACHE/pip-guest.log" | tail -20
          die "pip could not install $PINS into the guest's venv (log $CACHE/pip-guest.log)"; }
   for p in h11 pytest hypothesis; do
@@ -129,6 +132,12 @@ JOB=$(mktemp -d "$CACHE/job.XXXXXX")
 trap 'rm -rf "$JOB"' EXIT
 mkdir -p "$JOB/disk/src" "$JOB/disk/v2"
 checkout_copy "$ROOT" "$JOB/disk/src"
+# compiled on the host, once for every boot (mkfs.ext4 -d keeps the mtimes the .pyc files
+# are checked against); the guest's python would compile corral under TCG again in each
+# boot and in each sandbox it starts (it runs with PYTHONDONTWRITEBYTECODE, and its disks
+# are snapshots); the snippet corpus is data, some of it not Python on purpose
+"$PY" -m compileall -q -j 0 -x /corpus/ "$JOB/disk/src/src" "$JOB/disk/src/tests" >/dev/null \
+  || die "compileall of the checkout copy failed"
 cp "$ROOT/scripts/v2/guest.sh" "$JOB/disk/guest.sh"
 cp "$ROOT/scripts/v2/v2_hypothesis.py" "$ROOT/scripts/v2/times.py" "$JOB/disk/v2/"
 printf '%s\n' "$@" > "$JOB/disk/pytest-args"  # one argument a line
