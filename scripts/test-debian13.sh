@@ -67,7 +67,7 @@ doc = tomllib.load(open(sys.argv[1], "rb"))
 project = doc["project"]
 extras = project["optional-dependencies"]
 reqs = list(project.get("dependencies", []))
-todo, seen = ["test"], set()
+todo, seen = ["tier"], set()  # the tier's tools (pyproject.toml says what it leaves out)
 while todo:  # "corral[serve,mcp]" inside an extra: that extra's requirements
     name = todo.pop()
     if name in seen:

@@ -56,7 +56,7 @@ for want in $TIERS; do
   t0=$(date +%s)
   echo "=== tier $ver ($py)"
   if ! { [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"; } ||
-     ! "$venv/bin/python" -m pip install -q -e '.[test]' >"$VENVS/pip-$ver.log" 2>&1; then
+     ! "$venv/bin/python" -m pip install -q -e '.[tier]' >"$VENVS/pip-$ver.log" 2>&1; then
     tail -20 "$VENVS/pip-$ver.log" 2>/dev/null
     echo "=== tier $ver: FAILED to install"
     failed+=("$ver")
