@@ -17,7 +17,7 @@
 #        of tests/linux, see below; `scripts/test-v2.sh tests/linux -m 'not slow'` for all)
 # Env: CORRAL_V2_SCENARIOS="a b c d e" (a subset to run fewer), CORRAL_V2_TIMEOUT=600 (s per boot), CORRAL_V2_SMP=2
 #      CORRAL_V2_BUILD_ONLY=1: install the host packages and build (or find) the cached guest,
-#      then stop (.ci/run does this in the background while the interpreter tiers run)
+#      then stop (.ci/run runs this script, build and boots, in the background beside the tiers)
 # Exit: 0 when every scenario passed, 1 when one failed, 2 when the guest could not run.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
