@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import select
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -33,10 +35,20 @@ def _read_until(fd: int, want: bytes, seen: bytearray, seconds: float = 60.0) ->
             seen += chunk
 
 
+def _controlling_terminal() -> None:
+    """In the child: a session of its own whose controlling terminal is the pty on fd 0,
+    as a shell's is, so that Ctrl-C typed there is a SIGINT to it (with no controlling
+    terminal the line discipline echoes ``^C`` and signals nobody)."""
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 def test_the_repl_on_a_terminal_keeps_state_and_survives_ctrl_c() -> None:
     master, slave = pty.openpty()
-    proc = subprocess.Popen([*CORRAL, "--timeout", "20s"], stdin=slave, stdout=slave,
-                            stderr=slave, close_fds=True, start_new_session=True)
+    # the session's timeout is far beyond the waits below: the interrupt seen must be
+    # Ctrl-C's, not the timeout's (this test once passed on the timeout's, 20 s later)
+    proc = subprocess.Popen([*CORRAL, "--timeout", "300s"], stdin=slave, stdout=slave,
+                            stderr=slave, close_fds=True, preexec_fn=_controlling_terminal)
     os.close(slave)
     seen = bytearray()
     try:
@@ -52,7 +64,7 @@ def test_the_repl_on_a_terminal_keeps_state_and_survives_ctrl_c() -> None:
         os.write(master, b"import time; time.sleep(30)\n")
         time.sleep(1.0)
         os.write(master, b"\x03")  # Ctrl-C: the cell is interrupted, the session lives
-        _read_until(master, b"KeyboardInterrupt", seen)
+        _read_until(master, b"KeyboardInterrupt (the cell was interrupted)", seen, 30.0)
         _read_until(master, b">>> ", seen)
         del seen[:]
         os.write(master, b"f(1) + 1\n")
