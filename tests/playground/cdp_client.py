@@ -237,6 +237,10 @@ def launch(binary: str) -> Iterator[Browser]:
     ``--user-data-dir``); SIGTERM (then SIGKILL) to its pid and its profile removed at
     the end."""
     profile = tempfile.mkdtemp(prefix="corral-chromium-")
+    # its temp dir inside the profile: Chromium makes an org.chromium.Chromium.* dir (the
+    # profile's SingletonSocket) in $TMPDIR and leaves it when killed (3 a run were left)
+    tmp = os.path.join(profile, "tmp")
+    os.mkdir(tmp)
     proc = subprocess.Popen(
         [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
          "--no-default-browser-check", "--disable-extensions", "--disable-sync",
@@ -245,7 +249,7 @@ def launch(binary: str) -> Iterator[Browser]:
          f"--user-data-dir={profile}", "--remote-debugging-address=127.0.0.1",
          "--remote-debugging-port=0", "about:blank"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        start_new_session=True)
+        env={**os.environ, "TMPDIR": tmp}, start_new_session=True)
     try:
         assert proc.stderr is not None
         seen = b""
