@@ -6,6 +6,7 @@ import fcntl
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import termios
@@ -37,10 +38,13 @@ def _read_until(fd: int, want: bytes, seen: bytearray, seconds: float = 60.0) ->
 
 def _controlling_terminal() -> None:
     """In the child: a session of its own whose controlling terminal is the pty on fd 0,
-    as a shell's is, so that Ctrl-C typed there is a SIGINT to it (with no controlling
-    terminal the line discipline echoes ``^C`` and signals nobody)."""
+    and SIGINT at its default, as a shell gives a foreground command, so that Ctrl-C typed
+    there is a SIGINT to it (with no controlling terminal the line discipline echoes ``^C``
+    and signals nobody; a SIGINT ignored by whatever started pytest, a background shell
+    say, would be ignored by the child too)."""
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_the_repl_on_a_terminal_keeps_state_and_survives_ctrl_c() -> None:
